@@ -1,0 +1,1 @@
+"""trainflow: a declarative Snakemake workflow for LLM training campaigns on Slurm."""

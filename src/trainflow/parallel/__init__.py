@@ -1,0 +1,202 @@
+"""Hybrid parallelism applied to the single-device GPT, torchtitan style.
+
+    parallelize_model(model, dims, mesh, ...) -> Parallelized
+
+Fixed order: pipeline split (`pipeline_model`) -> tensor parallel on each chunk (`apply_tp`) ->
+data parallel (`apply_ddp` on a 1-D mesh, else `GradReducer`). Everything is PyTorch's own API
+(DeviceMesh, DTensor parallel styles, torch.distributed.pipelining, DDP) except the bucketed
+gradient all-reduce for 2-D/3-D meshes, which DDP cannot do (see grad_reducer.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
+
+from trainflow.parallel.dims import ParallelDims
+from trainflow.parallel.grad_reducer import GradReducer
+from trainflow.parallel.pipeline import build_schedule, pipeline_model
+
+# Megatron's layout: the first linear of each pair column-parallel, the second row-parallel, so a
+# block needs one all-reduce in attention and one in the MLP, forward and backward.
+TP_PLAN = {
+    "attention.wq": ColwiseParallel(),
+    "attention.wk": ColwiseParallel(),
+    "attention.wv": ColwiseParallel(),
+    "attention.wo": RowwiseParallel(),
+    "feed_forward.w1": ColwiseParallel(),
+    "feed_forward.w2": RowwiseParallel(),
+}
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard every block's attention and MLP over the tp mesh; embeddings, norms and head stay replicated."""
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, TP_PLAN)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, bucket_mb: float) -> nn.Module:
+    """torch's DDP: bucketed all-reduce overlapped with backward. Only on a 1-D (pure dp) mesh."""
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), bucket_cap_mb=bucket_mb)
+
+
+@dataclass
+class StepTimes:
+    """Seconds of one step, split as the seed's profile is: compute, exposed DP comm, pipeline wait."""
+
+    compute: float = 0.0
+    dp_comm: float = 0.0
+    pipeline: float = 0.0
+    """Time in the pipeline schedule not spent computing: bubble plus activation send/recv."""
+
+
+@dataclass
+class Parallelized:
+    parts: list[nn.Module]
+    """The model chunks this rank owns (two or more under interleaved 1F1B)."""
+    dims: ParallelDims
+    mesh: DeviceMesh
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    schedule: object | None = None
+    reducer: GradReducer | None = None
+    has_first: bool = True
+    has_last: bool = True
+    compute_s: list[float] = field(default_factory=lambda: [0.0])
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def named_parts(self) -> list[nn.Module]:
+        """The chunks without DDP's wrapper, whose state_dict keys match the single-device model."""
+        return [p.module if isinstance(p, DistributedDataParallel) else p for p in self.parts]
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, StepTimes]:
+        """One step's gradients, synchronised across dp; the loss (mean over this dp rank's rows)."""
+        times, start = StepTimes(), time.perf_counter()
+        self.compute_s[0] = 0.0
+        if self.schedule is None:
+            loss = self.loss_fn(self.parts[0](inputs), targets)
+            loss.backward()
+        else:
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if self.has_first else ()
+            self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
+            loss = torch.stack(losses).mean() if self.has_last else torch.zeros(())
+        mid = time.perf_counter()
+        if self.reducer is not None:
+            self.reducer.finish()
+        times.dp_comm = time.perf_counter() - mid
+        if self.schedule is None:
+            times.compute = mid - start
+        else:
+            times.compute = self.compute_s[0]
+            times.pipeline = max(mid - start - self.compute_s[0], 0.0)
+        return self.global_loss(loss.detach()), times
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.schedule is None:
+            loss = self.loss_fn(self.parts[0](inputs), targets)
+        else:
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if self.has_first else ()
+            self.schedule.eval(*args, target=targets if self.has_last else None, losses=losses)
+            loss = torch.stack(losses).mean() if self.has_last else torch.zeros(())
+        return self.global_loss(loss)
+
+    def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss of the whole global batch on every rank: from the last stage, averaged over dp."""
+        if self.dims.world_size == 1:
+            return loss
+        loss = loss.clone().float()
+        if self.dims.pp > 1:
+            dist.all_reduce(loss, group=self.mesh["pp"].get_group())  # only the last stage is non-zero
+        if self.dims.dp > 1:
+            dist.all_reduce(loss, group=self.mesh["dp"].get_group())
+            loss /= self.dims.dp
+        return loss
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip by the global gradient norm over every shard and stage; returns the norm before clipping.
+
+        Hand-written: torch's clip_grad_norm_ cannot mix DTensor (TP) and plain (replicated) gradients
+        in one call, nor sum over pipeline stages. Replicated gradients count once, sharded ones are
+        summed over tp, and every stage's share is summed over pp.
+        """
+        sharded, replicated = torch.zeros(()), torch.zeros(())
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            if isinstance(p.grad, DTensor):
+                sharded += p.grad.to_local().double().pow(2).sum()
+            else:
+                replicated += p.grad.double().pow(2).sum()
+        if self.dims.tp > 1:
+            dist.all_reduce(sharded, group=self.mesh["tp"].get_group())
+        total = sharded + replicated
+        if self.dims.pp > 1:
+            dist.all_reduce(total, group=self.mesh["pp"].get_group())
+        norm = float(total.sqrt())
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return norm
+
+
+def parallelize_model(
+    model: nn.Module,
+    dims: ParallelDims,
+    mesh: DeviceMesh,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    bucket_mb: float,
+    overlap: bool,
+) -> Parallelized:
+    result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn)
+    if dims.pp > 1:
+        stages, result.parts = pipeline_model(model, dims=dims, pp_mesh=mesh["pp"], device=device)
+        result.has_first = any(s.is_first for s in stages)
+        result.has_last = any(s.is_last for s in stages)
+        add_compute_timers(result.parts, result.compute_s)
+    if dims.tp > 1:
+        for part in result.parts:
+            apply_tp(part, mesh["tp"])
+    if dims.dp > 1:
+        if dims.tp == 1 and dims.pp == 1 and overlap:
+            result.parts = [apply_ddp(model, mesh["dp"], bucket_mb=bucket_mb)]
+        else:
+            # Under a pipeline schedule backward runs once per microbatch: all-reduce after the last one.
+            result.reducer = GradReducer(
+                result.parameters(), mesh["dp"].get_group(), bucket_mb=bucket_mb, overlap=overlap and dims.pp == 1
+            )
+    if dims.pp > 1:
+        result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)
+    return result
+
+
+def add_compute_timers(parts: list[nn.Module], total: list[float]) -> None:
+    """Accumulate forward and backward compute time of the pipeline chunks into total[0]."""
+
+    def start(module, *_):
+        module._tf_t0 = time.perf_counter()
+
+    def stop(module, *_):
+        total[0] += time.perf_counter() - module._tf_t0
+
+    for part in parts:
+        part.register_forward_pre_hook(start)
+        part.register_forward_hook(stop)
+        part.register_full_backward_pre_hook(start)
+        part.register_full_backward_hook(stop)

@@ -1,0 +1,47 @@
+"""What every stage shares: config from Hydra, one-line errors, and the stage's metrics file.
+
+A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the
+config, meters the stage (wall, CPU, RAPL/NVML energy where readable) and writes
+`io.stage_metrics`, which `account_energy` and `report` read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from trainflow.config import TrainflowConfig, TrainflowError, to_config
+from trainflow.energy.meter import Reading, delta
+
+log = logging.getLogger("trainflow")
+
+
+class StageError(TrainflowError):
+    """A stage that ran and found its inputs or results unacceptable."""
+
+
+def write_json(path: str | Path, obj: object) -> None:
+    """Write JSON through a temporary file renamed into place: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
+    """Validate, run and meter one stage; expected failures end in one error line and exit 1."""
+    try:
+        cfg = to_config(raw)
+        start = Reading.now()
+        extra = run(cfg) or {}
+        write_json(cfg.io.stage_metrics, {"stage": cfg.stage, "segment": cfg.segment, **delta(start, Reading.now()), **extra})
+    except TrainflowError as err:
+        log.error("%s: %s", type(err).__name__, err)
+        sys.exit(1)

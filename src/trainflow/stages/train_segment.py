@@ -1,0 +1,85 @@
+"""Train one segment of the campaign as a submitit job (one task per rank) and wait for it.
+
+    python -m trainflow.stages.train_segment segment=0 parallel=tp2 train.segment_steps=20
+
+The job is a `submitit.helpers.Checkpointable`: on Slurm's pre-timeout or preemption signal every
+rank agrees at the next step boundary, the checkpoint is written, and submitit requeues the job,
+which resumes from that checkpoint. `checkpoint()` returns a fresh instance: no tensors pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import hydra
+import submitit
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.energy.meter import Reading, delta
+from trainflow.launch import build_executor, init_distributed, run_job
+from trainflow.stage import StageError, run_stage, write_json
+from trainflow.train.trainer import Trainer
+
+log = logging.getLogger("trainflow.train_segment")
+
+
+class TrainSegment(submitit.helpers.Checkpointable):
+    def __init__(self, cfg: TrainflowConfig) -> None:
+        self.cfg = cfg
+
+    def __call__(self) -> dict:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        start = Reading.now()
+        rank, _, device = init_distributed(self.cfg.cluster)
+        try:
+            trainer = Trainer(self.cfg, device)
+            summary = trainer.train()
+            if summary["interrupted_by"]:
+                self.requeue(summary["interrupted_by"])
+        finally:
+            dist.destroy_process_group()
+        summary["energy"] = delta(start, Reading.now())
+        return summary
+
+    def requeue(self, signame: str) -> None:
+        """After the checkpoint: let submitit requeue the job (rank 0) and end this task."""
+        handler = signal.getsignal(signal.SIGUSR2)
+        if callable(handler) and dist.get_rank() == 0:
+            dist.destroy_process_group()
+            handler(signal.SIGUSR2, None)  # submitit: checkpoint() -> requeue -> exit
+        log.info("Stopped for requeue after %s", signame)
+        sys.exit(-1)
+
+    def checkpoint(self) -> submitit.helpers.DelayedSubmission:
+        # The trainer has already saved at the agreed step boundary: resubmit the same config.
+        return submitit.helpers.DelayedSubmission(TrainSegment(self.cfg))
+
+
+def run(cfg: TrainflowConfig) -> dict:
+    executor = build_executor(cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit,
+                              name=f"{cfg.run}-train-{cfg.segment}")
+    results = run_job(executor, TrainSegment(cfg))
+    summary = results[0]
+    if not summary["completed"]:
+        raise StageError(f"segment {cfg.segment} stopped at step {summary['end_step']} before its end; rerun it to resume")
+    summary["rank_energy"] = [r["energy"] for r in results]
+    write_json(cfg.io.segment_report, summary)
+    log.info("Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
+             cfg.segment, summary["start_step"], summary["end_step"], summary["steps"][-1]["loss"] if summary["steps"] else float("nan"),
+             summary["evals"][-1]["val_loss"], summary["tokens_per_s_per_device"])
+    return {"ranks": len(results), "rank_cpu_s": sum(r["energy"]["cpu_s"] for r in results),
+            "rank_gpu_j": sum(r["energy"]["gpu_j"] or 0 for r in results) or None,
+            "tokens": (summary["end_step"] - summary["start_step"]) * cfg.train.global_batch * cfg.model.seq_len}
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train_segment")
+def main(raw: DictConfig) -> None:
+    run_stage(raw, run)
+
+
+if __name__ == "__main__":
+    main()

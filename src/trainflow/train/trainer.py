@@ -1,0 +1,254 @@
+"""The training loop of one segment, run by every rank: train / train_step, resume, checkpoint.
+
+    python -m trainflow.stages.train_segment segment=0 parallel=dp2_tp2_pp2
+
+A segment trains steps [segment * segment_steps, (segment + 1) * segment_steps), resuming from the
+newest verified checkpoint at or before its end. The batch of a step is a pure function of
+(seed, step), the learning rate a pure function of the step, and the model has no dropout: so
+model, optimizer and step are all a resumed run needs to continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from trainflow.checkpoint.interval import IntervalPlanner
+from trainflow.checkpoint.manager import CheckpointManager
+from trainflow.config import OptimConfig, TrainflowConfig, TrainflowError
+from trainflow.data.tokens import TokenSampler
+from trainflow.model import GPT, cross_entropy, flops_per_token
+from trainflow.parallel import Parallelized, parallelize_model
+from trainflow.parallel.dims import ParallelDims
+from trainflow.progress import Progress
+
+log = logging.getLogger("trainflow.train")
+STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class ResumeError(TrainflowError):
+    """No checkpoint to continue from."""
+
+
+def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Linear warmup, then cosine decay to lr * min_lr_ratio at the last step."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    progress = (step - optim.warmup_steps) / max(total_steps - optim.warmup_steps, 1)
+    return optim.lr * (optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def set_determinism(*, seed: int, deterministic: bool, threads: int) -> None:
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+@dataclass
+class StopFlag:
+    """Set by Slurm's pre-timeout / preemption signal on any rank; agreed on at step boundaries."""
+
+    signum: int = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.signum = signum
+
+    def agreed(self) -> int:
+        """The signal any rank received (0: none), the same answer on every rank."""
+        flag = torch.tensor(self.signum)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag)
+
+
+@dataclass
+class Trainer:
+    cfg: TrainflowConfig
+    device: torch.device
+    model: Parallelized = field(init=False)
+    optimizers: list[torch.optim.Optimizer] = field(init=False)
+    history: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        cfg = self.cfg
+        t, m = cfg.train, cfg.model
+        set_determinism(seed=t.seed, deterministic=t.deterministic, threads=t.threads_per_rank)
+        self.dims = ParallelDims.from_config(
+            cfg.parallel, world_size=dist.get_world_size(), n_layers=m.n_layers, n_heads=m.n_heads,
+            ffn_dim=m.ffn_dim, global_batch=t.global_batch,
+        )
+        self.mesh = self.dims.build_mesh(self.device.type)
+        full = GPT(**{k: getattr(m, k) for k in ("vocab_size", "n_layers", "n_heads", "dim", "ffn_dim", "seq_len", "norm_eps", "init_std")})
+        self.n_params = full.num_params()
+        self.flops_per_token = flops_per_token(n_params=self.n_params, n_layers=m.n_layers, dim=m.dim, seq_len=m.seq_len)
+        self.model = parallelize_model(
+            full.to(self.device), self.dims, self.mesh, loss_fn=cross_entropy, device=self.device,
+            bucket_mb=cfg.parallel.bucket_mb, overlap=cfg.parallel.overlap,
+        )
+        o = cfg.optim
+        self.optimizers = [
+            torch.optim.AdamW(part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay, foreach=False)
+            for part in self.model.parts
+        ]
+        self.dp_rank = self.mesh["dp"].get_local_rank()
+        rows = t.global_batch // self.dims.dp
+        self.rows = slice(self.dp_rank * rows, (self.dp_rank + 1) * rows)
+        self.sampler = TokenSampler(cfg.io.staged_tokens, seq_len=m.seq_len, seed=t.seed)
+        self.start_step = cfg.segment * t.segment_steps
+        self.end_step = self.start_step + t.segment_steps
+        ends = {(s + 1) * t.segment_steps for s in range(t.segments)}
+        self.checkpoints = CheckpointManager(cfg.io.checkpoints, keep=cfg.checkpoint.keep, pinned=ends)
+        self.planner = IntervalPlanner(
+            mtbf_s=cfg.cluster.mtbf_hours * 3600, fixed_steps=cfg.checkpoint.interval_steps,
+            max_steps=cfg.checkpoint.max_interval_steps,
+        )
+        self.stop = StopFlag()
+        self.is_logger = dist.get_rank() == 0
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """Model and optimizer as DCP state dicts keyed like the single-device model, plus step and RNG."""
+        parts = self.model.named_parts()
+        model, optim = {}, {}
+        for part, opt in zip(parts, self.optimizers):
+            model.update(get_model_state_dict(part, options=STATE_OPTIONS))
+            optim.update(get_optimizer_state_dict(part, opt, options=STATE_OPTIONS))
+        return {"model": model, "optim": optim, "step": torch.tensor(0), "rng": torch.get_rng_state()}
+
+    def load_state(self, state: dict) -> int:
+        for part, opt in zip(self.model.named_parts(), self.optimizers):
+            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+            set_optimizer_state_dict(part, opt, state["optim"], options=STATE_OPTIONS)
+        torch.set_rng_state(state["rng"])
+        return int(state["step"])
+
+    def resume(self) -> int:
+        """Load the newest verified checkpoint of this run at or before the segment's end; its step."""
+        step = self.checkpoints.newest_valid(at_most=self.end_step)
+        if step < 0:
+            if self.start_step > 0:
+                raise ResumeError(
+                    f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
+                    f"holds no valid checkpoint at or before step {self.end_step}; rerun segment {self.cfg.segment - 1}"
+                )
+            return 0
+        state = self.state()
+        self.checkpoints.load(step, state)
+        loaded = self.load_state(state)
+        if self.is_logger:
+            log.info("Resumed from the checkpoint of step %d", loaded)
+        return loaded
+
+    def save(self, step: int) -> None:
+        state = self.state()
+        state["step"] = torch.tensor(step)
+        seconds = self.checkpoints.save(step, state, layout=self.cfg.parallel.name, world_size=self.dims.world_size)
+        self.planner.observe_save(seconds)
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> dict:
+        start = time.perf_counter()
+        lr = lr_at(step, self.cfg.optim, self.cfg.train.total_steps)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+        inputs, targets = self.sampler.batch("train", step, self.cfg.train.global_batch, self.rows)
+        loss, times = self.model.forward_backward(inputs.to(self.device), targets.to(self.device))
+        grad_norm = self.model.clip_grad_norm(self.cfg.optim.grad_clip)
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
+        tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
+        return {
+            "step": step, "loss": float(loss), "lr": lr, "grad_norm": grad_norm, "step_s": seconds,
+            "tokens_per_s": tokens / seconds, "compute_s": times.compute, "dp_comm_s": times.dp_comm,
+            "pipeline_s": times.pipeline,
+        }
+
+    def evaluate(self, step: int) -> float:
+        losses = []
+        for i in range(self.cfg.train.eval_batches):
+            inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows)
+            losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
+        val = sum(losses) / len(losses)
+        self.evals.append({"step": step, "val_loss": val})
+        if self.is_logger:
+            log.info("Evaluated step %d: validation loss %.4f", step, val)
+        return val
+
+    def train(self) -> dict:
+        """Train to the segment's end, or until a stop signal; the segment's summary."""
+        t = self.cfg.train
+        previous = signal.signal(signal.SIGUSR2, self.stop)
+        step = self.resume()
+        if step == 0:
+            self.evaluate(0)
+        progress = Progress(log, "Trained", self.end_step - self.start_step, unit="steps", every_s=10.0)
+        since_save, interrupted = 0, 0
+        while step < self.end_step:
+            if step == t.interrupt_at_step and dist.get_rank() == 0:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            record = self.train_step(step)
+            step += 1
+            since_save += 1
+            self.history.append(record)
+            self.planner.observe_step(record["step_s"])
+            if self.is_logger and (step % t.log_every == 0 or step == self.end_step):
+                log.info("step %d loss %.4f lr %.2e grad_norm %.3f %.0f tokens/s", step, record["loss"], record["lr"],
+                         record["grad_norm"], record["tokens_per_s"])
+                progress.update(step - self.start_step)
+            if step % t.eval_every == 0 or step == self.end_step:
+                self.evaluate(step)
+            if interrupted := self.stop.agreed():
+                self.save(step)
+                break
+            if step == self.end_step or self.planner.due(since_save):
+                self.save(step)
+                since_save = 0
+        signal.signal(signal.SIGUSR2, previous)
+        self.sampler.close()
+        return self.summary(step, interrupted)
+
+    def summary(self, step: int, interrupted: int) -> dict:
+        tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
+        steady = self.history[1:] or self.history
+        step_s = sorted(r["step_s"] for r in steady)[len(steady) // 2] if steady else float("nan")
+        tokens_per_device = tokens / step_s / self.dims.world_size
+        return {
+            "segment": self.cfg.segment,
+            "start_step": self.start_step,
+            "end_step": step,
+            "completed": step == self.end_step,
+            "interrupted_by": signal.Signals(interrupted).name if interrupted else None,
+            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+            "world_size": self.dims.world_size,
+            "layout": {"dp": self.dims.dp, "tp": self.dims.tp, "pp": self.dims.pp, "v": self.dims.virtual_stages,
+                       "schedule": self.dims.schedule, "microbatches": self.dims.microbatches},
+            "n_params": self.n_params,
+            "flops_per_token": self.flops_per_token,
+            "median_step_s": step_s,
+            "tokens_per_s_per_device": tokens_per_device,
+            "mfu": tokens_per_device * self.flops_per_token / (self.cfg.cluster.peak_tflops * 1e12),
+            "checkpoint_interval": self.planner.describe(),
+            "steps": self.history,
+            "evals": self.evals,
+        }
