@@ -171,6 +171,7 @@ class Trainer:
             for group in opt.param_groups:
                 group["lr"] = lr
         inputs, targets = self.sampler.batch("train", step, self.cfg.train.global_batch, self.rows)
+        data_s = time.perf_counter() - start
         loss, times = self.model.forward_backward(inputs.to(self.device), targets.to(self.device))
         grad_norm = self.model.clip_grad_norm(self.cfg.optim.grad_clip)
         for opt in self.optimizers:
@@ -180,7 +181,7 @@ class Trainer:
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
         return {
             "step": step, "loss": float(loss), "lr": lr, "grad_norm": grad_norm, "step_s": seconds,
-            "tokens_per_s": tokens / seconds, "compute_s": times.compute, "dp_comm_s": times.dp_comm,
+            "tokens_per_s": tokens / seconds, "data_s": data_s, "compute_s": times.compute, "dp_comm_s": times.dp_comm,
             "pipeline_s": times.pipeline,
         }
 

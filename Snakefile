@@ -1,0 +1,28 @@
+# trainflow: one LLM training campaign as a DAG.
+#   snakemake --profile profiles/local                         # this machine (the default)
+#   snakemake --profile profiles/slurm --config run=r1 overrides="experiment=llama70b_alps"
+# Snakemake owns the paths (rules pass every input/output as a Hydra override); Hydra owns the rest.
+
+configfile: "workflow/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare_data.smk"
+include: "workflow/rules/stage_data.smk"
+include: "workflow/rules/validate_nccl.smk"
+include: "workflow/rules/train_segment.smk"
+include: "workflow/rules/verify_checkpoint.smk"
+include: "workflow/rules/account_energy.smk"
+include: "workflow/rules/report.smk"
+
+
+# Distributed stages submit their own allocation through submitit and wait for it.
+localrules:
+    all,
+    validate_nccl,
+    train_segment,
+
+
+rule all:
+    input:
+        REPORT,

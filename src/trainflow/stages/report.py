@@ -1,0 +1,198 @@
+"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, NCCL gate, energy, checklist.
+
+    python -m trainflow.stages.report 'io.segment_reports=[...]' io.report=runs/default/report/report.md
+
+Markdown with PNG plots beside it; every stage's output is linked by a path relative to the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import hydra
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
+from trainflow.stage import StageError, run_stage  # noqa: E402
+
+log = logging.getLogger("trainflow.report")
+
+
+def read(path: str) -> dict:
+    if not Path(path).is_file():
+        raise StageError(f"{path} is missing; run the stage that writes it (snakemake --forcerun <stage>)")
+    return json.loads(Path(path).read_text())
+
+
+def plot_loss(steps: list[dict], evals: list[dict], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] + 1 for r in steps], [r["loss"] for r in steps], label="train", lw=1)
+    ax.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-", label="validation")
+    ax.set(xlabel="step", ylabel="cross-entropy (nats/token)", title="Loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_throughput(steps: list[dict], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] + 1 for r in steps], [r["tokens_per_s"] for r in steps], lw=1)
+    ax.set(xlabel="step", ylabel="tokens/s (all devices)", title="Throughput")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+BREAKDOWN = (("data_s", "data loading"), ("compute_s", "compute"), ("dp_comm_s", "exposed DP comm"),
+             ("pipeline_s", "pipeline bubble + activation send/recv"))
+
+
+def breakdown(steps: list[dict]) -> dict[str, float]:
+    """Share of step time in each part (the remainder: optimizer, clipping, logging)."""
+    total = sum(r["step_s"] for r in steps)
+    shares = {label: sum(r[key] for r in steps) / total for key, label in BREAKDOWN}
+    shares["optimizer and other"] = max(1 - sum(shares.values()), 0.0)
+    return shares
+
+
+def plot_breakdown(steps: list[dict], out: Path) -> None:
+    x = [r["step"] + 1 for r in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.stackplot(x, *[[r[key] * 1e3 for r in steps] for key, _ in BREAKDOWN], labels=[label for _, label in BREAKDOWN])
+    ax.set(xlabel="step", ylabel="ms per step", title="Step time breakdown")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def table(rows: list[list[object]], header: list[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def checklist(nccl: dict, summary: dict, cfg: TrainflowConfig) -> list[list[str]]:
+    """The seed's tuning checklist, each item measured here or marked not applicable, never assumed."""
+    best = nccl["sweep"][-1]["busbw_gbps"] if nccl["sweep"] else None
+    swap = [h["node"]["no_swapping"] for h in nccl["hosts"]]
+    gpu = cfg.cluster.device == "cuda"
+    return [
+        ["collective bandwidth >= 200 GB/s", f"{best:.3f} GB/s" if best is not None else "world size 1",
+         "pass" if best is not None and best >= 200 else ("n/a (gloo on CPU)" if not gpu else "FAIL")],
+        ["GPU utilisation >= 90 %", f"MFU {summary['mfu']:.1%}", "n/a (CPU)" if not gpu else ("pass" if summary["mfu"] >= 0.9 else "check")],
+        ["no host swapping", f"swap used {[h['node']['swap_used_kb'] for h in nccl['hosts']]} kB",
+         "pass" if all(swap) else "FAIL"],
+        ["NVLink utilisation monitored", "-", "n/a (CPU)" if not gpu else "see NVML counters"],
+        ["PyTorch profiler traces analysed", "train.profile=" + str(cfg.train.profile), "traces written" if cfg.train.profile else "off"],
+    ]
+
+
+def relative(path: str, start: Path) -> str:
+    return os.path.relpath(Path(path).resolve(), start.resolve())
+
+
+def run(cfg: TrainflowConfig) -> dict:
+    out = Path(cfg.io.report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    segments = [read(p) for p in cfg.io.segment_reports]
+    if not segments:
+        raise StageError("io.segment_reports is empty: pass the train_segment outputs")
+    nccl, verify, energy = read(cfg.io.nccl_report), read(cfg.io.verify_report), read(cfg.io.energy_report)
+    steps = [r for s in segments for r in s["steps"]]
+    evals = sorted({e["step"]: e for s in segments for e in s["evals"]}.values(), key=lambda e: e["step"])
+    plot_loss(steps, evals, out.parent / "loss.png")
+    plot_throughput(steps, out.parent / "throughput.png")
+    plot_breakdown(steps, out.parent / "breakdown.png")
+    last = segments[-1]
+    first_val, final_val = evals[0]["val_loss"], evals[-1]["val_loss"]
+    here = out.parent
+    seg_rows = [[s["segment"], f"{s['start_step']}-{s['end_step']}", f"{s['steps'][-1]['loss']:.4f}" if s["steps"] else "-",
+                 f"{s['evals'][-1]['val_loss']:.4f}", f"{s['tokens_per_s_per_device']:.0f}", f"{s['mfu']:.2%}",
+                 s["restart_count"], s["checkpoint_interval"]["interval_steps"],
+                 f"[json]({relative(p, here)})"] for s, p in zip(segments, cfg.io.segment_reports)]
+    ci = last["checkpoint_interval"]
+    lines = [
+        f"# trainflow report: run `{cfg.run}`",
+        "",
+        f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout dp{last['layout']['dp']} x "
+        f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
+        f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), backend {cfg.cluster.backend}.",
+        "",
+        "## Training",
+        "",
+        f"Validation loss went from **{first_val:.4f}** at step 0 to **{final_val:.4f}** at step {evals[-1]['step']} "
+        f"(ratio {final_val / first_val:.3f}).",
+        "",
+        table(seg_rows, ["segment", "steps", "train loss", "val loss", "tokens/s/device", "MFU", "restarts", "ckpt interval", "report"]),
+        "",
+        "![loss](loss.png)",
+        "",
+        "![throughput](throughput.png)",
+        "",
+        "### Where the step time went",
+        "",
+        table([[k, f"{v:.1%}"] for k, v in breakdown(steps).items()], ["part", "share"]),
+        "",
+        "![breakdown](breakdown.png)",
+        "",
+        "## Checkpoints",
+        "",
+        f"Interval policy **{ci['policy']}**: {ci['interval_steps']} steps (save {ci['save_s']:.2f} s measured, "
+        f"step {ci['step_s']:.3f} s measured, MTBF {ci['mtbf_s'] / 3600:.1f} h"
+        + (f", Young/Daly interval {ci['interval_s']:.1f} s" if ci.get("interval_s") else "") + ").",
+        f"Verified {verify['files']} files in {len(verify['checkpoints'])} checkpoints ({verify['bytes'] / 1e6:.1f} MB, "
+        f"{verify['algorithm']}): {len(verify['failures'])} mismatches. [verify.json]({relative(cfg.io.verify_report, here)})",
+        "",
+        "## Collective network gate",
+        "",
+        table([[r["bytes"], f"{r['time_s'] * 1e3:.3f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"] for r in nccl["sweep"]],
+              ["bytes", "ms", "algbw GB/s", "busbw GB/s"]),
+        "",
+        f"Threshold {nccl['threshold_gbps']} GB/s: {'passed' if nccl['passed'] else 'FAILED'}. Environment warnings: "
+        f"{'; '.join(nccl['env_warnings']) or 'none'}. [nccl.json]({relative(cfg.io.nccl_report, here)})",
+        "",
+        "## Energy",
+        "",
+        table([[f"{s['stage']}[{s['segment']}]", f"{s['wall_s']:.1f}", f"{s['it_j']:.1f}", s["cpu_source"], s["gpu_source"]]
+               for s in energy["stages"]], ["stage", "wall s", "IT J", "CPU source", "GPU source"]),
+        "",
+        f"IT {energy['total']['it_j']:.1f} J, facility {energy['total']['facility_j']:.1f} J at PUE {energy['pue']}, "
+        f"{energy['total']['co2_g']:.4f} g CO2 at {energy['grid_gco2_per_kwh']} g/kWh; "
+        f"{energy['tokens_per_joule'] or 0:.1f} training tokens per joule. DVFS: {energy['dvfs']['note']}, "
+        f"estimated saving {energy['dvfs']['estimated_saving_j']:.1f} J. [energy.json]({relative(cfg.io.energy_report, here)})",
+        "",
+        "## Tuning checklist (seed)",
+        "",
+        table(checklist(nccl, last, cfg), ["item", "measured", "status"]),
+        "",
+        "## Stage outputs",
+        "",
+        f"- tokens (capacity tier): `{cfg.io.tokens}`",
+        f"- tokens (fast tier): `{cfg.io.staged_tokens}`",
+        f"- checkpoints: `{cfg.io.checkpoints}`",
+        *[f"- metrics: [{Path(p).name}]({relative(p, here)})" for p in cfg.io.metrics],
+        "",
+    ]
+    out.write_text("\n".join(lines))
+    log.info("Wrote %s (validation loss %.4f -> %.4f)", out, first_val, final_val)
+    return {}
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="report")
+def main(raw: DictConfig) -> None:
+    run_stage(raw, run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Stage the token file from the capacity tier to the fast tier, verified by CRC.
+
+    python -m trainflow.stages.stage_data io.tokens=/capstor/.../tokens.h5 io.staged_tokens=/iopsstor/.../tokens.h5
+
+An identical copy already on the fast tier (same size and CRC-32C) is kept; otherwise the file is
+copied to a temporary name, fsynced, re-read and checked, then renamed into place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from trainflow.checkpoint.manifest import file_crc
+from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.stage import StageError, run_stage
+
+log = logging.getLogger("trainflow.stage_data")
+
+
+def stage_file(src: Path, dst: Path) -> dict:
+    if not src.is_file():
+        raise StageError(f"{src} does not exist; run prepare_data first (snakemake prepare_data)")
+    start = time.perf_counter()
+    size, crc = file_crc(src)
+    if dst.is_file() and dst.stat().st_size == size and file_crc(dst) == (size, crc):
+        log.info("Kept the identical copy at %s (%d bytes, CRC-32C %#010x)", dst, size, crc)
+        return {"bytes": size, "crc32c": crc, "copied": False}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        shutil.copyfileobj(fin, fout, length=8 << 20)
+        fout.flush()
+        os.fsync(fout.fileno())
+    copied = file_crc(tmp)
+    if copied != (size, crc):
+        tmp.unlink()
+        raise StageError(
+            f"copy of {src} to {tmp} read back {copied[0]} bytes with CRC-32C {copied[1]:#010x}, expected {size} "
+            f"bytes with {crc:#010x}; check the fast tier's file system and rerun stage_data"
+        )
+    tmp.replace(dst)
+    seconds = time.perf_counter() - start
+    log.info("Staged %s -> %s (%.1f MB, CRC-32C %#010x verified) in %.2f s", src, dst, size / 1e6, crc, seconds)
+    return {"bytes": size, "crc32c": crc, "copied": True}
+
+
+def run(cfg: TrainflowConfig) -> dict:
+    return stage_file(Path(cfg.io.tokens), Path(cfg.io.staged_tokens))
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="stage_data")
+def main(raw: DictConfig) -> None:
+    run_stage(raw, run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+# Shared by every rule: validate the Snakemake config, compose the Hydra config once (to learn the
+# DAG's shape and paths), and build each stage's command line.
+import shlex
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from trainflow.config import STAGE_READS, ConfigError, compose, config_hash
+
+validate(config, "../schemas/config.schema.yaml")
+
+OVERRIDES = [f"run={config['run']}", *shlex.split(config["overrides"])]
+try:
+    CFG = compose("train_segment", OVERRIDES)
+except ConfigError as err:
+    raise WorkflowError(str(err)) from None
+
+PYTHON = shlex.quote(sys.executable)
+HYDRA_ARGS = shlex.join(OVERRIDES)
+ROOT = CFG.storage.root
+SEGMENTS = range(CFG.train.segments)
+# Training outputs live under the hash of what training reads: a changed setting starts a new
+# checkpoint series instead of resuming one that belongs to other settings.
+TRAIN_HASH = config_hash(CFG, STAGE_READS["train_segment"])
+TRAIN_DIR = f"{ROOT}/train/{TRAIN_HASH}"
+CHECKPOINTS = f"{CFG.storage.capacity}/checkpoints/{TRAIN_HASH}"
+TOKENS = CFG.io.tokens
+STAGED_TOKENS = CFG.io.staged_tokens
+NCCL_REPORT = CFG.io.nccl_report
+VERIFY_REPORT = CFG.io.verify_report
+ENERGY_REPORT = CFG.io.energy_report
+REPORT = CFG.io.report
+
+
+def segment_report(segment):
+    return f"{TRAIN_DIR}/segment-{segment}.json"
+
+
+def metrics(stage, segment=None):
+    return f"{ROOT}/metrics/{stage}.json" if segment is None else f"{TRAIN_DIR}/metrics-{segment}.json"
+
+
+def log_file(stage, name=None):
+    return f"{ROOT}/logs/{stage}/{name or stage}.log"
+
+
+def stage_hash(stage):
+    """The rule's params: a change in the config a stage reads reruns it and what follows."""
+    return config_hash(CFG, STAGE_READS[stage])
+
+
+def hydra_list(paths):
+    return "[" + ",".join(paths) + "]"
+
+
+def stage_command(stage, **io):
+    """The io.<name>=<path> overrides of a stage, shell-quoted. Rules run
+    `{PYTHON} -m trainflow.stages.<stage> {HYDRA_ARGS} {params.io}`: the overrides stay out of
+    params, whose values decide reruns, so only the config hash there does."""
+    return shlex.join(f"io.{k}={v}" for k, v in io.items())
+
+
+ALL_METRICS = [metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")] + [
+    metrics("train_segment", i) for i in SEGMENTS
+] + [metrics("verify_checkpoint")]

@@ -1,0 +1,14 @@
+rule prepare_data:
+    output:
+        tokens=TOKENS,
+        metrics=metrics("prepare_data"),
+    log:
+        log_file("prepare_data"),
+    params:
+        config_hash=stage_hash("prepare_data"),
+        io=lambda w, output: stage_command("prepare_data", tokens=output.tokens, stage_metrics=output.metrics),
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    shell:
+        "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log} 2>&1"

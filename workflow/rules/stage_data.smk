@@ -1,0 +1,18 @@
+rule stage_data:
+    input:
+        tokens=TOKENS,
+    output:
+        tokens=STAGED_TOKENS,
+        metrics=metrics("stage_data"),
+    log:
+        log_file("stage_data"),
+    params:
+        config_hash=stage_hash("stage_data"),
+        io=lambda w, input, output: stage_command(
+            "stage_data", tokens=input.tokens, staged_tokens=output.tokens, stage_metrics=output.metrics
+        ),
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    shell:
+        "{PYTHON} -m trainflow.stages.stage_data {HYDRA_ARGS} {params.io} > {log} 2>&1"
