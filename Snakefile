@@ -23,6 +23,14 @@ localrules:
     train_segment,
 
 
+# Every stage's output, not just the report: Snakemake does not rebuild a deleted intermediate
+# file on its own, so deleting one output reruns that stage and what follows.
 rule all:
     input:
+        TOKENS,
+        STAGED_TOKENS,
+        NCCL_REPORT,
+        [segment_report(i) for i in SEGMENTS],
+        VERIFY_REPORT,
+        ENERGY_REPORT,
         REPORT,

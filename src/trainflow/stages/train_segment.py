@@ -67,10 +67,15 @@ def run(cfg: TrainflowConfig) -> dict:
     if not summary["completed"]:
         raise StageError(f"segment {cfg.segment} stopped at step {summary['end_step']} before its end; rerun it to resume")
     summary["rank_energy"] = [r["energy"] for r in results]
-    write_json(cfg.io.segment_report, summary)
+    if not summary["steps"] or not summary["evals"]:
+        raise StageError(
+            f"{cfg.io.checkpoints} holds the checkpoint of step {summary['end_step']} but not the step records of segment "
+            f"{cfg.segment} (steps.jsonl); delete {cfg.io.checkpoints} to retrain from scratch"
+        )
     log.info("Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
-             cfg.segment, summary["start_step"], summary["end_step"], summary["steps"][-1]["loss"] if summary["steps"] else float("nan"),
+             cfg.segment, summary["start_step"], summary["end_step"], summary["steps"][-1]["loss"],
              summary["evals"][-1]["val_loss"], summary["tokens_per_s_per_device"])
+    write_json(cfg.io.segment_report, summary)
     return {"ranks": len(results), "rank_cpu_s": sum(r["energy"]["cpu_s"] for r in results),
             "rank_gpu_j": sum(r["energy"]["gpu_j"] or 0 for r in results) or None,
             "tokens": (summary["end_step"] - summary["start_step"]) * cfg.train.global_batch * cfg.model.seq_len}

@@ -35,6 +35,7 @@ from trainflow.model import GPT, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
 from trainflow.parallel.dims import ParallelDims
 from trainflow.progress import Progress
+from trainflow.train.step_log import StepLog
 
 log = logging.getLogger("trainflow.train")
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -82,8 +83,6 @@ class Trainer:
     device: torch.device
     model: Parallelized = field(init=False)
     optimizers: list[torch.optim.Optimizer] = field(init=False)
-    history: list[dict] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -120,6 +119,8 @@ class Trainer:
         )
         self.stop = StopFlag()
         self.is_logger = dist.get_rank() == 0
+        self.steps_log = StepLog(f"{cfg.io.checkpoints}/steps.jsonl")
+        self.evals_log = StepLog(f"{cfg.io.checkpoints}/evals.jsonl")
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -191,8 +192,8 @@ class Trainer:
             inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows)
             losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
         val = sum(losses) / len(losses)
-        self.evals.append({"step": step, "val_loss": val})
         if self.is_logger:
+            self.evals_log.append({"step": step, "val_loss": val})
             log.info("Evaluated step %d: validation loss %.4f", step, val)
         return val
 
@@ -201,6 +202,9 @@ class Trainer:
         t = self.cfg.train
         previous = signal.signal(signal.SIGUSR2, self.stop)
         step = self.resume()
+        if self.is_logger:
+            self.steps_log.drop(step, self.end_step - 1)  # steps record the step they started from
+            self.evals_log.drop(step + 1 if step else 0, self.end_step)  # evals the step they ended at
         if step == 0:
             self.evaluate(0)
         progress = Progress(log, "Trained", self.end_step - self.start_step, unit="steps", every_s=10.0)
@@ -211,7 +215,8 @@ class Trainer:
             record = self.train_step(step)
             step += 1
             since_save += 1
-            self.history.append(record)
+            if self.is_logger:
+                self.steps_log.append(record)
             self.planner.observe_step(record["step_s"])
             if self.is_logger and (step % t.log_every == 0 or step == self.end_step):
                 log.info("step %d loss %.4f lr %.2e grad_norm %.3f %.0f tokens/s", step, record["loss"], record["lr"],
@@ -231,8 +236,9 @@ class Trainer:
 
     def summary(self, step: int, interrupted: int) -> dict:
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
-        steady = self.history[1:] or self.history
-        step_s = sorted(r["step_s"] for r in steady)[len(steady) // 2] if steady else float("nan")
+        steps = self.steps_log.between(self.start_step, self.end_step - 1) if self.is_logger else []
+        steady = sorted(r["step_s"] for r in steps[1:] or steps) or [float("nan")]
+        step_s = steady[len(steady) // 2]
         tokens_per_device = tokens / step_s / self.dims.world_size
         return {
             "segment": self.cfg.segment,
@@ -250,6 +256,6 @@ class Trainer:
             "tokens_per_s_per_device": tokens_per_device,
             "mfu": tokens_per_device * self.flops_per_token / (self.cfg.cluster.peak_tflops * 1e12),
             "checkpoint_interval": self.planner.describe(),
-            "steps": self.history,
-            "evals": self.evals,
+            "steps": steps,
+            "evals": self.evals_log.between(self.start_step, self.end_step) if self.is_logger else [],
         }

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command of the README: set up the venv and the local Slurm cluster, run the suite, stop Slurm.
+#   bash scripts/test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+bash scripts/slurm_cluster.sh start
+trap 'bash scripts/slurm_cluster.sh stop' EXIT
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,97 @@
+"""Every primary config and experiment composes; mistakes fail at compose time in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainflow.config import CONF_DIR, STAGES, ConfigError, compose, config_hash
+from trainflow.parallel.dims import ParallelDims
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+PARALLEL = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_primary_config_composes(stage):
+    cfg = compose(stage)
+    assert cfg.stage == stage
+    assert cfg.model.vocab_size == cfg.data.vocab_size
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    compose("train_segment", [f"experiment={experiment}"])
+
+
+@pytest.mark.parametrize("layout", PARALLEL)
+def test_every_parallel_preset_composes(layout):
+    cfg = compose("train_segment", [f"parallel={layout}"] + (["experiment=llama70b_alps"] if layout == "dp64_tp8_pp8" else []))
+    assert cfg.parallel.name == layout
+
+
+def test_seed_70b_layout_is_planned_for_4096_gh200():
+    cfg = compose("train_segment", ["experiment=llama70b_alps"])
+    p, c = cfg.parallel, cfg.cluster
+    assert (p.dp, p.tp, p.pp) == (64, 8, 8)
+    assert p.world_size == 4096 == c.nodes * c.gpus_per_node
+    assert c.env["NCCL_ALGO"] == "Tree" and c.collective_timeout_s == 300
+
+
+def test_typo_fails_at_compose_time_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", ["model.n_layr=2"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert "model.n_layr" in message and "ModelConfig" in message
+
+
+def test_tp_not_dividing_heads_names_every_factor():
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", ["parallel.tp=3"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert "model.n_heads(4) is not divisible by tp(3)" in message
+
+
+def test_wrong_type_and_unknown_option_are_one_line():
+    for override, expected in (("model.n_layers=abc", "model.n_layers"), ("parallel=dp3", "choose one of")):
+        with pytest.raises(ConfigError) as err:
+            compose("train_segment", [override])
+        assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+# (overrides, a fragment of the message): every layout rule of ParallelDims, refused before launch.
+INVALID_LAYOUTS = [
+    (["parallel.dp=0"], "parallel.dp(0) must be >= 1"),
+    (["parallel.tp=3"], "model.n_heads(4) is not divisible by tp(3)"),
+    (["parallel.pp=3", "parallel.microbatches=4", "train.global_batch=12"], "model.n_layers(4) is not divisible by pp(3) * virtual_stages(1)"),
+    (["parallel=pp2_interleaved", "parallel.virtual_stages=4"], "model.n_layers(4) is not divisible by pp(2) * virtual_stages(4) = 8"),
+    (["parallel=pp2_interleaved", "parallel.virtual_stages=1"], "interleaved_1f1b needs virtual_stages(1) >= 2"),
+    (["parallel=pp2_1f1b", "parallel.virtual_stages=2"], "virtual_stages(2) > 1 needs schedule interleaved_1f1b"),
+    (["parallel=pp2_1f1b", "parallel.microbatches=1"], "schedule 1f1b needs microbatches(1) >= pp(2)"),
+    (["parallel=dp2", "train.global_batch=5"], "train.global_batch(5) is not divisible by dp(2) * microbatches(1)"),
+    (["parallel=single", "parallel.microbatches=2"], "microbatches(2) > 1 needs pp > 1"),
+    (["parallel.schedule=zero_bubble"], "parallel.schedule('zero_bubble') must be one of"),
+    (["parallel=tp2", "model.ffn_dim=511"], "model.ffn_dim(511) is not divisible by tp(2)"),
+    (["cluster.nodes=3"], "is not divisible by cluster.nodes(3)"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), INVALID_LAYOUTS)
+def test_invalid_layouts_are_refused_before_launch(overrides, fragment):
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", overrides)
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_parallel_dims_checks_world_size():
+    with pytest.raises(ConfigError, match=r"dp\(2\) \* tp\(2\) \* pp\(2\) = 8 != world_size\(4\)"):
+        ParallelDims(dp=2, tp=2, pp=2, world_size=4)
+
+
+def test_config_hash_covers_only_what_a_stage_reads():
+    base = compose("train_segment")
+    lr = compose("train_segment", ["optim.lr=1e-3"])
+    assert config_hash(base, ("data",)) == config_hash(lr, ("data",))
+    assert config_hash(base, ("optim",)) != config_hash(lr, ("optim",))
