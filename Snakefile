@@ -3,7 +3,7 @@
 #   snakemake --profile profiles/slurm --config run=r1 overrides="experiment=llama70b_alps"
 # Snakemake owns the paths (rules pass every input/output as a Hydra override); Hydra owns the rest.
 
-configfile: "workflow/config.yaml"
+configfile: f"{workflow.basedir}/workflow/config.yaml"
 
 
 include: "workflow/rules/common.smk"

@@ -16,6 +16,9 @@ try:
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 
+# Every rule's shell line reads these two globals (snakemake --lint notes it): putting the overrides
+# in params would make any change of any setting rerun every stage, since params decide reruns.
+# The params hold the hash of what each stage reads instead.
 PYTHON = shlex.quote(sys.executable)
 HYDRA_ARGS = shlex.join(OVERRIDES)
 ROOT = CFG.storage.root
@@ -35,6 +38,12 @@ REPORT = CFG.io.report
 
 def segment_report(segment):
     return f"{TRAIN_DIR}/segment-{segment}.json"
+
+
+def previous_segment(wildcards):
+    """Segment i starts from segment i-1's last checkpoint."""
+    segment = int(wildcards.segment)
+    return [segment_report(segment - 1)] if segment > 0 else []
 
 
 def metrics(stage, segment=None):

@@ -2,11 +2,6 @@
 # (on Slurm the job may be requeued several times before the segment completes).
 
 
-def previous_segment(wildcards):
-    segment = int(wildcards.segment)
-    return [segment_report(segment - 1)] if segment > 0 else []
-
-
 rule train_segment:
     input:
         tokens=STAGED_TOKENS,
