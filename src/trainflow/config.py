@@ -123,8 +123,6 @@ class TrainConfig:
     threads_per_rank: int = 1
     profile: bool = False
     """Write a torch.profiler trace of a few steps of each segment."""
-    interrupt_at_step: int = -1
-    """Test hook: raise SIGUSR2 in rank 0 at this step (-1 = never)."""
 
     @property
     def total_steps(self) -> int:
@@ -202,6 +200,21 @@ class EnergyConfig:
 
 
 @dataclass
+class FaultConfig:
+    """Fault injection for tests and failure drills. Read by no stage's config hash, so a drill
+    and its rerun without the fault share one checkpoint series."""
+
+    step: int = -1
+    """At the start of this step (-1: never) ..."""
+    rank: int = 0
+    """... this rank ..."""
+    signal: str = "USR2"
+    """... receives this signal: USR2 (Slurm's pre-timeout), TERM, or KILL (a dead rank)."""
+    during_save: bool = False
+    """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
+
+
+@dataclass
 class IOConfig:
     """Paths; Snakemake passes every one it owns as an override."""
 
@@ -234,6 +247,7 @@ class TrainflowConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
 
 ConfigStore.instance().store(name="trainflow_schema", node=TrainflowConfig)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,8 +42,11 @@ class CheckpointManager:
         self.keep, self.pinned = keep, pinned
         self.rank = dist.get_rank()
 
-    def save(self, step: int, state: dict, **meta: object) -> float:
-        """Write checkpoint `step` atomically; returns the seconds it took (for Young/Daly)."""
+    def save(self, step: int, state: dict, *, before_commit: Callable[[], None] = lambda: None, **meta: object) -> float:
+        """Write checkpoint `step` atomically; returns the seconds it took (for Young/Daly).
+
+        `before_commit` runs on every rank after the shards are written, before the manifest and
+        rename: the fault-injection point of a crash mid-checkpoint."""
         start = time.perf_counter()
         final, tmp = step_dir(self.root, step), self.root / f"step-{step:08d}.tmp"
         if self.rank == 0:
@@ -50,6 +54,7 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         dist.barrier()
         dcp.save(state, checkpoint_id=tmp)
+        before_commit()
         dist.barrier()
         if self.rank == 0:
             manifest = write_manifest(tmp, step=step, **meta)

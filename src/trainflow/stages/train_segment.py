@@ -34,23 +34,21 @@ class TrainSegment(submitit.helpers.Checkpointable):
     def __call__(self) -> dict:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
         start = Reading.now()
-        rank, _, device = init_distributed(self.cfg.cluster)
+        _, _, device = init_distributed(self.cfg.cluster)
         try:
-            trainer = Trainer(self.cfg, device)
-            summary = trainer.train()
-            if summary["interrupted_by"]:
-                self.requeue(summary["interrupted_by"])
+            summary = Trainer(self.cfg, device).train()
         finally:
             dist.destroy_process_group()
+        if summary["interrupted_by"]:
+            self.requeue(summary["interrupted_by"])
         summary["energy"] = delta(start, Reading.now())
         return summary
 
     def requeue(self, signame: str) -> None:
-        """After the checkpoint: let submitit requeue the job (rank 0) and end this task."""
+        """After the agreed checkpoint: submitit's handler requeues the job (on rank 0); every task ends."""
         handler = signal.getsignal(signal.SIGUSR2)
-        if callable(handler) and dist.get_rank() == 0:
-            dist.destroy_process_group()
-            handler(signal.SIGUSR2, None)  # submitit: checkpoint() -> requeue -> exit
+        if callable(handler):
+            handler(signal.SIGUSR2, None)  # rank 0: checkpoint() -> requeue -> exit; other ranks return
         log.info("Stopped for requeue after %s", signame)
         sys.exit(-1)
 

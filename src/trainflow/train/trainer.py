@@ -10,6 +10,7 @@ model, optimizer and step are all a resumed run needs to continue bit for bit.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -160,8 +162,21 @@ class Trainer:
     def save(self, step: int) -> None:
         state = self.state()
         state["step"] = torch.tensor(step)
-        seconds = self.checkpoints.save(step, state, layout=self.cfg.parallel.name, world_size=self.dims.world_size)
+        seconds = self.checkpoints.save(
+            step, state, before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
+            layout=self.cfg.parallel.name, world_size=self.dims.world_size,
+        )
         self.planner.observe_save(seconds)
+
+    def maybe_inject_fault(self, step: int, *, during_save: bool) -> None:
+        """The configured drill (cfg.fault): a signal at a step start, or death inside a checkpoint write."""
+        f = self.cfg.fault
+        if step != f.step or dist.get_rank() != f.rank or during_save != f.during_save:
+            return
+        log.warning("Injected fault at step %d on rank %d: %s", step, f.rank, "death during save" if during_save else f"SIG{f.signal}")
+        if during_save:
+            os._exit(3)
+        os.kill(os.getpid(), getattr(signal, f"SIG{f.signal}"))
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -200,7 +215,7 @@ class Trainer:
     def train(self) -> dict:
         """Train to the segment's end, or until a stop signal; the segment's summary."""
         t = self.cfg.train
-        previous = signal.signal(signal.SIGUSR2, self.stop)
+        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGUSR2, signal.SIGTERM)}
         step = self.resume()
         if self.is_logger:
             self.steps_log.drop(step, self.end_step - 1)  # steps record the step they started from
@@ -210,8 +225,7 @@ class Trainer:
         progress = Progress(log, "Trained", self.end_step - self.start_step, unit="steps", every_s=10.0)
         since_save, interrupted = 0, 0
         while step < self.end_step:
-            if step == t.interrupt_at_step and dist.get_rank() == 0:
-                os.kill(os.getpid(), signal.SIGUSR2)
+            self.maybe_inject_fault(step, during_save=False)
             record = self.train_step(step)
             step += 1
             since_save += 1
@@ -230,9 +244,23 @@ class Trainer:
             if step == self.end_step or self.planner.due(since_save):
                 self.save(step)
                 since_save = 0
-        signal.signal(signal.SIGUSR2, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         self.sampler.close()
         return self.summary(step, interrupted)
+
+    def state_digest(self) -> list[str]:
+        """SHA-256 of every rank's local model and optimizer tensors, gathered: equal lists = bitwise equal runs."""
+        h = hashlib.sha256()
+        for section in ("model", "optim"):
+            for key, value in sorted(self.state()[section].items()):
+                if isinstance(value, torch.Tensor):
+                    local = value.to_local() if isinstance(value, DTensor) else value
+                    h.update(key.encode())
+                    h.update(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        digests: list[str] = [""] * dist.get_world_size()
+        dist.all_gather_object(digests, h.hexdigest())
+        return digests
 
     def summary(self, step: int, interrupted: int) -> dict:
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
@@ -256,6 +284,7 @@ class Trainer:
             "tokens_per_s_per_device": tokens_per_device,
             "mfu": tokens_per_device * self.flops_per_token / (self.cfg.cluster.peak_tflops * 1e12),
             "checkpoint_interval": self.planner.describe(),
+            "state_digest": self.state_digest(),
             "steps": steps,
             "evals": self.evals_log.between(self.start_step, self.end_step) if self.is_logger else [],
         }

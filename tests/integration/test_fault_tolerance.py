@@ -1,0 +1,99 @@
+"""Faults during training: a dead rank, a pre-timeout signal, a corrupt shard, a crash mid-checkpoint.
+
+Each drill runs 2 segments x 6 steps on 2 ranks (dp2, gloo, deterministic) through the real
+launcher, with checkpoints every 2 steps, and must end bit for bit where an uninterrupted run ends:
+same per-rank SHA-256 of model and optimizer state, same losses.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config, read_json
+from trainflow.checkpoint.manager import list_steps, step_dir
+from trainflow.checkpoint.manifest import verify
+from trainflow.launch import LaunchError
+from trainflow.stages import train_segment
+
+BASE = ("parallel=dp2", "train.segments=2", "train.segment_steps=6", "checkpoint.interval_steps=2",
+        "cluster.collective_timeout_s=10")
+
+
+def run_segment(root: Path, tokens: Path, segment: int, *fault: str) -> dict:
+    cfg = make_config("train_segment", root, *BASE, f"segment={segment}", *fault, tokens=tokens)
+    train_segment.run(cfg)
+    return read_json(cfg.io.segment_report)
+
+
+def job_logs(root: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((root / "submitit").glob("*_log.*")))
+
+
+def losses(*segments: dict) -> list[float]:
+    return [r["loss"] for s in segments for r in s["steps"]]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tokens) -> tuple[dict, dict]:
+    root = tmp_path_factory.mktemp("reference")
+    return run_segment(root, tokens, 0), run_segment(root, tokens, 1)
+
+
+def assert_same_end(segments: tuple[dict, dict], reference: tuple[dict, dict]) -> None:
+    assert segments[1]["state_digest"] == reference[1]["state_digest"]
+    assert losses(*segments) == losses(*reference)
+
+
+def test_dead_rank_fails_the_segment_and_the_rerun_resumes_bitwise(tmp_path, tokens, reference):
+    first = run_segment(tmp_path, tokens, 0)
+    step = random.Random().randint(7, 11)
+    with pytest.raises(LaunchError) as err:
+        run_segment(tmp_path, tokens, 1, f"fault.step={step}", "fault.rank=1", "fault.signal=KILL")
+    assert "\n" not in str(err.value) and "full log:" in str(err.value)
+    resumed = run_segment(tmp_path, tokens, 1)
+    assert "Resumed from the checkpoint of step" in job_logs(tmp_path)
+    assert_same_end((first, resumed), reference)
+
+
+def test_pre_timeout_signal_checkpoints_requeues_and_resumes_bitwise(tmp_path, tokens, reference):
+    rng = random.Random()
+    step, rank = rng.randint(1, 4), rng.randint(0, 1)
+    first = run_segment(tmp_path, tokens, 0, f"fault.step={step}", f"fault.rank={rank}", "fault.signal=USR2")
+    logs = job_logs(tmp_path)
+    assert "Requeued job" in logs and f"Saved checkpoint step {step + 1}" in logs
+    assert f"Resumed from the checkpoint of step {step + 1}" in logs
+    # Every rank's shard of the signal-time checkpoint was written and verifies.
+    shards = {p.name for p in step_dir(tmp_path / "capacity/checkpoints", step + 1).glob("__*_0.distcp")} if (step + 1) % 2 else None
+    assert shards in (None, {"__0_0.distcp", "__1_0.distcp"})
+    assert_same_end((first, run_segment(tmp_path, tokens, 1)), reference)
+
+
+def test_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_path, tokens, reference):
+    first = run_segment(tmp_path, tokens, 0)
+    root = tmp_path / "capacity/checkpoints"
+    assert list_steps(root) == [2, 4, 6]
+    rng = random.Random()
+    shard = rng.choice(sorted(step_dir(root, 6).glob("__*_0.distcp")))
+    data = bytearray(shard.read_bytes())
+    data[rng.randrange(len(data))] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    second = run_segment(tmp_path, tokens, 1)
+    logs = job_logs(tmp_path)
+    assert f"Skipped checkpoint step 6: {shard}" in logs
+    assert "Resumed from the checkpoint of step 4" in logs
+    assert_same_end((first, second), reference)
+
+
+def test_crash_while_writing_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tokens, reference):
+    with pytest.raises(LaunchError):
+        run_segment(tmp_path, tokens, 0, "fault.step=4", "fault.rank=1", "fault.during_save=true")
+    root = tmp_path / "capacity/checkpoints"
+    assert (root / "step-00000004.tmp").is_dir() and list_steps(root) == [2]
+    assert verify(step_dir(root, 2))["files"] == 3
+    first = run_segment(tmp_path, tokens, 0)
+    assert "Resumed from the checkpoint of step 2" in job_logs(tmp_path)
+    assert not (root / "step-00000004.tmp").exists()
+    assert_same_end((first, run_segment(tmp_path, tokens, 1)), reference)
