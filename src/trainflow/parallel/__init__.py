@@ -51,12 +51,14 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, bucket_mb: float) -> nn.
 
 @dataclass
 class StepTimes:
-    """Seconds of one step, split as the seed's profile is: compute, exposed DP comm, pipeline wait."""
+    """Seconds of one step, split as the seed's profile is: compute, exposed DP comm, bubble, activations."""
 
     compute: float = 0.0
     dp_comm: float = 0.0
-    pipeline: float = 0.0
-    """Time in the pipeline schedule not spent computing: bubble plus activation send/recv."""
+    bubble: float = 0.0
+    """Time in the pipeline schedule neither computing nor moving activations: idle wait."""
+    activation: float = 0.0
+    """Activation/gradient send/recv between stages: 2 x v x m exchanges at the probed time each."""
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Parallelized:
     has_first: bool = True
     has_last: bool = True
     compute_s: list[float] = field(default_factory=lambda: [0.0])
+    exchange_s: float = 0.0
+    """Measured seconds of one activation exchange with the pipeline neighbours (probe at build time)."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -98,8 +102,12 @@ class Parallelized:
         if self.schedule is None:
             times.compute = mid - start
         else:
+            # Hooks time the compute; torch's schedules hide their p2p waits, so the rest of the
+            # schedule's time is split with the probed cost of the exchanges a step makes.
             times.compute = self.compute_s[0]
-            times.pipeline = max(mid - start - self.compute_s[0], 0.0)
+            waiting = max(mid - start - times.compute, 0.0)
+            times.activation = min(2 * self.dims.virtual_stages * self.dims.microbatches * self.exchange_s, waiting)
+            times.bubble = waiting - times.activation
         return self.global_loss(loss.detach()), times
 
     @torch.no_grad()
@@ -163,9 +171,11 @@ def parallelize_model(
     device: torch.device,
     bucket_mb: float,
     overlap: bool,
+    activation_shape: tuple[int, ...] = (),
 ) -> Parallelized:
     result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn)
     if dims.pp > 1:
+        result.exchange_s = probe_exchange_seconds(mesh["pp"], activation_shape, device=device)
         stages, result.parts = pipeline_model(model, dims=dims, pp_mesh=mesh["pp"], device=device)
         result.has_first = any(s.is_first for s in stages)
         result.has_last = any(s.is_last for s in stages)
@@ -184,6 +194,23 @@ def parallelize_model(
     if dims.pp > 1:
         result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)
     return result
+
+
+def probe_exchange_seconds(pp_mesh: DeviceMesh, shape: tuple[int, ...], *, device: torch.device, iters: int = 5) -> float:
+    """Median seconds to send one activation to the next stage while receiving one from the previous."""
+    group = pp_mesh.get_group()
+    rank, size = pp_mesh.get_local_rank(), pp_mesh.size()
+    send, recv = torch.zeros(shape, device=device), torch.empty(shape, device=device)
+    peers = [dist.get_global_rank(group, (rank + d) % size) for d in (1, -1)]
+    times = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, send, peers[0], group), dist.P2POp(dist.irecv, recv, peers[1], group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def add_compute_timers(parts: list[nn.Module], total: list[float]) -> None:

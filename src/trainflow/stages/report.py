@@ -54,7 +54,7 @@ def plot_throughput(steps: list[dict], out: Path) -> None:
 
 
 BREAKDOWN = (("data_s", "data loading"), ("compute_s", "compute"), ("dp_comm_s", "exposed DP comm"),
-             ("pipeline_s", "pipeline bubble + activation send/recv"))
+             ("bubble_s", "pipeline bubble"), ("activation_s", "activation send/recv"))
 
 
 def breakdown(steps: list[dict]) -> dict[str, float]:

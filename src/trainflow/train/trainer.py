@@ -101,6 +101,7 @@ class Trainer:
         self.model = parallelize_model(
             full.to(self.device), self.dims, self.mesh, loss_fn=cross_entropy, device=self.device,
             bucket_mb=cfg.parallel.bucket_mb, overlap=cfg.parallel.overlap,
+            activation_shape=(t.global_batch // (self.dims.dp * self.dims.microbatches), m.seq_len, m.dim),
         )
         o = cfg.optim
         self.optimizers = [
@@ -198,7 +199,7 @@ class Trainer:
         return {
             "step": step, "loss": float(loss), "lr": lr, "grad_norm": grad_norm, "step_s": seconds,
             "tokens_per_s": tokens / seconds, "data_s": data_s, "compute_s": times.compute, "dp_comm_s": times.dp_comm,
-            "pipeline_s": times.pipeline,
+            "bubble_s": times.bubble, "activation_s": times.activation,
         }
 
     def evaluate(self, step: int) -> float:
