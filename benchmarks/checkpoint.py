@@ -28,18 +28,18 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from _common import emit, log, median, single_rank_group
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 from trainflow.checkpoint import manager as manager_module
 from trainflow.checkpoint.manager import CheckpointManager, step_dir
 from trainflow.checkpoint.manifest import BLOCK, verify
 from trainflow.model import GPT
-from trainflow.train.trainer import STATE_OPTIONS
+from trainflow.checkpoint.state import build_state as trainflow_state
 
 MODEL = dict(vocab_size=256, n_layers=8, n_heads=8, dim=512, ffn_dim=2048, seq_len=128)
 VERIFY_PAIRS = 4  # cold verify / plain-read pairs per repeat
@@ -53,9 +53,7 @@ def build_state() -> dict:
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     opt.step()
-    return {"model": get_model_state_dict(model, options=STATE_OPTIONS),
-            "optim": get_optimizer_state_dict(model, opt, options=STATE_OPTIONS),
-            "step": torch.tensor(0), "rng": torch.get_rng_state()}
+    return trainflow_state([model], [opt])
 
 
 def tensors(state: dict) -> list[torch.Tensor]:
@@ -63,6 +61,11 @@ def tensors(state: dict) -> list[torch.Tensor]:
     for v in state.values():
         out.extend(tensors(v) if isinstance(v, dict) else [v] if isinstance(v, torch.Tensor) else [])
     return out
+
+
+def leaves(state: dict) -> int:
+    """Entries DCP writes as separate items: tensors and, pickled one by one, everything else."""
+    return sum(leaves(v) if isinstance(v, dict) else 1 for v in state.values())
 
 
 def as_bytes(t: torch.Tensor) -> memoryview:
@@ -114,6 +117,19 @@ def drop_cache(files: list[Path]) -> float:
     return res / max(size, 1)
 
 
+def timed(fn: Callable, sink: list[float]) -> Callable:
+    """fn, recording the seconds of its latest call in sink[0] (to split CheckpointManager.save)."""
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sink[0] = time.perf_counter() - t0
+
+    return wrapper
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 repeats instead of 3")
@@ -126,22 +142,15 @@ def main() -> None:
     ts = tensors(state)
     nbytes = sum(t.numel() * t.element_size() for t in ts)
     work = Path(tempfile.mkdtemp(prefix="trainflow-bench-checkpoint-", dir=args.dir))
-    manifest_s = [0.0]
+    split = {"manifest": [0.0], "prune": [0.0]}  # seconds of save's last write_manifest / prune
     write_manifest = manager_module.write_manifest
-
-    def timed_write_manifest(*a, **kw):  # to split save into DCP write and CRC/fsync pass
-        t0 = time.perf_counter()
-        try:
-            return write_manifest(*a, **kw)
-        finally:
-            manifest_s[0] = time.perf_counter() - t0
-
-    manager_module.write_manifest = timed_write_manifest
-    times = {k: [] for k in ("raw_write", "save", "save_manifest", "raw_read", "load", "plain_read_cold",
-                             "verify_cold", "plain_read_warm", "verify_warm")}
+    manager_module.write_manifest = timed(write_manifest, split["manifest"])
+    times = {k: [] for k in ("raw_write", "save", "save_manifest", "save_prune", "raw_read", "load",
+                             "plain_read_cold", "verify_cold", "plain_read_warm", "verify_warm")}
     resident = []
     try:
         manager = CheckpointManager(work / "checkpoints", keep=1, pinned=set())
+        manager.prune = timed(manager.prune, split["prune"])
         raw = work / "raw.bin"
         for r in range(repeats):
             log(f"checkpoint: repeat {r + 1}/{repeats} ({nbytes / 1e6:.0f} MB)")
@@ -151,7 +160,8 @@ def main() -> None:
                     times["raw_write"].append(raw_write(raw, ts))
                 else:
                     times["save"].append(manager.save(step, state))
-                    times["save_manifest"].append(manifest_s[0])
+                    times["save_manifest"].append(split["manifest"][0])
+                    times["save_prune"].append(split["prune"][0])
             files = sorted(p for p in step_dir(manager.root, step).rglob("*") if p.is_file())
             for which in (("raw", "trainflow") if r % 2 == 0 else ("trainflow", "raw")):
                 if which == "raw":
@@ -185,18 +195,21 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
         dist.destroy_process_group()
     med = {k: median(v) for k, v in times.items()}
-    gbps = {k: round(nbytes / v / 1e9, 3) for k, v in med.items() if k != "save_manifest"}
+    gbps = {k: round(nbytes / v / 1e9, 3) for k, v in med.items() if not k.startswith("save_")}
     save_ratio = med["raw_write"] / med["save"]
     load_ratio = med["raw_read"] / med["load"]
     verify_ratio = med["plain_read_cold"] / med["verify_cold"]
     emit({
         "benchmark": "checkpoint",
-        "state": {"model": MODEL, "tensors": len(ts), "tensor_bytes": nbytes, "checkpoint_file_bytes": ckpt_bytes},
+        "state": {"model": MODEL, "tensors": len(ts), "scalar_tensors": sum(t.numel() == 1 for t in ts),
+                  "non_tensor_items": leaves(state) - len(ts), "tensor_bytes": nbytes,
+                  "checkpoint_file_bytes": ckpt_bytes},
         "repeats": repeats,
         "seconds": {k: round(v, 4) for k, v in med.items()},
         "gb_per_s": gbps,
-        "save_split_s": {"dcp_write": round(med["save"] - med["save_manifest"], 4),
-                         "manifest_crc_fsync": round(med["save_manifest"], 4)},
+        "save_split_s": {"dcp_save_and_barriers": round(med["save"] - med["save_manifest"] - med["save_prune"], 4),
+                         "write_manifest_crc_fsync": round(med["save_manifest"], 4),
+                         "prune_previous": round(med["save_prune"], 4)},
         "cache_resident_after_drop": [round(x, 4) for x in resident],
         "ratios": {
             "save_over_raw_write": round(save_ratio, 3),

@@ -18,15 +18,18 @@ step (theory's window: the same for every rank); `measured` is the mean over ran
     textbook one (their `pipeline_order` is only descriptive, and 1F1B's is off by one microbatch on the
     last rank in torch 2.13, so it is not replayed);
   - `overhead_ms_per_action`: (makespan - ideal makespan) / compute actions per rank, the runtime's
-    price (Python, p2p, loss) per forward or backward chunk;
-  - `library_per_rank`: what trainflow itself reports, StepTimes.pipeline / step, with compute taken
-    from add_compute_timers' module hooks.
+    price (Python, p2p, loss, scheduling delays) per forward or backward chunk; the ideal makespan is
+    (v*m + p-1) chunk slots of the measured compute;
+  - `library_per_rank`: what trainflow itself reports, StepTimes.bubble / step on each rank (its
+    own window), with compute from add_compute_timers' module hooks and the activation exchanges
+    (probed at build time) taken out; `library_activation_per_rank` is that exchange share.
 
 Cost model. The bubble is a property of the schedule's dependency structure, not of the arithmetic, so
 by default a block's forward sleeps 20 ms and its backward 40 ms (`--cost sleep`): sleeping ranks do
 not compete for the 2 cores, so p=4 ranks behave as on 4 devices. `--cost matmul` burns a fixed number
 of 256x256 matmuls instead (1 thread per rank); with p > cores the ranks time-slice, a rank's "compute"
-then includes time it sat descheduled, and its bubble is understated: only p=2 means anything there.
+then includes time it sat descheduled and its idle time includes the others' compute, so both figures
+are distorted: only p=2 on an otherwise idle machine means anything there.
 """
 
 from __future__ import annotations
@@ -132,28 +135,32 @@ def rank_fn(rank: int, world: int, configs: list[tuple[str, int]], repeats: int,
         dims = ParallelDims(dp=1, tp=1, pp=p, world_size=p, virtual_stages=v, schedule=schedule, microbatches=m)
         torch.manual_seed(0)
         par = parallelize_model(build_model(p * V), dims, mesh, loss_fn=cross_entropy,
-                                device=torch.device("cpu"), bucket_mb=0, overlap=False)
+                                device=torch.device("cpu"), bucket_mb=0, overlap=False,
+                                activation_shape=(1, 4, 8))  # one microbatch row of (T=4, d=8)
         inputs, targets = torch.randint(0, 32, (m, 4)), torch.randint(0, 32, (m, 4))
-        bubbles, lib_bubbles, spans = [], [], []
+        bubbles, lib_bubbles, lib_activation, spans, computes = [], [], [], [], []
         for i in range(1 + repeats):  # the first step builds the stages' buffers: warm-up
             dist.barrier()
             COMPUTE_S[0] = 0.0
             _, times = par.forward_backward(inputs, targets)
-            step_s = times.compute + times.pipeline  # the schedule's wall time on this rank (`mid - start`)
+            step_s = times.compute + times.bubble + times.activation  # the schedule's wall time here (`mid - start`)
             for part in par.parts:
                 part.zero_grad(set_to_none=True)
             makespan = torch.tensor(step_s)
             dist.all_reduce(makespan, op=dist.ReduceOp.MAX)
             if i:
                 bubbles.append(1 - COMPUTE_S[0] / float(makespan))
-                lib_bubbles.append(times.pipeline / step_s)
+                lib_bubbles.append(times.bubble / step_s)
+                lib_activation.append(times.activation / step_s)
                 spans.append(float(makespan))
-        f = COST["forward_s"] * V / v  # a chunk's forward: its blocks' share of the rank's V blocks
+                computes.append(COMPUTE_S[0])
         out[f"{schedule}/m{m}"] = {
-            "bubble": median(bubbles), "library_bubble": median(lib_bubbles), "makespan_s": median(spans),
-            "schedule_order": replay(par.schedule.pipeline_order, dims.n_stages, f, 2 * f)
+            "bubble": median(bubbles), "library_bubble": median(lib_bubbles),
+            "library_activation": median(lib_activation), "makespan_s": median(spans),
+            "compute_s": median(computes),
+            # The bubble fraction does not depend on the time unit: forward 1, backward 2.
+            "schedule_order": replay(par.schedule.pipeline_order, dims.n_stages, 1.0, 2.0)
             if rank == 0 and schedule == "interleaved_1f1b" else None,
-            "ideal_makespan_s": (v * m + p - 1) * 3 * f, "actions": 2 * v * m,
         }
     return out
 
@@ -176,15 +183,19 @@ def main() -> None:
             got = [r[f"{s}/m{m}"] for r in per_rank]
             measured, want = sum(g["bubble"] for g in got) / p, theory(s, p, m)
             span = median([g["makespan_s"] for g in got])
+            v, actions = (V if s == "interleaved_1f1b" else 1), 2 * (V if s == "interleaved_1f1b" else 1) * m
+            # Ideal makespan: (v*m + p-1) chunk slots, each the measured compute of one chunk's forward + backward.
+            ideal = sum(g["compute_s"] for g in got) / p * (v * m + p - 1) / (v * m)
             rows.append({
-                "schedule": s, "p": p, "m": m, "v": V if s == "interleaved_1f1b" else 1,
+                "schedule": s, "p": p, "m": m, "v": v,
                 "theory": round(want, 4), "measured": round(measured, 4),
                 "rel_error": round(abs(measured - want) / want, 3),
                 "schedule_order": None if got[0]["schedule_order"] is None else round(got[0]["schedule_order"], 4),
                 "measured_per_rank": [round(g["bubble"], 4) for g in got],
                 "library_per_rank": [round(g["library_bubble"], 4) for g in got],
-                "makespan_s": round(span, 4), "ideal_makespan_s": round(got[0]["ideal_makespan_s"], 4),
-                "overhead_ms_per_action": round((span - got[0]["ideal_makespan_s"]) / got[0]["actions"] * 1e3, 2),
+                "library_activation_per_rank": [round(g["library_activation"], 4) for g in got],
+                "makespan_s": round(span, 4), "ideal_makespan_s": round(ideal, 4),
+                "overhead_ms_per_action": round((span - ideal) / actions * 1e3, 2),
             })
         for m in ms:
             one, inter = (next(r for r in rows if r["p"] == p and r["m"] == m and r["schedule"] == s)

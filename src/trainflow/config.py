@@ -222,6 +222,9 @@ class IOConfig:
     staged_tokens: str = "${storage.fast}/data/tokens.h5"
     nccl_report: str = "${storage.root}/nccl.json"
     checkpoints: str = "${storage.capacity}/checkpoints"
+    resume_from: str = ""
+    """Another run's checkpoint folder to start from when `checkpoints` holds none; DCP reshards it,
+    so the layout may differ (e.g. dp2 x tp2 x pp2 -> dp4 x tp2)."""
     segment_report: str = "${storage.root}/segments/segment-${segment}.json"
     segment_reports: list[str] = field(default_factory=list)
     verify_report: str = "${storage.root}/verify.json"

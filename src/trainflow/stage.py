@@ -2,7 +2,8 @@
 
 A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the
 config, meters the stage (wall, CPU, RAPL/NVML energy where readable) and writes
-`io.stage_metrics`, which `account_energy` and `report` read.
+`io.stage_metrics` (with the resolved config the stage ran with), which `account_energy` and
+`report` read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from trainflow.config import TrainflowConfig, TrainflowError, to_config
+from trainflow.config import TrainflowConfig, TrainflowError, as_dict, to_config
 from trainflow.energy.meter import Reading, delta
 
 log = logging.getLogger("trainflow")
@@ -41,7 +42,8 @@ def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
         cfg = to_config(raw)
         start = Reading.now()
         extra = run(cfg) or {}
-        write_json(cfg.io.stage_metrics, {"stage": cfg.stage, "segment": cfg.segment, **delta(start, Reading.now()), **extra})
+        metrics = {"stage": cfg.stage, "segment": cfg.segment, **delta(start, Reading.now()), **extra, "config": as_dict(cfg)}
+        write_json(cfg.io.stage_metrics, metrics)
     except TrainflowError as err:
         log.error("%s: %s", type(err).__name__, err)
         sys.exit(1)

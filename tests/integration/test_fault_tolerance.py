@@ -65,9 +65,11 @@ def test_pre_timeout_signal_checkpoints_requeues_and_resumes_bitwise(tmp_path, t
     logs = job_logs(tmp_path)
     assert "Requeued job" in logs and f"Saved checkpoint step {step + 1}" in logs
     assert f"Resumed from the checkpoint of step {step + 1}" in logs
-    # Every rank's shard of the signal-time checkpoint was written and verifies.
-    shards = {p.name for p in step_dir(tmp_path / "capacity/checkpoints", step + 1).glob("__*_0.distcp")} if (step + 1) % 2 else None
-    assert shards in (None, {"__0_0.distcp", "__1_0.distcp"})
+    # Every rank's shards of the signal-time checkpoint were written and verify.
+    saved = step_dir(tmp_path / "capacity/checkpoints", step + 1)
+    if saved.exists():  # odd steps: later pruned only if newer ones exist; keep=3 keeps it here
+        assert {p.name.split("_")[2] for p in saved.glob("__*.distcp")} == {"0", "1"}
+        assert verify(saved)["files"] >= 3
     assert_same_end((first, run_segment(tmp_path, tokens, 1)), reference)
 
 
@@ -92,7 +94,7 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one_intact(tmp_pat
         run_segment(tmp_path, tokens, 0, "fault.step=4", "fault.rank=1", "fault.during_save=true")
     root = tmp_path / "capacity/checkpoints"
     assert (root / "step-00000004.tmp").is_dir() and list_steps(root) == [2]
-    assert verify(step_dir(root, 2))["files"] == 3
+    assert verify(step_dir(root, 2))["files"] >= 3  # .metadata + each rank's shards
     first = run_segment(tmp_path, tokens, 0)
     assert "Resumed from the checkpoint of step 2" in job_logs(tmp_path)
     assert not (root / "step-00000004.tmp").exists()

@@ -53,7 +53,7 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(state, checkpoint_id=tmp)
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, thread_count=2))
         before_commit()
         dist.barrier()
         if self.rank == 0:

@@ -8,8 +8,10 @@ instruction (16 GB/s here, GIL released; zlib's software CRC-32 does 4 GB/s). Fi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import crc32c
@@ -25,15 +27,20 @@ class ChecksumError(TrainflowError):
 
 
 def file_crc(path: Path) -> tuple[int, int]:
-    """(bytes, CRC-32C) of a file."""
-    crc, size = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(BLOCK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            crc = crc32c.crc32c(view[:n], value=crc)
+    """(bytes, CRC-32C) of a file, reading the next block while the previous one is checksummed
+    (both release the GIL), so verification runs at the speed of the read alone."""
+    crc, size, pending = 0, 0, None
+    buffers = (bytearray(BLOCK), bytearray(BLOCK))
+    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(max_workers=1) as pool:
+        for i in itertools.count():
+            buf = buffers[i % 2]
+            n = f.readinto(buf)
+            if pending is not None:
+                crc = pending.result()
+            if not n:
+                return size, crc
+            pending = pool.submit(crc32c.crc32c, memoryview(buf)[:n], crc)
             size += n
-    return size, crc
 
 
 def fsync_path(path: Path) -> None:

@@ -140,14 +140,14 @@ class Parallelized:
         in one call, nor sum over pipeline stages. Replicated gradients count once, sharded ones are
         summed over tp, and every stage's share is summed over pp.
         """
-        sharded, replicated = torch.zeros(()), torch.zeros(())
+        sharded, replicated = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
         for p in self.parameters():
             if p.grad is None:
                 continue
             if isinstance(p.grad, DTensor):
-                sharded += p.grad.to_local().double().pow(2).sum()
+                sharded += torch.linalg.vector_norm(p.grad.to_local(), dtype=torch.float64) ** 2
             else:
-                replicated += p.grad.double().pow(2).sum()
+                replicated += torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
         if self.dims.tp > 1:
             dist.all_reduce(sharded, group=self.mesh["tp"].get_group())
         total = sharded + replicated
@@ -179,7 +179,7 @@ def parallelize_model(
         stages, result.parts = pipeline_model(model, dims=dims, pp_mesh=mesh["pp"], device=device)
         result.has_first = any(s.is_first for s in stages)
         result.has_last = any(s.is_last for s in stages)
-        add_compute_timers(result.parts, result.compute_s)
+        add_compute_timers(stages, result.compute_s)
     if dims.tp > 1:
         for part in result.parts:
             apply_tp(part, mesh["tp"])
@@ -213,17 +213,23 @@ def probe_exchange_seconds(pp_mesh: DeviceMesh, shape: tuple[int, ...], *, devic
     return sorted(times)[len(times) // 2]
 
 
-def add_compute_timers(parts: list[nn.Module], total: list[float]) -> None:
-    """Accumulate forward and backward compute time of the pipeline chunks into total[0]."""
+def add_compute_timers(stages: list, total: list[float]) -> None:
+    """Accumulate the forward and backward compute of this rank's pipeline stages into total[0].
 
-    def start(module, *_):
-        module._tf_t0 = time.perf_counter()
+    Wraps PipelineStage.forward_one_chunk / backward_one_chunk, which every schedule calls and
+    which do no communication; module backward hooks would miss the first stage, whose inputs
+    (token ids) need no gradient."""
 
-    def stop(module, *_):
-        total[0] += time.perf_counter() - module._tf_t0
+    def timed(method):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                total[0] += time.perf_counter() - start
 
-    for part in parts:
-        part.register_forward_pre_hook(start)
-        part.register_forward_hook(stop)
-        part.register_full_backward_pre_hook(start)
-        part.register_full_backward_hook(stop)
+        return wrapper
+
+    for info in stages:
+        info.stage.forward_one_chunk = timed(info.stage.forward_one_chunk)
+        info.stage.backward_one_chunk = timed(info.stage.backward_one_chunk)

@@ -21,16 +21,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from trainflow.checkpoint.interval import IntervalPlanner
 from trainflow.checkpoint.manager import CheckpointManager
+from trainflow.checkpoint.state import build_state, load_state
 from trainflow.config import OptimConfig, TrainflowConfig, TrainflowError
 from trainflow.data.tokens import TokenSampler
 from trainflow.model import GPT, cross_entropy, flops_per_token
@@ -40,7 +34,6 @@ from trainflow.progress import Progress
 from trainflow.train.step_log import StepLog
 
 log = logging.getLogger("trainflow.train")
-STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class ResumeError(TrainflowError):
@@ -127,42 +120,33 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def state(self) -> dict:
-        """Model and optimizer as DCP state dicts keyed like the single-device model, plus step and RNG."""
-        parts = self.model.named_parts()
-        model, optim = {}, {}
-        for part, opt in zip(parts, self.optimizers):
-            model.update(get_model_state_dict(part, options=STATE_OPTIONS))
-            optim.update(get_optimizer_state_dict(part, opt, options=STATE_OPTIONS))
-        return {"model": model, "optim": optim, "step": torch.tensor(0), "rng": torch.get_rng_state()}
-
-    def load_state(self, state: dict) -> int:
-        for part, opt in zip(self.model.named_parts(), self.optimizers):
-            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-            set_optimizer_state_dict(part, opt, state["optim"], options=STATE_OPTIONS)
-        torch.set_rng_state(state["rng"])
-        return int(state["step"])
+    def state(self, step: int = 0) -> dict:
+        return build_state(self.model.named_parts(), self.optimizers, step=step)
 
     def resume(self) -> int:
-        """Load the newest verified checkpoint of this run at or before the segment's end; its step."""
-        step = self.checkpoints.newest_valid(at_most=self.end_step)
+        """Load the newest verified checkpoint at or before the segment's end (this run's, else
+        io.resume_from's, resharded to this layout); its step."""
+        source, step = self.checkpoints, self.checkpoints.newest_valid(at_most=self.end_step)
+        if step < 0 and self.cfg.io.resume_from:
+            source = CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set())
+            step = source.newest_valid(at_most=self.end_step)
         if step < 0:
             if self.start_step > 0:
                 raise ResumeError(
                     f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
-                    f"holds no valid checkpoint at or before step {self.end_step}; rerun segment {self.cfg.segment - 1}"
+                    f"holds no valid checkpoint at or before step {self.end_step}; rerun segment {self.cfg.segment - 1} "
+                    "or set io.resume_from=<another run's checkpoint folder>"
                 )
             return 0
         state = self.state()
-        self.checkpoints.load(step, state)
-        loaded = self.load_state(state)
+        source.load(step, state)
+        loaded = load_state(self.model.named_parts(), self.optimizers, state)
         if self.is_logger:
-            log.info("Resumed from the checkpoint of step %d", loaded)
+            log.info("Resumed from the checkpoint of step %d in %s", loaded, source.root)
         return loaded
 
     def save(self, step: int) -> None:
-        state = self.state()
-        state["step"] = torch.tensor(step)
+        state = self.state(step)
         seconds = self.checkpoints.save(
             step, state, before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
             layout=self.cfg.parallel.name, world_size=self.dims.world_size,
