@@ -151,7 +151,13 @@ class Trainer:
             step, state, before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
             layout=self.cfg.parallel.name, world_size=self.dims.world_size,
         )
+        before = self.planner.interval_steps
         self.planner.observe_save(seconds)
+        plan = self.planner.describe()
+        if self.is_logger and plan["interval_steps"] != before:
+            log.info("Planned a checkpoint every %d steps (%s: save %.2f s, step %.3f s, MTBF %.1f h%s)",
+                     plan["interval_steps"], plan["policy"], plan["save_s"], plan["step_s"], plan["mtbf_s"] / 3600,
+                     f" -> sqrt(2 x save x MTBF) = {plan['interval_s']:.0f} s" if plan["interval_s"] else "")
 
     def maybe_inject_fault(self, step: int, *, during_save: bool) -> None:
         """The configured drill (cfg.fault): a signal at a step start, or death inside a checkpoint write."""
