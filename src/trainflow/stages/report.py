@@ -144,6 +144,8 @@ def run(cfg: TrainflowConfig) -> dict:
         "",
         table([[k, f"{v:.1%}"] for k, v in breakdown(steps).items()], ["part", "share"]),
         "",
+        *(["With torch's DDP (a pure data-parallel mesh) the wait for the last gradient bucket happens inside "
+           "backward and is counted as compute.", ""] if cfg.parallel.overlap and 1 < last["layout"]["dp"] == last["world_size"] else []),
         "![breakdown](breakdown.png)",
         "",
         "## Checkpoints",
