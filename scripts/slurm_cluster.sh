@@ -162,6 +162,11 @@ cmd_start() {
   fi
 
   getent hosts "$HOST" >/dev/null || { echo "127.0.0.1 $HOST" >>/etc/hosts; say "Added $HOST to /etc/hosts"; }
+  if ((n > 1)); then  # emulated node names must resolve: torch.distributed's master address is the first node
+    for nd in $(node_names "$n"); do
+      getent hosts "$nd" >/dev/null || { echo "127.0.0.1 $nd" >>/etc/hosts; say "Added $nd to /etc/hosts"; }
+    done
+  fi
   install -d -m 0755 -o slurm -g slurm "$RUNDIR" "$LOGDIR" "$STATEDIR"
   install -d -m 0755 "$SPOOLDIR" /etc/slurm
   for nd in $(node_names "$n"); do install -d -m 0755 "$SPOOLDIR/$nd"; done

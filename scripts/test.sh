@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-bash scripts/slurm_cluster.sh start
+bash scripts/slurm_cluster.sh start --nodes 2  # two emulated nodes: the multi-node test runs too
 trap 'bash scripts/slurm_cluster.sh stop' EXIT
 .venv/bin/python -m pytest "$@"

@@ -67,7 +67,7 @@ def run_job(executor: submitit.Executor, fn: object) -> list:
     """Submit `fn`, wait, and return every task's result; a failure becomes one LaunchError line."""
     job = executor.submit(fn)
     kind = getattr(executor, "cluster", type(executor).__name__)
-    log.info("Submitted %s job %s (%d tasks); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
+    log.info("Submitted %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
     with cancel_on_interrupt(job, kind):
         try:
             return job.results()
@@ -108,7 +108,7 @@ def cancel_on_interrupt(job: submitit.Job, kind: str) -> Iterator[None]:
         raise
     finally:
         if main:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)  # None: a handler installed outside Python
 
 
 def init_distributed(cluster: ClusterConfig) -> tuple[int, int, torch.device]:

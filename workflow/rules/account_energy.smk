@@ -18,5 +18,6 @@ rule account_energy:
     resources:
         mem_mb=1000,
         runtime=10,
+        cpus_per_task=1,
     shell:
         "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {params.io} > {log} 2>&1"

@@ -10,5 +10,6 @@ rule prepare_data:
     resources:
         mem_mb=4000,
         runtime=60,
+        cpus_per_task=1,
     shell:
         "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log} 2>&1"

@@ -26,5 +26,6 @@ rule report:
     resources:
         mem_mb=1000,
         runtime=10,
+        cpus_per_task=1,
     shell:
         "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {params.io} > {log} 2>&1"

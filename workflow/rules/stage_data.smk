@@ -14,5 +14,6 @@ rule stage_data:
     resources:
         mem_mb=1000,
         runtime=30,
+        cpus_per_task=1,
     shell:
         "{PYTHON} -m trainflow.stages.stage_data {HYDRA_ARGS} {params.io} > {log} 2>&1"

@@ -14,5 +14,6 @@ rule verify_checkpoint:
     resources:
         mem_mb=1000,
         runtime=60,
+        cpus_per_task=1,
     shell:
         "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {params.io} > {log} 2>&1"

@@ -1,0 +1,80 @@
+"""The whole smoke campaign on the local Slurm cluster: a failing Slurm job, then a rerun of what is left.
+
+    bash scripts/slurm_cluster.sh start && .venv/bin/python -m pytest tests/slurm/test_workflow_on_slurm.py
+
+profiles/slurm_local sends every light stage to Slurm through snakemake-executor-plugin-slurm;
+validate_nccl and train_segment (localrules) submit their own jobs through submitit's SlurmExecutor
+because the overrides select cluster=slurm_local. The corpus folder starts empty, so prepare_data's
+Slurm job fails at run time (a config error would already fail while the DAG is built); filled,
+the same command finishes the campaign without redoing validate_nccl, which had succeeded.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from tests.conftest import REPO, read_json
+from tests.slurm.conftest import final_states
+from tests.workflow.test_workflow import job_counts, snakemake
+
+pytestmark = pytest.mark.slurm
+
+PROFILE = ("--profile", str(REPO / "profiles/slurm_local"))
+LIGHT = {"prepare_data", "stage_data", "verify_checkpoint", "account_energy", "report"}
+PLUGIN_JOB = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S+/rule_(\w+)/")
+SUBMITIT_JOB = re.compile(r"Submitted slurm job (\d+)")
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("campaign")
+    corpus = workdir / "corpus"
+    corpus.mkdir()
+    config = ("--config", f"overrides=experiment=smoke cluster=slurm_local data.corpus={corpus}/*.txt")
+    failed = snakemake(workdir, *PROFILE, *config, check=False)
+    for text in (REPO / "tests/assets/corpus").glob("*.txt"):
+        shutil.copy(text, corpus)
+    rerun = snakemake(workdir, *PROFILE, *config)
+    return workdir / "runs/default", failed, rerun
+
+
+def test_failed_slurm_job_fails_its_rule_with_the_stage_error(campaign):
+    run, failed, _ = campaign
+    assert failed.returncode != 0
+    ((job, rule),) = [m for m in PLUGIN_JOB.findall(failed.output) if m[1] == "prepare_data"]
+    assert f"SLURM-job '{job}' failed" in failed.output, failed.output[-3000:]
+    assert "Error in rule prepare_data" in failed.output
+    # show-failed-logs prints the stage's own one-line error: the cause and the fix.
+    assert re.search(r"DataError: data\.corpus\('.+/corpus/\*\.txt'\) matched no files", failed.output)
+    assert final_states([job]) == {job: "FAILED"}
+
+
+def test_rerun_completes_only_what_is_left(campaign):
+    _, _, rerun = campaign
+    # validate_nccl succeeded beside the failed prepare_data and is not redone.
+    assert job_counts(rerun.output) == {"prepare_data": 1, "stage_data": 1, "train_segment": 2,
+                                        "verify_checkpoint": 1, "account_energy": 1, "report": 1, "all": 1}
+
+
+def test_every_stage_ran_as_a_slurm_job(campaign):
+    run, _, rerun = campaign
+    light = {rule: job for job, rule in PLUGIN_JOB.findall(rerun.output)}
+    assert set(light) == LIGHT
+    submitit = {}
+    for log in ("validate_nccl/validate_nccl.log", "train_segment/segment-0.log", "train_segment/segment-1.log"):
+        (submitit[log],) = SUBMITIT_JOB.findall((run / "logs" / log).read_text())
+    jobs = [*light.values(), *submitit.values()]
+    assert len(set(jobs)) == len(jobs) == 8
+    assert set(final_states(jobs).values()) == {"COMPLETED"}
+    for job in submitit.values():
+        script = next(run.glob(f"submitit/*/{job}_submission.sh")).read_text()
+        assert "#SBATCH --partition=debug" in script and "#SBATCH --signal=USR2@30" in script
+
+    report = (run / "report/report.md").read_text()
+    assert "Validation loss went from" in report
+    segments = [read_json(p) for p in sorted(run.glob("train/*/segment-*.json"))]
+    assert [(s["start_step"], s["end_step"], s["world_size"]) for s in segments] == [(0, 6, 2), (6, 12, 2)]
+    assert read_json(run / "verify.json")["failures"] == []
