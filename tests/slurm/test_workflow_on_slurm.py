@@ -4,7 +4,7 @@
 
 profiles/slurm_local sends every light stage to Slurm through snakemake-executor-plugin-slurm;
 validate_nccl and train_segment (localrules) submit their own jobs through submitit's SlurmExecutor
-because the overrides select cluster=slurm_local. The corpus folder starts empty, so prepare_data's
+because the profile's site.yaml selects cluster=slurm_local. The corpus folder starts empty, so prepare_data's
 Slurm job fails at run time (a config error would already fail while the DAG is built); filled,
 the same command finishes the campaign without redoing validate_nccl, which had succeeded.
 """
@@ -33,7 +33,7 @@ def campaign(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("campaign")
     corpus = workdir / "corpus"
     corpus.mkdir()
-    config = ("--config", f"overrides=experiment=smoke cluster=slurm_local data.corpus={corpus}/*.txt")
+    config = ("--config", f"overrides=experiment=smoke data.corpus={corpus}/*.txt")  # cluster=slurm_local: the profile's site.yaml
     failed = snakemake(workdir, *PROFILE, *config, check=False)
     for text in (REPO / "tests/assets/corpus").glob("*.txt"):
         shutil.copy(text, corpus)

@@ -10,7 +10,8 @@ from trainflow.config import STAGE_READS, ConfigError, compose, config_hash
 
 validate(config, "../schemas/config.schema.yaml")
 
-OVERRIDES = [f"run={config['run']}", *shlex.split(config["overrides"])]
+# The profile's site overrides first, so the user's own overrides win.
+OVERRIDES = [f"run={config['run']}", *shlex.split(config["site"]), *shlex.split(config["overrides"])]
 try:
     CFG = compose("train_segment", OVERRIDES)
 except ConfigError as err:
