@@ -1,6 +1,6 @@
 """Pipeline bubble: the idle fraction of GPipe, 1F1B and interleaved 1F1B (v=2), measured against theory.
 
-    python benchmarks/pipeline_bubble.py [--quick] [--cost sleep|matmul] [--forward-ms 20]
+    python benchmarks/pipeline_bubble.py [--quick] [--cost sleep|matmul] [--forward-ms 100]
 
 Goal: the measured bubble of every (schedule, p, m) within 25 % of theory, (p-1)/(m+p-1) for GPipe
 and 1F1B and (p-1)/(v*m+p-1) for interleaved 1F1B; and interleaved <= 0.6 x 1F1B at equal p and m.
@@ -25,8 +25,9 @@ step (theory's window: the same for every rank); `measured` is the mean over ran
     (probed at build time) taken out; `library_activation_per_rank` is that exchange share.
 
 Cost model. The bubble is a property of the schedule's dependency structure, not of the arithmetic, so
-by default a block's forward sleeps 20 ms and its backward 40 ms (`--cost sleep`): sleeping ranks do
-not compete for the 2 cores, so p=4 ranks behave as on 4 devices. `--cost matmul` burns a fixed number
+by default a block's forward sleeps 100 ms and its backward 200 ms (`--cost sleep`; long against the
+runtime's 1-6 ms per action, which at 20 ms ate most of interleaving's gain): sleeping ranks do not
+compete for the 2 cores, so p=4 ranks behave as on 4 devices. `--cost matmul` burns a fixed number
 of 256x256 matmuls instead (1 thread per rank); with p > cores the ranks time-slice, a rank's "compute"
 then includes time it sat descheduled and its idle time includes the others' compute, so both figures
 are distorted: only p=2 on an otherwise idle machine means anything there.
@@ -169,7 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 timed steps per configuration instead of 5")
     ap.add_argument("--cost", choices=("sleep", "matmul"), default="sleep")
-    ap.add_argument("--forward-ms", type=float, default=20.0, help="--cost sleep: a block's forward (backward 2x)")
+    ap.add_argument("--forward-ms", type=float, default=100.0, help="--cost sleep: a block's forward (backward 2x)")
     args = ap.parse_args()
     repeats = 2 if args.quick else 5
     cost = {"kind": args.cost, "forward_s": args.forward_ms / 1e3}
