@@ -21,7 +21,7 @@ step (theory's window: the same for every rank); `measured` is the mean over ran
     price (Python, p2p, loss, scheduling delays) per forward or backward chunk; the ideal makespan is
     (v*m + p-1) chunk slots of the measured compute;
   - `library_per_rank`: what trainflow itself reports, StepTimes.bubble / step on each rank (its
-    own window), with compute from add_compute_timers' module hooks and the activation exchanges
+    own window), with compute from add_compute_timers (the stages' forward/backward calls) and the exchanges
     (probed at build time) taken out; `library_activation_per_rank` is that exchange share.
 
 Cost model. The bubble is a property of the schedule's dependency structure, not of the arithmetic, so
