@@ -36,6 +36,14 @@ def write_json(path: str | Path, obj: object) -> None:
     os.replace(tmp, path)
 
 
+def read_json(path: str | Path) -> dict:
+    """An earlier stage's JSON output; missing, it is one StageError naming the file and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise StageError(f"{path} is missing: the stage that writes it has not run; run the whole DAG or force that stage")
+    return json.loads(path.read_text())
+
+
 def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
     """Validate, run and meter one stage; expected failures end in one error line and exit 1."""
     try:

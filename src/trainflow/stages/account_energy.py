@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import hydra
@@ -13,20 +12,9 @@ from omegaconf import DictConfig
 
 from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.energy.accounting import dvfs_estimate, facility, stage_energy
-from trainflow.stage import StageError, run_stage, write_json
+from trainflow.stage import StageError, read_json, run_stage, write_json
 
 log = logging.getLogger("trainflow.account_energy")
-
-
-def load_all(paths: list[str]) -> list[dict]:
-    out = []
-    for path in paths:
-        try:
-            with open(path) as f:
-                out.append(json.load(f))
-        except FileNotFoundError as err:
-            raise StageError(f"{path} is missing: the stage that writes it has not run; run the whole DAG") from err
-    return out
 
 
 def run(cfg: TrainflowConfig) -> dict:
@@ -34,8 +22,8 @@ def run(cfg: TrainflowConfig) -> dict:
         raise StageError("io.metrics is empty: pass the stage metrics files, e.g. 'io.metrics=[runs/x/metrics/prepare_data.json]'")
     gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     stages = [stage_energy(m, energy=cfg.energy, gpus=gpus if m["stage"] in ("train_segment", "validate_nccl") else 0)
-              for m in load_all(cfg.io.metrics)]
-    segments = load_all(cfg.io.segment_reports)
+              for m in map(read_json, cfg.io.metrics)]
+    segments = [read_json(p) for p in cfg.io.segment_reports]
     tokens = sum((s["end_step"] - s["start_step"]) * cfg.train.global_batch * cfg.model.seq_len for s in segments)
     train_j = sum(s["it_j"] for s in stages if s["stage"] == "train_segment")
     data_s = sum(r["data_s"] for s in segments for r in s["steps"])

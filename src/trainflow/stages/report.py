@@ -7,7 +7,6 @@ Markdown with PNG plots beside it; every stage's output is linked by a path rela
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -20,15 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
-from trainflow.stage import StageError, run_stage  # noqa: E402
+from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
 
 log = logging.getLogger("trainflow.report")
-
-
-def read(path: str) -> dict:
-    if not Path(path).is_file():
-        raise StageError(f"{path} is missing; run the stage that writes it (snakemake --forcerun <stage>)")
-    return json.loads(Path(path).read_text())
 
 
 def plot_loss(steps: list[dict], evals: list[dict], out: Path) -> None:
@@ -105,10 +98,10 @@ def relative(path: str, start: Path) -> str:
 def run(cfg: TrainflowConfig) -> dict:
     out = Path(cfg.io.report)
     out.parent.mkdir(parents=True, exist_ok=True)
-    segments = [read(p) for p in cfg.io.segment_reports]
+    segments = [read_json(p) for p in cfg.io.segment_reports]
     if not segments:
         raise StageError("io.segment_reports is empty: pass the train_segment outputs")
-    nccl, verify, energy = read(cfg.io.nccl_report), read(cfg.io.verify_report), read(cfg.io.energy_report)
+    nccl, verify, energy = read_json(cfg.io.nccl_report), read_json(cfg.io.verify_report), read_json(cfg.io.energy_report)
     steps = [r for s in segments for r in s["steps"]]
     evals = sorted({e["step"]: e for s in segments for e in s["evals"]}.values(), key=lambda e: e["step"])
     plot_loss(steps, evals, out.parent / "loss.png")
