@@ -1,14 +1,15 @@
-"""Pipeline bubble: the idle fraction of GPipe, 1F1B and interleaved 1F1B (v=2), measured against theory.
+"""Pipeline bubble: the idle fraction of GPipe, 1F1B and interleaved 1F1B (v = p), measured against theory.
 
-    python benchmarks/pipeline_bubble.py [--quick] [--cost sleep|matmul] [--forward-ms 100]
+    python benchmarks/pipeline_bubble.py [--quick] [--cost sleep|matmul] [--forward-ms 100] [--virtual-stages 0]
 
 Goal: the measured bubble of every (schedule, p, m) within 25 % of theory, (p-1)/(m+p-1) for GPipe
 and 1F1B and (p-1)/(v*m+p-1) for interleaved 1F1B; and interleaved <= 0.6 x 1F1B at equal p and m.
-Theory alone gives (3/11) / (3/7) = 0.64 at p=4, m=4, so that one pair cannot meet the second goal.
+Interleaving uses v = p chunks per rank by default (--virtual-stages 0): with v = 2 theory alone gives
+(3/11) / (3/7) = 0.64 at p=4, m=4 and 0.58 at p=4, m=8, so v = 2 cannot meet the second goal at p=4.
 
 The pipeline is trainflow's own: `parallelize_model` (pipeline_model -> build_schedule, torch's
 schedules) on a trainflow GPT whose blocks are swapped for fixed-cost blocks, driven by
-`Parallelized.forward_backward`. Every rank holds 2 blocks (one per chunk under interleaving), so all
+`Parallelized.forward_backward`. Every rank holds v blocks (one per chunk under interleaving), so all
 schedules do the same work per rank. The bubble of a rank is 1 - compute / makespan, where compute is
 the time spent inside the fixed-cost blocks and makespan the slowest rank's schedule wall time of that
 step (theory's window: the same for every rank); `measured` is the mean over ranks. Beside it:
@@ -47,7 +48,7 @@ from trainflow.model import GPT, cross_entropy
 from trainflow.parallel import parallelize_model
 from trainflow.parallel.dims import ParallelDims
 
-V = 2  # virtual stages under interleaved 1F1B; every rank holds V blocks under every schedule
+V = [2]  # virtual stages under interleaved 1F1B (--virtual-stages); every rank holds V blocks under every schedule
 MATMULS = 8  # --cost matmul: 256x256 fp32 matmuls per block forward (backward: twice as many)
 COST = {"kind": "sleep", "forward_s": 0.020}  # set per process from the command line
 COMPUTE_S = [0.0]  # seconds spent inside fixed-cost blocks on this rank since the last reset
@@ -91,8 +92,13 @@ def build_model(n_layers: int) -> GPT:
     return model
 
 
+def chunks(schedule: str) -> int:
+    """Model chunks per rank: V under interleaved 1F1B, else 1."""
+    return V[0] if schedule == "interleaved_1f1b" else 1
+
+
 def theory(schedule: str, p: int, m: int) -> float:
-    v = V if schedule == "interleaved_1f1b" else 1
+    v = chunks(schedule)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -128,14 +134,15 @@ def replay(order: dict[int, list], n_stages: int, f: float, b: float) -> float:
 def rank_fn(rank: int, world: int, configs: list[tuple[str, int]], repeats: int, cost: dict) -> dict:
     """Every (schedule, m) at p = world on this rank: median bubble, library bubble and makespan."""
     COST.update(cost)
+    V[0] = cost["v"]
     p = world
     mesh = ParallelDims(dp=1, tp=1, pp=p, world_size=p).build_mesh("cpu")
     out = {}
     for schedule, m in configs:
-        v = V if schedule == "interleaved_1f1b" else 1
+        v = chunks(schedule)
         dims = ParallelDims(dp=1, tp=1, pp=p, world_size=p, virtual_stages=v, schedule=schedule, microbatches=m)
         torch.manual_seed(0)
-        par = parallelize_model(build_model(p * V), dims, mesh, loss_fn=cross_entropy,
+        par = parallelize_model(build_model(p * V[0]), dims, mesh, loss_fn=cross_entropy,
                                 device=torch.device("cpu"), bucket_mb=0, overlap=False,
                                 activation_shape=(1, 4, 8))  # one microbatch row of (T=4, d=8)
         inputs, targets = torch.randint(0, 32, (m, 4)), torch.randint(0, 32, (m, 4))
@@ -171,6 +178,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 timed steps per configuration instead of 5")
     ap.add_argument("--cost", choices=("sleep", "matmul"), default="sleep")
     ap.add_argument("--forward-ms", type=float, default=100.0, help="--cost sleep: a block's forward (backward 2x)")
+    ap.add_argument("--virtual-stages", type=int, default=0,
+                    help="interleaved 1F1B's v (blocks per rank, every schedule); 0: v = p")
     args = ap.parse_args()
     repeats = 2 if args.quick else 5
     cost = {"kind": args.cost, "forward_s": args.forward_ms / 1e3}
@@ -178,13 +187,15 @@ def main() -> None:
     configs = [(s, m) for s in schedules for m in ms]
     rows, ratios = [], []
     for p in (2, 4):
-        log(f"pipeline_bubble: p={p}, {len(configs)} configurations x {repeats} steps")
-        per_rank = run_ranks(rank_fn, p, configs, repeats, cost)
+        V[0] = args.virtual_stages or p
+        log(f"pipeline_bubble: p={p}, v={V[0]}, {len(configs)} configurations x {repeats} steps")
+        per_rank = run_ranks(rank_fn, p, configs, repeats, {**cost, "v": V[0]})
         for s, m in configs:
             got = [r[f"{s}/m{m}"] for r in per_rank]
             measured, want = sum(g["bubble"] for g in got) / p, theory(s, p, m)
             span = median([g["makespan_s"] for g in got])
-            v, actions = (V if s == "interleaved_1f1b" else 1), 2 * (V if s == "interleaved_1f1b" else 1) * m
+            v = chunks(s)
+            actions = 2 * v * m
             # Ideal makespan: (v*m + p-1) chunk slots, each the measured compute of one chunk's forward + backward.
             ideal = sum(g["compute_s"] for g in got) / p * (v * m + p - 1) / (v * m)
             rows.append({
