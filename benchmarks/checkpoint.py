@@ -173,22 +173,21 @@ def main() -> None:
                     manager.load(step, state)
                     times["load"].append(time.perf_counter() - t0)
             data = [p for p in files if p.name != "manifest.json"]
-            for k in range(VERIFY_PAIRS):  # cheap, and cold reads are the noisiest figure here
-                for which in (("plain", "verify") if k % 2 == 0 else ("verify", "plain")):
-                    drop_cache(files)
-                    if which == "plain":
-                        times["plain_read_cold"].append(plain_read(data))
-                    else:
-                        t0 = time.perf_counter()
-                        verify(step_dir(manager.root, step))
-                        times["verify_cold"].append(time.perf_counter() - t0)
-            for which in ("plain", "verify"):  # warm: the cold pass above left every file cached
+            def read_once(which: str, cache: str) -> None:
+                """One plain read or one CRC verification of the checkpoint's files, timed."""
                 if which == "plain":
-                    times["plain_read_warm"].append(plain_read(data))
+                    times[f"plain_read_{cache}"].append(plain_read(data))
                 else:
                     t0 = time.perf_counter()
                     verify(step_dir(manager.root, step))
-                    times["verify_warm"].append(time.perf_counter() - t0)
+                    times[f"verify_{cache}"].append(time.perf_counter() - t0)
+
+            for k in range(VERIFY_PAIRS):  # cheap, and cold reads are the noisiest figure here
+                for which in (("plain", "verify") if k % 2 == 0 else ("verify", "plain")):
+                    drop_cache(files)
+                    read_once(which, "cold")
+            for which in ("plain", "verify"):  # warm: the cold pass above left every file cached
+                read_once(which, "warm")
         ckpt_bytes = sum(p.stat().st_size for p in data)
     finally:
         manager_module.write_manifest = write_manifest
