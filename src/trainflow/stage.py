@@ -27,13 +27,17 @@ class StageError(TrainflowError):
     """A stage that ran and found its inputs or results unacceptable."""
 
 
-def write_json(path: str | Path, obj: object) -> None:
-    """Write JSON through a temporary file renamed into place: readers never see half a file."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write through a temporary file renamed into place: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: str | Path, obj: object) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str | Path) -> dict:

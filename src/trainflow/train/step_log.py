@@ -8,8 +8,9 @@ checkpoint does not contain. Records of other segments stay.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from trainflow.stage import write_text_atomic
 
 
 class StepLog:
@@ -25,10 +26,7 @@ class StepLog:
     def drop(self, start: int, end: int) -> None:
         """Remove the records of steps start..end inclusive (rewritten atomically)."""
         kept = [r for r in self.read() if not start <= r["step"] <= end]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def append(self, record: dict) -> None:
         with open(self.path, "a") as f:
