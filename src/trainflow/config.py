@@ -135,6 +135,8 @@ class CheckpointConfig:
     """Fixed save interval; 0 = Young/Daly from the measured save time and cluster.mtbf_hours."""
     keep: int = 3
     """Newest checkpoints kept besides the segment-end ones."""
+    io_threads: int = 2
+    """Threads per rank that write (one file each) and read a checkpoint."""
     max_interval_steps: int = 1000
 
 
@@ -288,6 +290,8 @@ def validate(cfg: TrainflowConfig) -> None:
         errors.append(f"data.val_fraction({cfg.data.val_fraction}) must lie in (0, 1)")
     if t.segments < 1 or t.segment_steps < 1:
         errors.append(f"train.segments({t.segments}) and train.segment_steps({t.segment_steps}) must be >= 1")
+    if cfg.checkpoint.keep < 1 or cfg.checkpoint.io_threads < 1:
+        errors.append(f"checkpoint.keep({cfg.checkpoint.keep}) and checkpoint.io_threads({cfg.checkpoint.io_threads}) must be >= 1")
     c = cfg.cluster
     if c.executor not in ("local", "slurm"):
         errors.append(f"cluster.executor({c.executor!r}) must be 'local' or 'slurm'")

@@ -1,28 +1,36 @@
 """Sharded, atomic, CRC-verified checkpoints through torch.distributed.checkpoint (DCP).
 
-Save: every rank writes its shard into `step-N.tmp/` (DCP: one `__{rank}_0.distcp` per rank plus
-`.metadata`), then rank 0 checksums and fsyncs every file, writes manifest.json and renames the
-folder to `step-N/`. A crash at any moment leaves `step-N.tmp/` (ignored, removed by the next
-save) and every older checkpoint intact. Load: rank 0 verifies the manifest of the newest
-candidate, falls back to older ones on a mismatch, and all ranks load the step it chose.
+Save: every rank writes its shard into `step-N.tmp/` (DCP: `__{rank}_{i}.distcp` per rank plus
+`.metadata`), checksumming the bytes as it writes them (checkpoint.writer); rank 0 gathers the
+checksums, writes manifest.json and renames the folder to `step-N/`. A crash at any moment
+leaves `step-N.tmp/` (ignored, removed by the next save) and every older checkpoint intact. Old
+checkpoints are pruned in a background thread (as torchtitan purges), so training waits only for
+the new one to be durable. Load: rank 0 verifies the manifest of the newest candidate, falls back
+to older ones on a mismatch, and all ranks load the step it chose.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.utils.serialization import config as serialization_config
 
 from trainflow.checkpoint.manifest import ChecksumError, write_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
+from trainflow.checkpoint.reader import InPlaceReader
+from trainflow.checkpoint.writer import ChecksummingWriter
 
 log = logging.getLogger("trainflow.checkpoint")
+STEP = re.compile(r"step-(\d+)")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -30,17 +38,19 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def list_steps(root: Path) -> list[int]:
-    """Completed checkpoints (renamed into place), oldest first."""
+    """Completed checkpoints (renamed into place; not `.tmp` or `.pruned`), oldest first."""
     if not root.is_dir():
         return []
-    return sorted(int(p.name[5:]) for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    return sorted(int(m[1]) for p in root.glob("step-*") if p.is_dir() and (m := STEP.fullmatch(p.name)))
 
 
 class CheckpointManager:
-    def __init__(self, root: str | Path, *, keep: int, pinned: set[int]) -> None:
+    def __init__(self, root: str | Path, *, keep: int, pinned: set[int], io_threads: int = 2) -> None:
         self.root = Path(root)
-        self.keep, self.pinned = keep, pinned
+        self.keep, self.pinned, self.io_threads = keep, pinned, io_threads
         self.rank = dist.get_rank()
+        self.pruner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainflow-prune")
+        self.pruning: Future | None = None
 
     def save(self, step: int, state: dict, *, before_commit: Callable[[], None] = lambda: None, **meta: object) -> float:
         """Write checkpoint `step` atomically; returns the seconds it took (for Young/Daly).
@@ -50,17 +60,24 @@ class CheckpointManager:
         start = time.perf_counter()
         final, tmp = step_dir(self.root, step), self.root / f"step-{step:08d}.tmp"
         if self.rank == 0:
+            self.wait()
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, thread_count=2))
+        # torch.save's zip CRC-32 runs in software over every byte; the manifest's CRC-32C covers
+        # the same bytes with the CPU's CRC instruction, so the zip one is left out (torch.load
+        # does not check it).
+        writer = ChecksummingWriter(tmp, thread_count=self.io_threads)
+        with serialization_config.patch("save.compute_crc32", False):
+            dcp.save(state, storage_writer=writer)
         before_commit()
-        dist.barrier()
+        checksums = [{}] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(writer.checksums, checksums, dst=0)  # also: every rank has written its files
         if self.rank == 0:
-            manifest = write_manifest(tmp, step=step, **meta)
+            manifest = write_manifest(tmp, {k: v for c in checksums for k, v in c.items()}, step=step, **meta)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
-            self.prune()
+            self.pruning = self.pruner.submit(self.prune)
             nbytes = sum(f["bytes"] for f in manifest["files"].values())
             log.info("Saved checkpoint step %d (%d files, %.1f MB) in %.2f s", step, len(manifest["files"]),
                      nbytes / 1e6, time.perf_counter() - start)
@@ -68,10 +85,24 @@ class CheckpointManager:
         return time.perf_counter() - start
 
     def prune(self) -> None:
-        """Keep the newest `keep` checkpoints and every pinned one (segment ends)."""
+        """Keep the newest `keep` checkpoints and every pinned one (segment ends); remove what
+        crashed saves and prunes left. A checkpoint is renamed out of the way before it is
+        deleted, so a crash mid-prune never leaves a half-deleted `step-N/`."""
         unpinned = [s for s in list_steps(self.root) if s not in self.pinned]
         for s in unpinned[: max(len(unpinned) - self.keep, 0)]:
-            shutil.rmtree(step_dir(self.root, s))
+            step_dir(self.root, s).rename(self.root / f"step-{s:08d}.pruned")
+        for leftover in [*self.root.glob("step-*.pruned"), *self.root.glob("step-*.tmp")]:
+            shutil.rmtree(leftover)
+
+    def wait(self) -> None:
+        """Finish the pending prune, raising what it raised."""
+        if self.pruning is not None:
+            self.pruning, pending = None, self.pruning
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        self.pruner.shutdown()
 
     def newest_valid(self, at_most: int) -> int:
         """The newest checkpoint <= at_most whose files match their manifest (-1: none); agreed by all ranks."""
@@ -89,5 +120,5 @@ class CheckpointManager:
 
     def load(self, step: int, state: dict) -> None:
         start = time.perf_counter()
-        dcp.load(state, checkpoint_id=step_dir(self.root, step))
+        dcp.load(state, storage_reader=InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads))
         log.info("Loaded checkpoint step %d in %.2f s", step, time.perf_counter() - start)

@@ -51,13 +51,21 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(directory: Path, **extra: object) -> dict:
-    """Checksum every file under `directory`, fsync them, then write and fsync manifest.json."""
+def write_manifest(directory: Path, checksums: dict[str, tuple[int, int]] | None = None, **extra: object) -> dict:
+    """fsync every file under `directory`, then write and fsync manifest.json.
+
+    `checksums` maps relative paths to (bytes, CRC-32C) computed while the files were written
+    (checkpoint.writer); a file without one is read back and checksummed here. A file whose size
+    is not the size checksummed raises ChecksumError."""
+    checksums = checksums or {}
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
-        size, crc = file_crc(path)
+        rel = str(path.relative_to(directory))
+        size, crc = checksums[rel] if rel in checksums else file_crc(path)
+        if size != path.stat().st_size:
+            raise ChecksumError(f"{path} holds {path.stat().st_size} bytes but {size} were written; the save is incomplete, save again")
         fsync_path(path)
-        files[str(path.relative_to(directory))] = {"bytes": size, "crc32c": crc}
+        files[rel] = {"bytes": size, "crc32c": crc}
     manifest = {"algorithm": "crc32c", "files": files, **extra}
     tmp = directory / (MANIFEST + ".tmp")
     with open(tmp, "w") as f:

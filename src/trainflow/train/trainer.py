@@ -108,7 +108,8 @@ class Trainer:
         self.start_step = cfg.segment * t.segment_steps
         self.end_step = self.start_step + t.segment_steps
         ends = {(s + 1) * t.segment_steps for s in range(t.segments)}
-        self.checkpoints = CheckpointManager(cfg.io.checkpoints, keep=cfg.checkpoint.keep, pinned=ends)
+        self.checkpoints = CheckpointManager(cfg.io.checkpoints, keep=cfg.checkpoint.keep, pinned=ends,
+                                             io_threads=cfg.checkpoint.io_threads)
         self.planner = IntervalPlanner(
             mtbf_s=cfg.cluster.mtbf_hours * 3600, fixed_steps=cfg.checkpoint.interval_steps,
             max_steps=cfg.checkpoint.max_interval_steps,
@@ -128,7 +129,7 @@ class Trainer:
         io.resume_from's, resharded to this layout); its step."""
         source, step = self.checkpoints, self.checkpoints.newest_valid(at_most=self.end_step)
         if step < 0 and self.cfg.io.resume_from:
-            source = CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set())
+            source = CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads)
             step = source.newest_valid(at_most=self.end_step)
         if step < 0:
             if self.start_step > 0:
@@ -238,6 +239,7 @@ class Trainer:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         self.sampler.close()
+        self.checkpoints.close()
         return self.summary(step, interrupted)
 
     def state_digest(self) -> list[str]:

@@ -1,0 +1,113 @@
+"""CheckpointManager on a 1-rank group: write-time checksums equal a re-read, in-place loads equal
+DCP's own, foreign pickles are refused, pruning keeps what it must."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.utils.serialization import config as serialization_config
+
+from trainflow.checkpoint.manager import CheckpointManager, list_steps, step_dir
+from trainflow.checkpoint.manifest import ChecksumError, verify, write_manifest
+from trainflow.checkpoint.reader import InPlaceReader
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def sample_state() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model": {
+            "w": torch.randn(64, 32, generator=g),
+            "w_t": torch.randn(16, 48, generator=g).t(),  # non-contiguous, storage exactly its size
+            "half": torch.randn(40, generator=g).to(torch.bfloat16),
+            "scalar": torch.tensor(3.5),
+        },
+        "step": torch.tensor(7),
+    }
+
+
+def blank_like(state: dict) -> dict:
+    return {k: blank_like(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in state.items()}
+
+
+def flat(state: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in state.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def test_save_checksums_match_a_reread_and_load_reads_in_place(tmp_path, monkeypatch):
+    manager = CheckpointManager(tmp_path, keep=2, pinned=set())
+    state = sample_state()
+    manager.save(5, state)
+    manager.close()
+    assert serialization_config.save.compute_crc32  # switched off only inside save
+    assert verify(step_dir(tmp_path, 5))["files"] == 3  # two shard files + .metadata, re-read and CRC'd
+
+    fell_back = []
+    dcp_read = dcp.FileSystemReader.read_data
+
+    def spy(self, plan, planner):
+        fell_back.extend(item.dest_index.fqn for item in plan.items)
+        return dcp_read(self, plan, planner)
+
+    monkeypatch.setattr(dcp.FileSystemReader, "read_data", spy)
+    loaded = blank_like(state)
+    loaded["model"]["w_t"] = torch.zeros(16, 48).t()
+    manager.load(5, loaded)
+    for key, want in flat(state).items():
+        got = flat(loaded)[key]
+        assert got.dtype == want.dtype and torch.equal(got, want), key
+    assert fell_back == ["model.w_t"]  # the transposed tensor goes through DCP's torch.load; the rest in place
+
+
+def test_in_place_reader_converts_like_dcp_when_dtypes_differ(tmp_path):
+    state = sample_state()
+    dcp.save(state, checkpoint_id=tmp_path)
+    target = blank_like(state)
+    target["model"]["w"] = torch.zeros(64, 32, dtype=torch.float64)
+    dcp.load(target, storage_reader=InPlaceReader(tmp_path))
+    assert torch.equal(target["model"]["w"], state["model"]["w"].double())
+
+
+def test_metadata_naming_anything_else_is_refused(tmp_path):
+    state = sample_state()
+    dcp.save(state, checkpoint_id=tmp_path)
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(os.getcwd))
+    with pytest.raises(CheckpointException, match=r"names posix\.getcwd.*refusing"):
+        dcp.load(blank_like(state), storage_reader=InPlaceReader(tmp_path))
+
+
+def test_manifest_refuses_a_file_whose_size_is_not_what_was_checksummed(tmp_path):
+    (tmp_path / "__0_0.distcp").write_bytes(b"x" * 12)
+    with pytest.raises(ChecksumError, match=r"holds 12 bytes but 10 were written"):
+        write_manifest(tmp_path, {"__0_0.distcp": (10, 0)})
+
+
+def test_prune_keeps_the_newest_and_the_pinned_and_clears_leftovers(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=1, pinned={2})
+    state = sample_state()
+    (tmp_path / "step-00000009.tmp").mkdir(parents=True)  # a crashed save
+    (tmp_path / "step-00000001.pruned").mkdir()  # a crashed prune
+    for step in (1, 2, 3, 4):
+        manager.save(step, state)
+    manager.close()
+    assert list_steps(tmp_path) == [2, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
