@@ -63,7 +63,9 @@ def write_manifest(directory: Path, checksums: dict[str, tuple[int, int]] | None
         rel = str(path.relative_to(directory))
         size, crc = checksums[rel] if rel in checksums else file_crc(path)
         if size != path.stat().st_size:
-            raise ChecksumError(f"{path} holds {path.stat().st_size} bytes but {size} were written; the save is incomplete, save again")
+            raise ChecksumError(
+                f"{path} holds {path.stat().st_size} bytes but {size} were written; the save is incomplete, save again"
+            )
         fsync_path(path)
         files[rel] = {"bytes": size, "crc32c": crc}
     manifest = {"algorithm": "crc32c", "files": files, **extra}

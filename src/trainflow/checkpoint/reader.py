@@ -35,7 +35,8 @@ class MetadataUnpickler(pickle.Unpickler):
     }
 
     def find_class(self, module: str, name: str) -> object:
-        if name in self.ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if dtype or name in self.ALLOWED.get(module, ()):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(
             f"checkpoint metadata names {module}.{name}, which no DCP checkpoint holds; refusing to load it "
@@ -71,7 +72,8 @@ class InPlaceReader(dcp.FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         with ThreadPoolExecutor(max_workers=max(1, min(self.thread_count, len(per_file)))) as pool:
-            rest = [item for items in pool.map(lambda kv: self._read_file(*kv, planner), per_file.items()) for item in items]
+            left = pool.map(lambda kv: self._read_file(*kv, planner), per_file.items())
+            rest = [item for items in left for item in items]
         if rest:
             super().read_data(dataclasses.replace(plan, items=rest), planner).wait()
         done: Future[None] = Future()
