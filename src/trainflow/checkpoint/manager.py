@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.utils.serialization import config as serialization_config
 
 from trainflow.checkpoint.manifest import ChecksumError, write_manifest
@@ -120,5 +121,9 @@ class CheckpointManager:
 
     def load(self, step: int, state: dict) -> None:
         start = time.perf_counter()
-        dcp.load(state, storage_reader=InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads))
+        try:
+            dcp.load(state, storage_reader=InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads))
+        except CheckpointException as err:  # its text holds every failing rank's traceback
+            rank, (cause, _) = next(iter(err.failures.items()))
+            raise ChecksumError(f"loading {step_dir(self.root, step)} failed on rank {rank}: {cause}") from err
         log.info("Loaded checkpoint step %d in %.2f s", step, time.perf_counter() - start)
