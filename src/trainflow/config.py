@@ -290,8 +290,9 @@ def validate(cfg: TrainflowConfig) -> None:
         errors.append(f"data.val_fraction({cfg.data.val_fraction}) must lie in (0, 1)")
     if t.segments < 1 or t.segment_steps < 1:
         errors.append(f"train.segments({t.segments}) and train.segment_steps({t.segment_steps}) must be >= 1")
-    if cfg.checkpoint.keep < 1 or cfg.checkpoint.io_threads < 1:
-        errors.append(f"checkpoint.keep({cfg.checkpoint.keep}) and checkpoint.io_threads({cfg.checkpoint.io_threads}) must be >= 1")
+    ck = cfg.checkpoint
+    if ck.keep < 1 or ck.io_threads < 1:
+        errors.append(f"checkpoint.keep({ck.keep}) and checkpoint.io_threads({ck.io_threads}) must be >= 1")
     c = cfg.cluster
     if c.executor not in ("local", "slurm"):
         errors.append(f"cluster.executor({c.executor!r}) must be 'local' or 'slurm'")

@@ -129,7 +129,8 @@ class Trainer:
         io.resume_from's, resharded to this layout); its step."""
         source, step = self.checkpoints, self.checkpoints.newest_valid(at_most=self.end_step)
         if step < 0 and self.cfg.io.resume_from:
-            source = CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads)
+            source = CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set(),
+                                       io_threads=self.cfg.checkpoint.io_threads)
             step = source.newest_valid(at_most=self.end_step)
         if step < 0:
             if self.start_step > 0:
