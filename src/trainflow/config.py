@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import operator
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 # conf/ lives at the repository root; trainflow is installed editable (`pip install -e .`).
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -42,49 +45,92 @@ class ConfigError(TrainflowError, ValueError):
     """A configuration that cannot run."""
 
 
+@dataclass(frozen=True)
+class Domain:
+    """The values a config field may take; `domain_errors` checks every field that has one."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    one_of: tuple[str, ...] = ()
+    pattern: str = ""
+    """A regular expression the whole string (or each list item) must match."""
+    fix: str = ""
+    """What to do instead, appended to the error."""
+
+    def violation(self, value: Any) -> str | None:
+        """Why `value` lies outside the domain (None: it does not)."""
+        bounds = ((self.gt, ">", operator.gt), (self.ge, ">=", operator.ge), (self.lt, "<", operator.lt),
+                  (self.le, "<=", operator.le))
+        if any(b is not None for b, _, _ in bounds) and not math.isfinite(value):
+            return "must be a finite number"
+        for bound, sign, holds in bounds:
+            if bound is not None and not holds(value, bound):
+                return f"must be {sign} {bound:g}"
+        if self.one_of and value not in self.one_of:
+            return "must be one of " + ", ".join(self.one_of)
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            return f"must match {self.pattern}" + (f" ({self.fix})" if self.fix else "")
+        return None
+
+
+def checked(default: Any = MISSING, *, factory: Any = None, **domain: Any) -> Any:
+    """A dataclass field with its domain beside its default (see Domain)."""
+    metadata = {"domain": Domain(**{k: tuple(v) if k == "one_of" else v for k, v in domain.items()})}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# Strings that reach a command line or an sbatch script: no whitespace, quotes or shell syntax.
+SLURM_WORD = r"[\w.,:@%+=&|!*()\[\]-]*"
+RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+
+
 @dataclass
 class ModelConfig:
     name: str = "tiny"
-    vocab_size: int = MISSING
+    vocab_size: int = checked(ge=2)
     """Tokens in the vocabulary; the presets take it from data.vocab_size."""
-    n_layers: int = 4
-    n_heads: int = 4
-    dim: int = 128
-    ffn_dim: int = 512
+    n_layers: int = checked(4, ge=1)
+    n_heads: int = checked(4, ge=1)
+    dim: int = checked(128, ge=1)
+    ffn_dim: int = checked(512, ge=1)
     """Hidden width of the MLP (column-parallel up, row-parallel down under TP)."""
-    seq_len: int = 128
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    seq_len: int = checked(128, ge=1)
+    norm_eps: float = checked(1e-5, gt=0)
+    init_std: float = checked(0.02, gt=0)
 
 
 @dataclass
 class DataConfig:
     corpus: str = "<stdlib>/*.py"
     """Glob of text files; `<stdlib>` is this Python's standard-library folder (present everywhere)."""
-    tokenizer: str = "byte"
+    tokenizer: str = checked("byte", one_of=("byte", "bpe"))
     """`byte` (vocabulary 257, no training) or `bpe` (byte-level BPE trained on the corpus)."""
-    vocab_size: int = BYTE_VOCAB
-    val_fraction: float = 0.05
+    vocab_size: int = checked(BYTE_VOCAB, ge=2, le=65536)
+    val_fraction: float = checked(0.05, gt=0, lt=1)
     """Share of documents (chosen by a hash of their path) held out for validation."""
-    max_bytes: int = 0
+    max_bytes: int = checked(0, ge=0)
     """Stop reading the corpus after this many bytes (0 = no limit)."""
-    chunk_tokens: int = 65536
+    chunk_tokens: int = checked(65536, ge=1)
     """HDF5 chunk length of the token datasets."""
 
 
 @dataclass
 class ParallelConfig:
     name: str = "single"
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    virtual_stages: int = 1
+    dp: int = checked(1, ge=1)
+    tp: int = checked(1, ge=1)
+    pp: int = checked(1, ge=1)
+    virtual_stages: int = checked(1, ge=1)
     """Model chunks per pipeline rank; >= 2 only with the interleaved_1f1b schedule."""
-    schedule: str = "1f1b"
+    schedule: str = checked("1f1b", one_of=SCHEDULES)
     """Pipeline schedule: gpipe, 1f1b or interleaved_1f1b (ignored when pp = 1)."""
-    microbatches: int = 1
+    microbatches: int = checked(1, ge=1)
     """Microbatches per step and data-parallel rank (the pipeline's m)."""
-    bucket_mb: float = 25.0
+    bucket_mb: float = checked(25.0, gt=0)
     """Gradient all-reduce bucket size; the seed uses 128 MB-1 GB on GPU clusters."""
     overlap: bool = True
     """Overlap gradient communication with the backward pass."""
@@ -97,30 +143,30 @@ class ParallelConfig:
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
+    lr: float = checked(3e-3, gt=0)
+    min_lr_ratio: float = checked(0.1, ge=0, le=1)
     """Cosine decay ends at lr * min_lr_ratio."""
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+    warmup_steps: int = checked(20, ge=0)
+    weight_decay: float = checked(0.1, ge=0)
+    beta1: float = checked(0.9, ge=0, lt=1)
+    beta2: float = checked(0.95, ge=0, lt=1)
+    grad_clip: float = checked(1.0, ge=0)
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 1234
-    segments: int = 2
+    seed: int = checked(1234, ge=0)
+    segments: int = checked(2, ge=1)
     """Training is split into this many Snakemake jobs (one DAG node each)."""
-    segment_steps: int = 150
-    global_batch: int = 16
+    segment_steps: int = checked(150, ge=1)
+    global_batch: int = checked(16, ge=1)
     """Sequences per optimizer step, across all data-parallel ranks."""
-    eval_every: int = 50
-    eval_batches: int = 8
-    log_every: int = 10
+    eval_every: int = checked(50, ge=1)
+    eval_batches: int = checked(8, ge=1)
+    log_every: int = checked(10, ge=1)
     deterministic: bool = True
     """Bitwise reproducible steps: deterministic algorithms, fixed threads."""
-    threads_per_rank: int = 1
+    threads_per_rank: int = checked(1, ge=1)
     profile: bool = False
     """Write a torch.profiler trace of a few steps of each segment."""
 
@@ -131,48 +177,48 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval_steps: int = 0
+    interval_steps: int = checked(0, ge=0)
     """Fixed save interval; 0 = Young/Daly from the measured save time and cluster.mtbf_hours."""
-    keep: int = 3
+    keep: int = checked(3, ge=1)
     """Newest checkpoints kept besides the segment-end ones."""
-    io_threads: int = 2
+    io_threads: int = checked(2, ge=1)
     """Threads per rank that write (one file each) and read a checkpoint."""
-    max_interval_steps: int = 1000
+    max_interval_steps: int = checked(1000, ge=1)
 
 
 @dataclass
 class ClusterConfig:
     name: str = "local"
-    executor: str = "local"
+    executor: str = checked("local", one_of=("local", "slurm"))
     """submitit executor for distributed stages: `local` (processes here) or `slurm`."""
-    device: str = "cpu"
-    backend: str = "gloo"
-    nodes: int = 1
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-    mem_gb: float = 2.0
-    partition: str = ""
-    account: str = ""
-    time_min: int = 60
+    device: str = checked("cpu", one_of=("cpu", "cuda"))
+    backend: str = checked("gloo", one_of=("gloo", "nccl"))
+    nodes: int = checked(1, ge=1)
+    gpus_per_node: int = checked(0, ge=0)
+    cpus_per_task: int = checked(1, ge=1)
+    mem_gb: float = checked(2.0, gt=0)
+    partition: str = checked("", pattern=SLURM_WORD)
+    account: str = checked("", pattern=SLURM_WORD)
+    time_min: int = checked(60, ge=1)
     """Slurm time limit of one training job; a segment longer than this is requeued."""
-    signal_delay_s: int = 90
+    signal_delay_s: int = checked(90, ge=0)
     """Seconds before the time limit at which Slurm sends USR2 (submitit's pre-timeout signal)."""
-    max_requeues: int = 3
-    constraint: str = ""
+    max_requeues: int = checked(3, ge=0)
+    constraint: str = checked("", pattern=SLURM_WORD)
     """Slurm node features, e.g. the seed's THP-off / vBoost node setup."""
     setup: list[str] = field(default_factory=list)
     """Shell lines run in the sbatch script before the tasks start."""
-    mtbf_hours: float = 4.0
-    collective_timeout_s: int = 300
+    mtbf_hours: float = checked(4.0, gt=0)
+    collective_timeout_s: int = checked(300, gt=0)
     """torch.distributed collective timeout (the seed's "NCCL_TIMEOUT 300 s")."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment for every rank (NCCL_* tuning lives here)."""
-    peak_tflops: float = 0.1
+    peak_tflops: float = checked(0.1, gt=0)
     """Dense peak per device, for MFU; the CPU default is a stated rough figure."""
-    min_busbw_gbps: float = 0.05
+    min_busbw_gbps: float = checked(0.05, ge=0)
     """validate_nccl's gate on all_reduce bus bandwidth (seed: >= 200 GB/s on GH200)."""
-    sweep_mb: list[float] = field(default_factory=lambda: [0.25, 1.0, 4.0, 16.0])
-    sweep_iters: int = 5
+    sweep_mb: list[float] = checked(factory=lambda: [0.25, 1.0, 4.0, 16.0], gt=0)
+    sweep_iters: int = checked(5, ge=1)
 
 
 @dataclass
@@ -186,19 +232,19 @@ class StorageConfig:
 
 @dataclass
 class EnergyConfig:
-    pue: float = 1.05
+    pue: float = checked(1.05, ge=1)
     """Facility energy / IT energy (seed: 1.05 with lake cooling)."""
-    grid_gco2_per_kwh: float = 30.0
+    grid_gco2_per_kwh: float = checked(30.0, ge=0)
     """Carbon intensity of the supply (hydro-dominated grid)."""
-    cpu_watts_per_core: float = 12.0
+    cpu_watts_per_core: float = checked(12.0, ge=0)
     """Stated model for CPU energy when RAPL is not readable: watts per busy core."""
-    gpu_watts: float = 560.0
+    gpu_watts: float = checked(560.0, ge=0)
     """Stated model for GPU energy when NVML has no energy counter (seed: 560 W with vBoost)."""
-    power_cap_w: float = 660.0
+    power_cap_w: float = checked(660.0, gt=0)
     dvfs: bool = True
     """Lower clocks while data loads, restore them for compute (seed: saves ~8 %)."""
-    idle_clock_mhz: int = 500
-    compute_clock_mhz: int = 1980
+    idle_clock_mhz: int = checked(500, gt=0)
+    compute_clock_mhz: int = checked(1980, gt=0)
 
 
 @dataclass
@@ -206,11 +252,11 @@ class FaultConfig:
     """Fault injection for tests and failure drills. Read by no stage's config hash, so a drill
     and its rerun without the fault share one checkpoint series."""
 
-    step: int = -1
+    step: int = checked(-1, ge=-1)
     """At the start of this step (-1: never) ..."""
-    rank: int = 0
+    rank: int = checked(0, ge=0)
     """... this rank ..."""
-    signal: str = "USR2"
+    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL"))
     """... receives this signal: USR2 (Slurm's pre-timeout), TERM, or KILL (a dead rank)."""
     during_save: bool = False
     """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
@@ -239,9 +285,10 @@ class IOConfig:
 
 @dataclass
 class TrainflowConfig:
-    run: str = "default"
-    stage: str = MISSING
-    segment: int = 0
+    run: str = checked("default", pattern=RUN_NAME, fix="letters, digits, _ . - and no leading dot")
+    """The run's name: its outputs go to runs/<run>/ (storage.root)."""
+    stage: str = checked(one_of=STAGES)
+    segment: int = checked(0, ge=0)
     io: IOConfig = field(default_factory=IOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -273,6 +320,9 @@ STAGE_READS: dict[str, tuple[str, ...]] = {
 def validate(cfg: TrainflowConfig) -> None:
     """Cross-field checks; raises one ConfigError listing every violation with its fix."""
     p, m, t = cfg.parallel, cfg.model, cfg.train
+    errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
+    if errors:  # the cross-field rules below assume every field lies in its domain
+        raise ConfigError("invalid config: " + "; ".join(errors))
     errors = parallel_errors(
         dp=p.dp, tp=p.tp, pp=p.pp, virtual_stages=p.virtual_stages, schedule=p.schedule,
         microbatches=p.microbatches, n_layers=m.n_layers, n_heads=m.n_heads, ffn_dim=m.ffn_dim,
@@ -280,22 +330,13 @@ def validate(cfg: TrainflowConfig) -> None:
     )
     if m.dim % m.n_heads:
         errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
-    if cfg.data.tokenizer not in ("byte", "bpe"):
-        errors.append(f"data.tokenizer({cfg.data.tokenizer!r}) must be 'byte' or 'bpe'")
     if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({cfg.data.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size != cfg.data.vocab_size:
         errors.append(f"model.vocab_size({m.vocab_size}) != data.vocab_size({cfg.data.vocab_size})")
-    if not 0 < cfg.data.val_fraction < 1:
-        errors.append(f"data.val_fraction({cfg.data.val_fraction}) must lie in (0, 1)")
-    if t.segments < 1 or t.segment_steps < 1:
-        errors.append(f"train.segments({t.segments}) and train.segment_steps({t.segment_steps}) must be >= 1")
-    ck = cfg.checkpoint
-    if ck.keep < 1 or ck.io_threads < 1:
-        errors.append(f"checkpoint.keep({ck.keep}) and checkpoint.io_threads({ck.io_threads}) must be >= 1")
+    if cfg.fault.rank >= p.world_size:
+        errors.append(f"fault.rank({cfg.fault.rank}) must be < the world size {p.world_size}")
     c = cfg.cluster
-    if c.executor not in ("local", "slurm"):
-        errors.append(f"cluster.executor({c.executor!r}) must be 'local' or 'slurm'")
     if p.world_size % c.nodes:
         errors.append(
             f"world size dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
@@ -308,6 +349,59 @@ def validate(cfg: TrainflowConfig) -> None:
         )
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
+
+
+def domain_errors(node: Any, prefix: str = "") -> list[str]:
+    """Every field of the dataclass tree outside its Domain, as `key(value) must ...`."""
+    errors = []
+    for f in fields(node):
+        value, key = getattr(node, f.name), prefix + f.name
+        if is_dataclass(value):
+            errors += domain_errors(value, key + ".")
+        elif domain := f.metadata.get("domain"):
+            why = next(filter(None, map(domain.violation, value if isinstance(value, list) else [value])), None)
+            if why:
+                errors.append(f"{key}({value!r}) {why}")
+    return errors
+
+
+def path_errors(cfg: TrainflowConfig) -> list[str]:
+    """Storage and io paths, in order: none of UNSAFE_PATH_CHARS and no '..' (normalised, such a path
+    can climb out of the folder it is declared in)."""
+    paths = [(f"{section}.{f.name}", getattr(node, f.name)) for section, node in (("storage", cfg.storage), ("io", cfg.io))
+             for f in fields(node)]
+    for key, value in paths:
+        for path in value if isinstance(value, list) else [value]:
+            if bad := re.search(UNSAFE_PATH_CHARS, path):
+                return [f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"]
+            if ".." in PurePosixPath(path).parts:
+                return [f"{key}({path!r}) climbs out of its folder through '..'; give the path without '..'"]
+    return []  # one error at most: the paths derive from each other, so the first names the cause
+
+
+# Quotes, backslashes and `$` would need escaping twice (shell, then Hydra's quoted strings); control
+# characters break command lines and logs. Spaces, commas, brackets and the like are fine: stage command
+# lines quote every path for both.
+UNSAFE_PATH_CHARS = r"[\x00-\x1f\x7f'\"\\$`]"
+
+
+# Variables the ranks may be given (cluster.env): the communication and threading libraries' own. Names
+# that make a library load code (NCCL's *_PLUGIN) or write where they say (NCCL_DEBUG_FILE) are refused.
+ENV_NAME = r"(NCCL|TORCH|CUDA|FI|UCX|GLOO|OMP|MKL|MPICH|NVSHMEM|CXI)_[A-Z0-9_]+"
+ENV_REFUSED = r".*PLUGIN.*|NCCL_DEBUG_FILE"
+
+
+def env_errors(env: dict[str, str]) -> list[str]:
+    errors = []
+    for name, value in env.items():
+        if not re.fullmatch(ENV_NAME, name) or re.fullmatch(ENV_REFUSED, name):
+            errors.append(
+                f"cluster.env.{name} is not a variable trainflow passes to ranks: only NCCL_*, TORCH_*, CUDA_*, FI_*, "
+                "UCX_*, GLOO_*, OMP_*, MKL_*, MPICH_*, NVSHMEM_*, CXI_* (none that loads a plugin or names a file to write)"
+            )
+        elif re.search(r"[\x00-\x1f\x7f]", str(value)):
+            errors.append(f"cluster.env.{name}({value!r}) holds a control character; give a one-line value")
+    return errors
 
 
 def parallel_errors(
@@ -376,14 +470,19 @@ def one_line(err: BaseException) -> str:
         return f"no config option '{m[1]}': choose one of {', '.join(m[3].split())} for {m[2]}"
     if (m := re.search(r"(Value .+?)\s+full_key: (\S+)", text)):
         return f"bad value for '{m[2]}': {m[1]}"
+    if (m := re.search(r"full_key: (\S+)", text)):
+        return f"bad value for '{m[1]}': {text.splitlines()[0]}"
     return " ".join(text.split())
 
 
 def to_config(raw: DictConfig) -> TrainflowConfig:
     """Resolve interpolations, turn the DictConfig into the dataclass tree and validate it."""
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
-    OmegaConf.resolve(raw)
-    cfg = OmegaConf.to_object(raw)
+    try:
+        OmegaConf.resolve(raw)
+        cfg = OmegaConf.to_object(raw)
+    except OmegaConfBaseException as err:  # an interpolation that resolves to a wrong type or nothing
+        raise ConfigError(one_line(err)) from err
     assert isinstance(cfg, TrainflowConfig)
     validate(cfg)
     return cfg

@@ -86,3 +86,31 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     redo = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke")
     assert job_counts(redo.output) == {"train_segment": 1, "verify_checkpoint": 1, "account_energy": 1, "report": 1, "all": 1}
     assert read_json(segment)["end_step"] == 12
+
+
+@pytest.mark.parametrize("config", [
+    ["run=a", 'overrides=experiment=smoke "run=x|touch {marker}|y"'],
+    ["run=..", "overrides=experiment=smoke"],
+    ["overrides=experiment=smoke run=../x"],
+    ["overrides=experiment=smoke storage.root=runs/../..", "site=cluster=local"],
+    ["overrides=experiment=smoke", "site=+hydra.callbacks.x._target_=os.system"],
+])
+def test_hostile_config_fails_before_any_stage_and_writes_nothing(tmp_path, config):
+    marker = tmp_path.parent / f"{tmp_path.name}-pwned"
+    work = tmp_path / "work"
+    work.mkdir()
+    before = sorted(p.name for p in REPO.iterdir())
+    result = snakemake(work, "--profile", str(REPO / "profiles/local"), "--config",
+                       *(c.format(marker=marker) for c in config), check=False)
+    assert result.returncode != 0
+    assert not marker.exists() and sorted(p.name for p in REPO.iterdir()) == before
+    assert [p.name for p in work.iterdir()] in ([], [".snakemake"])
+    assert not list(work.rglob("*.log")) or all(".snakemake" in p.parts for p in work.rglob("*.log"))
+
+
+def test_paths_with_spaces_run(tmp_path):
+    root = tmp_path / "a run; with spaces"
+    tokens = root / "fast/data/tokens.h5"
+    snakemake(tmp_path, "--profile", str(REPO / "profiles/local"), "--config",
+              f"overrides=experiment=smoke \"storage.root='{root}'\"", "--", str(tokens))
+    assert tokens.stat().st_size > 1000 and (root / "logs/stage_data/stage_data.log").is_file()

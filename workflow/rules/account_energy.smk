@@ -10,8 +10,8 @@ rule account_energy:
         config_hash=stage_hash("account_energy"),
         io=lambda w, input, output: stage_command(
             "account_energy",
-            metrics=hydra_list(input.metrics),
-            segment_reports=hydra_list(input.segments),
+            metrics=list(input.metrics),
+            segment_reports=list(input.segments),
             energy_report=output.report,
             stage_metrics=f"{ROOT}/metrics/account_energy.json",
         ),
@@ -20,4 +20,4 @@ rule account_energy:
         runtime=10,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -6,14 +6,13 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from trainflow.config import STAGE_READS, ConfigError, compose, config_hash
+from trainflow.config import STAGE_READS, ConfigError, config_hash
+from trainflow.overrides import compose_workflow, hydra_quote
 
 validate(config, "../schemas/config.schema.yaml")
 
-# The profile's site overrides first, so the user's own overrides win.
-OVERRIDES = [f"run={config['run']}", *shlex.split(config["site"]), *shlex.split(config["overrides"])]
 try:
-    CFG = compose("train_segment", OVERRIDES)
+    CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 
@@ -60,15 +59,12 @@ def stage_hash(stage):
     return config_hash(CFG, STAGE_READS[stage])
 
 
-def hydra_list(paths):
-    return "[" + ",".join(paths) + "]"
-
-
 def stage_command(stage, **io):
-    """The io.<name>=<path> overrides of a stage, shell-quoted. Rules run
-    `{PYTHON} -m trainflow.stages.<stage> {HYDRA_ARGS} {params.io}`: the overrides stay out of
-    params, whose values decide reruns, so only the config hash there does."""
-    return shlex.join(f"io.{k}={v}" for k, v in io.items())
+    """The io.<name>=<path> overrides of a stage, quoted for Hydra (paths may hold spaces, commas,
+    brackets) and then for the shell. Rules run `{PYTHON} -m trainflow.stages.<stage> {HYDRA_ARGS}
+    {params.io} > {log:q}`: the overrides stay out of params, whose values decide reruns, so only the
+    config hash there does."""
+    return shlex.join(f"io.{k}={hydra_quote(v)}" for k, v in io.items())
 
 
 ALL_METRICS = [metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")] + [

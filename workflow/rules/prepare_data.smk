@@ -12,4 +12,4 @@ rule prepare_data:
         runtime=60,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -14,11 +14,11 @@ rule report:
         config_hash=stage_hash("report"),
         io=lambda w, input, output: stage_command(
             "report",
-            segment_reports=hydra_list(input.segments),
+            segment_reports=list(input.segments),
             nccl_report=input.nccl,
             verify_report=input.verify,
             energy_report=input.energy,
-            metrics=hydra_list(input.metrics),
+            metrics=list(input.metrics),
             checkpoints=CHECKPOINTS,
             report=output.report,
             stage_metrics=f"{ROOT}/metrics/report.json",
@@ -28,4 +28,4 @@ rule report:
         runtime=10,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -16,4 +16,4 @@ rule stage_data:
         runtime=30,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.stage_data {HYDRA_ARGS} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.stage_data {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -25,4 +25,4 @@ rule train_segment:
             submitit=f"{ROOT}/submitit/train_segment",
         ),
     shell:
-        "{PYTHON} -m trainflow.stages.train_segment {HYDRA_ARGS} segment={wildcards.segment} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.train_segment {HYDRA_ARGS} segment={wildcards.segment} {params.io} > {log:q} 2>&1"

@@ -11,4 +11,4 @@ rule validate_nccl:
             "validate_nccl", nccl_report=output.report, stage_metrics=output.metrics, submitit=f"{ROOT}/submitit/validate_nccl"
         ),
     shell:
-        "{PYTHON} -m trainflow.stages.validate_nccl {HYDRA_ARGS} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.validate_nccl {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -16,4 +16,4 @@ rule verify_checkpoint:
         runtime=60,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {params.io} > {log} 2>&1"
+        "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -1,0 +1,151 @@
+"""Hostile and careless config values: every field with a domain is checked when the DAG is built, and
+no override string runs a command, reaches Hydra's machinery or points a path out of its folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import typing
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainflow.config import RUN_NAME, ConfigError, Domain, TrainflowConfig, compose
+from trainflow.overrides import compose_workflow, hydra_quote
+
+
+def schema_fields(cls: type = TrainflowConfig, prefix: str = "") -> list[tuple[str, type, dataclasses.Field]]:
+    """(dotted key, type, field) of every leaf field of the schema."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            out += schema_fields(kind, f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, kind, f))
+    return out
+
+
+NUMERIC = [(key, kind, f) for key, kind, f in schema_fields() if kind in (int, float, list[float], list[int])]
+
+
+def outside(domain: Domain, kind: type) -> object:
+    """A value of the field's type just outside its domain."""
+    number = float if kind in (float, list[float]) else int
+    if domain.gt is not None:
+        value = domain.gt
+    elif domain.ge is not None:
+        value = domain.ge - 1
+    elif domain.lt is not None:
+        value = domain.lt
+    else:
+        value = domain.le + 1
+    return [number(value)] if kind in (list[float], list[int]) else number(value)
+
+
+def test_every_numeric_field_has_a_domain():
+    unchecked = [key for key, _, f in NUMERIC if "domain" not in f.metadata]
+    assert not unchecked, f"numeric config fields without a domain (give them checked(...)): {unchecked}"
+
+
+@pytest.mark.parametrize(("key", "kind", "field"), NUMERIC, ids=[k for k, _, _ in NUMERIC])
+def test_an_out_of_domain_value_fails_at_compose_time_naming_the_key(key, kind, field):
+    value = outside(field.metadata["domain"], kind)
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", [f"{key}={value}"])
+    assert f"{key}(" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "fragment"), [
+    ("optim.lr=nan", "optim.lr(nan) must be a finite number"),
+    ("cluster.executor=ssh", "cluster.executor('ssh') must be one of local, slurm"),
+    ("fault.signal=STOP", "fault.signal('STOP') must be one of USR2, TERM, KILL"),
+    ("fault.rank=2", "fault.rank(2) must be < the world size 2"),
+    ("cluster.partition='debug --wrap=id'", "cluster.partition('debug --wrap=id') must match"),
+    ("+cluster.env.LD_PRELOAD=/tmp/x.so", "cluster.env.LD_PRELOAD is not a variable trainflow passes to ranks"),
+    ("+cluster.env.NCCL_NET_PLUGIN=/tmp/x.so", "cluster.env.NCCL_NET_PLUGIN is not a variable"),
+    ("run=..", "run('..') must match"),
+    ("run=.hidden", "run('.hidden') must match"),
+    ("storage.root=runs/../x", "storage.root('runs/../x') climbs out of its folder through '..'"),
+    ("io.report=/tmp/../etc/report.md", "io.report('/tmp/../etc/report.md') climbs out of its folder"),
+    ("storage.root='/tmp/a$b'", "storage.root('/tmp/a$b') holds '$'"),
+])
+def test_values_that_cannot_run_or_escape_are_refused(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", [override])
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    ('experiment=smoke "run=x|touch /tmp/p|y', "run('x|touch /tmp/p|y') must match"),
+    ("run=../x", "run('../x') must match"),
+    ("--config-dir=/tmp", "is a command-line flag"),
+    ("-m", "is a command-line flag"),
+    ("+hydra.callbacks.x._target_=os.system", "changes Hydra itself"),
+    ("hydra/job_logging=none", "changes Hydra itself"),
+    ("hydra.searchpath=[file:///tmp]", "changes Hydra itself"),
+    ("cluster=../../../../tmp/x", "must name a preset in conf/cluster/ by its name alone"),
+    ("cluster.setup=[id]", "sets shell lines of the sbatch script"),
+    ("optim.lr=1e-3,2e-3", "is a sweep"),
+    ("model@optim=tiny", "moves a config package"),
+    ("optim.lr=(1", "does not parse"),
+    ('optim.lr=(1 "x', "does not split into overrides"),
+])
+def test_workflow_overrides_that_could_do_more_than_set_a_value_are_refused(overrides, fragment):
+    with pytest.raises(ConfigError) as err:
+        compose_workflow("default", "", overrides)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_readme_quoting_survives_snakemake_stripping_the_closing_quote():
+    # `--config overrides="data.corpus='/x/*.txt'"` reaches the workflow as "data.corpus='/x/*.txt"
+    cfg, words = compose_workflow("default", "", "data.corpus='/x/*.txt")
+    assert cfg.data.corpus == "/x/*.txt" and words[-1] == "data.corpus=/x/*.txt"
+
+
+@pytest.mark.parametrize("path", ["/tmp/my run/tokens.h5", "runs/a,b/[1]{x}=y:z.h5", "plain/path.h5", "~/x#y%z&*?"])
+def test_hydra_quote_passes_paths_literally(path):
+    assert OverridesParser.create().parse_override(f"io.tokens={hydra_quote(path)}").value() == path
+    items = OverridesParser.create().parse_override(f"io.metrics={hydra_quote([path, 'b c'])}").value()
+    assert items == [path, "b c"]
+
+
+KEYS = [key for key, _, _ in schema_fields()]
+SHELL = "|;&$`'\"\\<>(){}[]*?~#!=,. \t\n"
+WORD = st.text(alphabet=st.sampled_from("abcxyz019-_/" + SHELL), max_size=12)
+VALUE = st.one_of(WORD, st.integers(-10, 10).map(str), st.floats(allow_nan=True).map(repr))
+OVERRIDE = st.one_of(
+    st.tuples(st.sampled_from(["", "+", "++", "~"]), st.sampled_from(KEYS + ["hydra.run.dir", "cluster"]), VALUE)
+    .map(lambda t: f"{t[0]}{t[1]}={t[2]}"),
+    WORD,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(OVERRIDE, max_size=4), st.sampled_from([" ", " '", ' "']))
+def test_random_override_strings_compose_or_fail_in_one_line_and_run_nothing(tmp_path, words, joiner):
+    """Each string composes or fails with one ConfigError line; a composed one travels through the
+    shell exactly as the rules send it (quoted), so the stage receives the words and nothing runs."""
+    outside = sorted(os.listdir(tmp_path.parent))
+    text = joiner.join(words)
+    try:
+        cfg, overrides = compose_workflow("default", "", text)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+        return
+    finally:
+        assert sorted(os.listdir(tmp_path.parent)) == outside
+    assert re.fullmatch(RUN_NAME, cfg.run) and ".." not in Path(cfg.storage.root).parts
+    out = tmp_path / "argv"
+    log = Path(cfg.storage.root) / "logs" / "x.log"
+    line = f"printf '%s\\n' {shlex.join(overrides)} > {shlex.quote(str(out))}; echo {shlex.quote(str(log))}"
+    subprocess.run(["/bin/sh", "-c", line], cwd=tmp_path, check=True, capture_output=True)
+    assert out.read_text().split("\n")[:-1] == overrides
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["argv"]
