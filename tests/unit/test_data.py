@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import h5py
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import make_config
-from trainflow.data.tokens import DataError, TokenSampler
+from trainflow.data.record import DataError, record_path
+from trainflow.data.tokens import TokenSampler, write_tokens
 from trainflow.stages import prepare_data, stage_data
 from trainflow.stage import StageError
 
@@ -73,3 +77,55 @@ def test_stage_data_copies_verifies_and_skips_identical(tokens, tmp_path):
     assert stage_data.stage_file(tokens, dst)["copied"]
     with pytest.raises(StageError, match="run prepare_data first"):
         stage_data.stage_file(tmp_path / "missing.h5", dst)
+
+
+def test_a_corpus_smaller_than_one_window_fails_in_prepare_data_and_leaves_nothing(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a", "b"):
+        (corpus / f"{name}.txt").write_text("tiny\n")
+    out = tmp_path / "capacity" / "tokens.h5"
+    cfg = make_config("prepare_data", tmp_path, f"data.corpus={corpus}/*.txt", f"io.tokens={out}")
+    with pytest.raises(DataError) as err:
+        prepare_data.run(cfg)
+    message = str(err.value)
+    assert "gave 6 training and 6 validation tokens" in message and "model.seq_len + 2 = 130" in message
+    assert "\n" not in message
+    assert not out.parent.exists() or not list(out.parent.iterdir())
+
+
+def test_a_failed_token_write_leaves_no_temporary_file(tmp_path):
+    out = tmp_path / "tokens.h5"
+    with pytest.raises(TypeError):
+        write_tokens(out, {"train": [np.arange(10, dtype=np.uint16)]}, eot_id=256, attrs={"bad": object()}, chunk=8)
+    assert list(tmp_path.iterdir()) == []
+
+
+def truncate(path, keep: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+
+
+def test_stage_data_refuses_a_damaged_capacity_tier_file(tokens, tmp_path):
+    src = tmp_path / "capacity" / "tokens.h5"
+    src.parent.mkdir()
+    shutil.copy(tokens, src)
+    shutil.copy(record_path(tokens), record_path(src))
+    truncate(src, src.stat().st_size // 2)
+    dst = tmp_path / "fast" / "tokens.h5"
+    with pytest.raises(DataError, match=r"it is damaged: rerun prepare_data \(snakemake --forcerun prepare_data\)"):
+        stage_data.stage_file(src, dst)
+    assert not dst.parent.exists() or not list(dst.parent.iterdir())
+
+
+def test_training_names_a_damaged_staged_file_and_the_rerun(tokens, tmp_path):
+    dst = tmp_path / "fast" / "tokens.h5"
+    stage_data.stage_file(tokens, dst)
+    assert json.loads(record_path(dst).read_text()) == json.loads(record_path(tokens).read_text())
+    TokenSampler(dst, seq_len=16, seed=0).close()
+    truncate(dst, 4096)
+    with pytest.raises(DataError, match=rf"{dst} holds 4096 bytes but \d+ were recorded; it is damaged: rerun stage_data"):
+        TokenSampler(dst, seq_len=16, seed=0)
+    record_path(dst).write_text(json.dumps({"bytes": 4096, "crc32c": 0}))  # a record that matches the damage
+    with pytest.raises(DataError, match=rf"{dst} cannot be read as HDF5 .*rerun stage_data"):
+        TokenSampler(dst, seq_len=16, seed=0)

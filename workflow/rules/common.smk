@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from trainflow.config import STAGE_READS, ConfigError, config_hash
+from trainflow.data.record import record_path
 from trainflow.overrides import compose_workflow, hydra_quote
 
 validate(config, "../schemas/config.schema.yaml")
@@ -29,7 +30,9 @@ TRAIN_HASH = config_hash(CFG, STAGE_READS["train_segment"])
 TRAIN_DIR = f"{ROOT}/train/{TRAIN_HASH}"
 CHECKPOINTS = f"{CFG.storage.capacity}/checkpoints/{TRAIN_HASH}"
 TOKENS = CFG.io.tokens
+TOKENS_RECORD = str(record_path(TOKENS))  # size and CRC-32C of the token file (trainflow.data.record)
 STAGED_TOKENS = CFG.io.staged_tokens
+STAGED_RECORD = str(record_path(STAGED_TOKENS))
 NCCL_REPORT = CFG.io.nccl_report
 VERIFY_REPORT = CFG.io.verify_report
 ENERGY_REPORT = CFG.io.energy_report

@@ -1,6 +1,7 @@
 rule prepare_data:
     output:
         tokens=TOKENS,
+        record=TOKENS_RECORD,
         metrics=metrics("prepare_data"),
     log:
         log_file("prepare_data"),

@@ -1,8 +1,10 @@
 rule stage_data:
     input:
         tokens=TOKENS,
+        record=TOKENS_RECORD,
     output:
         tokens=STAGED_TOKENS,
+        record=STAGED_RECORD,
         metrics=metrics("stage_data"),
     log:
         log_file("stage_data"),

@@ -19,13 +19,11 @@ import h5py
 import numpy as np
 import torch
 
-from trainflow.config import BYTE_VOCAB, TrainflowError
+from trainflow.checkpoint.manifest import file_crc
+from trainflow.config import BYTE_VOCAB
+from trainflow.data.record import DataError, check_size, replace_recorded
 
 EOT_TEXT = "<|endoftext|>"
-
-
-class DataError(TrainflowError):
-    """Input data that cannot be used."""
 
 
 @dataclass
@@ -78,25 +76,34 @@ def is_validation(path: str, val_fraction: float) -> bool:
 
 
 def write_tokens(path: Path, splits: dict[str, list[np.ndarray]], *, eot_id: int, attrs: dict, chunk: int) -> None:
-    """Write the token datasets to `path` through a temporary file renamed into place."""
+    """Write the token datasets to `path` through a temporary file renamed into place, and record its
+    size and CRC-32C beside it (data.record); a failure leaves neither the temporary file nor a record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".h5.tmp")
-    with h5py.File(tmp, "w") as f:
-        for split, docs in splits.items():
-            joined = np.concatenate([np.append(d, np.uint16(eot_id)) for d in docs]) if docs else np.zeros(0, np.uint16)
-            f.create_dataset(split, data=joined, chunks=(min(chunk, max(len(joined), 1)),))
-            f.attrs[f"{split}_tokens"] = len(joined)
-            f.attrs[f"{split}_documents"] = len(docs)
-        for key, value in attrs.items():
-            f.attrs[key] = value
-    tmp.replace(path)
+    try:
+        with h5py.File(tmp, "w") as f:
+            for split, docs in splits.items():
+                joined = np.concatenate([np.append(d, np.uint16(eot_id)) for d in docs]) if docs else np.zeros(0, np.uint16)
+                f.create_dataset(split, data=joined, chunks=(min(chunk, max(len(joined), 1)),))
+                f.attrs[f"{split}_tokens"] = len(joined)
+                f.attrs[f"{split}_documents"] = len(docs)
+            for key, value in attrs.items():
+                f.attrs[key] = value
+        replace_recorded(tmp, path, *file_crc(tmp))
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class TokenSampler:
     """Batches of (inputs, targets) windows from a token file, a pure function of (seed, step)."""
 
     def __init__(self, path: str | Path, *, seq_len: int, seed: int) -> None:
-        self.file = h5py.File(path, "r")
+        rerun = "stage_data (snakemake --forcerun stage_data)"
+        check_size(Path(path), rerun=rerun)
+        try:
+            self.file = h5py.File(path, "r")
+        except OSError as err:
+            raise DataError(f"{path} cannot be read as HDF5 ({err}); it is damaged: rerun {rerun}") from err
         self.seq_len, self.seed = seq_len, seed
         for split in ("train", "val"):
             n = len(self.file[split])

@@ -14,7 +14,8 @@ import hydra
 from omegaconf import DictConfig
 
 from trainflow.config import CONF_DIR, DataConfig, TrainflowConfig, stdlib_dir
-from trainflow.data.tokens import BpeTokenizer, ByteTokenizer, DataError, is_validation, write_tokens
+from trainflow.data.record import DataError
+from trainflow.data.tokens import BpeTokenizer, ByteTokenizer, is_validation, write_tokens
 from trainflow.progress import Progress
 from trainflow.stage import run_stage
 
@@ -47,7 +48,8 @@ def read_corpus(files: list[str], max_bytes: int) -> tuple[list[str], list[str]]
     return texts, paths
 
 
-def tokenize(data: DataConfig, out: Path) -> dict:
+def tokenize(data: DataConfig, out: Path, *, min_tokens: int) -> dict:
+    """Tokenise data.corpus into `out`; each split must hold `min_tokens` (one training window)."""
     start = time.perf_counter()
     texts, paths = read_corpus(corpus_files(data.corpus), data.max_bytes)
     tokenizer = BpeTokenizer.train(texts, data.vocab_size) if data.tokenizer == "bpe" else ByteTokenizer()
@@ -62,6 +64,13 @@ def tokenize(data: DataConfig, out: Path) -> dict:
         held_out = [False] * (len(paths) - 1) + [True]
     encoded = tokenizer.encode_batch(texts)
     splits = {"train": [e for e, v in zip(encoded, held_out) if not v], "val": [e for e, v in zip(encoded, held_out) if v]}
+    counts = {split: int(sum(len(d) + 1 for d in docs)) for split, docs in splits.items()}
+    if min(counts.values()) < min_tokens:
+        raise DataError(
+            f"data.corpus({data.corpus!r}) gave {counts['train']} training and {counts['val']} validation tokens; each "
+            f"split needs one window of model.seq_len + 2 = {min_tokens}: add text, raise data.max_bytes or lower "
+            "model.seq_len"
+        )
     attrs = {
         "tokenizer": data.tokenizer,
         "tokenizer_json": tokenizer.to_json(),
@@ -72,7 +81,6 @@ def tokenize(data: DataConfig, out: Path) -> dict:
         "sources": [f"{'val' if v else 'train'}\t{p}" for p, v in zip(paths, held_out)],
     }
     write_tokens(out, splits, eot_id=tokenizer.eot_id, attrs=attrs, chunk=data.chunk_tokens)
-    counts = {split: int(sum(len(d) + 1 for d in docs)) for split, docs in splits.items()}
     seconds = time.perf_counter() - start
     log.info(
         "Tokenised %d documents (%.1f MB) into %d train + %d val tokens with the %s tokenizer in %.1f s -> %s",
@@ -82,7 +90,9 @@ def tokenize(data: DataConfig, out: Path) -> dict:
 
 
 def run(cfg: TrainflowConfig) -> dict:
-    return tokenize(cfg.data, Path(cfg.io.tokens))
+    # model.seq_len only sets this precondition (training's sampler checks it again), so it stays out
+    # of prepare_data's config hash: a new model does not re-tokenise.
+    return tokenize(cfg.data, Path(cfg.io.tokens), min_tokens=cfg.model.seq_len + 2)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="prepare_data")

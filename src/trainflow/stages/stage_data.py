@@ -2,8 +2,10 @@
 
     python -m trainflow.stages.stage_data io.tokens=/capstor/.../tokens.h5 io.staged_tokens=/iopsstor/.../tokens.h5
 
-An identical copy already on the fast tier (same size and CRC-32C) is kept; otherwise the file is
-copied to a temporary name, fsynced, re-read and checked, then renamed into place.
+The source is first checked against the size and CRC-32C prepare_data recorded (data.record), so a
+damaged capacity-tier file is never staged. An identical copy already on the fast tier is kept;
+otherwise the file is copied to a temporary name, fsynced, re-read and checked, then renamed into
+place, and its record written beside it.
 """
 
 from __future__ import annotations
@@ -19,33 +21,38 @@ from omegaconf import DictConfig
 
 from trainflow.checkpoint.manifest import file_crc
 from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.data.record import check_file, replace_recorded, write_record
 from trainflow.stage import StageError, run_stage
 
 log = logging.getLogger("trainflow.stage_data")
+RERUN_PREPARE = "prepare_data (snakemake --forcerun prepare_data)"
 
 
 def stage_file(src: Path, dst: Path) -> dict:
     if not src.is_file():
         raise StageError(f"{src} does not exist; run prepare_data first (snakemake prepare_data)")
     start = time.perf_counter()
-    size, crc = file_crc(src)
+    size, crc = check_file(src, rerun=RERUN_PREPARE)
     if dst.is_file() and dst.stat().st_size == size and file_crc(dst) == (size, crc):
+        write_record(dst, size, crc)
         log.info("Kept the identical copy at %s (%d bytes, CRC-32C %#010x)", dst, size, crc)
         return {"bytes": size, "crc32c": crc, "copied": False}
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".tmp")
-    with open(src, "rb") as fin, open(tmp, "wb") as fout:
-        shutil.copyfileobj(fin, fout, length=8 << 20)
-        fout.flush()
-        os.fsync(fout.fileno())
-    copied = file_crc(tmp)
-    if copied != (size, crc):
-        tmp.unlink()
-        raise StageError(
-            f"copy of {src} to {tmp} read back {copied[0]} bytes with CRC-32C {copied[1]:#010x}, expected {size} "
-            f"bytes with {crc:#010x}; check the fast tier's file system and rerun stage_data"
-        )
-    tmp.replace(dst)
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, length=8 << 20)
+            fout.flush()
+            os.fsync(fout.fileno())
+        copied = file_crc(tmp)
+        if copied != (size, crc):
+            raise StageError(
+                f"copy of {src} to {tmp} read back {copied[0]} bytes with CRC-32C {copied[1]:#010x}, expected {size} "
+                f"bytes with {crc:#010x}; check the fast tier's file system and rerun stage_data"
+            )
+        replace_recorded(tmp, dst, size, crc)
+    finally:
+        tmp.unlink(missing_ok=True)
     seconds = time.perf_counter() - start
     log.info("Staged %s -> %s (%.1f MB, CRC-32C %#010x verified) in %.2f s", src, dst, size / 1e6, crc, seconds)
     return {"bytes": size, "crc32c": crc, "copied": True}

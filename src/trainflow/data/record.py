@@ -1,0 +1,70 @@
+"""The size and CRC-32C of a token file, recorded beside it when it is written and checked at every
+copy and open, so a truncated or damaged file is named instead of read.
+
+    <tokens.h5>.crc.json = {"bytes": n, "crc32c": c}
+
+prepare_data records the capacity-tier file; stage_data checks it against the record before copying
+and the copy after, and records the copy; the trainer compares the staged file's size with its record
+when it opens it (a full CRC on every rank of a large job would read the whole file many times over).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainflow.checkpoint.manifest import file_crc
+from trainflow.config import TrainflowError
+
+
+class DataError(TrainflowError):
+    """Input data that cannot be used."""
+
+
+def record_path(tokens: str | Path) -> Path:
+    return Path(f"{tokens}.crc.json")
+
+
+def write_record(tokens: Path, size: int, crc: int) -> None:
+    """Write the record through a temporary file renamed into place."""
+    tmp = record_path(tokens).with_name(record_path(tokens).name + ".tmp")
+    tmp.write_text(json.dumps({"bytes": size, "crc32c": crc}) + "\n")
+    tmp.replace(record_path(tokens))
+
+
+def replace_recorded(tmp: Path, tokens: Path, size: int, crc: int) -> None:
+    """Rename a checked temporary file to `tokens` and record it; the old record goes first, so a
+    crash in between leaves a file without a record (checks fail, naming the rerun), never a stale one."""
+    record_path(tokens).unlink(missing_ok=True)
+    tmp.replace(tokens)
+    write_record(tokens, size, crc)
+
+
+def read_record(tokens: Path, *, rerun: str) -> tuple[int, int]:
+    """(bytes, CRC-32C) recorded for `tokens`; missing or unreadable, one DataError saying to rerun `rerun`."""
+    path = record_path(tokens)
+    try:
+        record = json.loads(path.read_text())
+        return int(record["bytes"]), int(record["crc32c"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path} (the size and CRC of {tokens.name}) is missing or unreadable ({err}); rerun {rerun}")
+
+
+def check_file(tokens: Path, *, rerun: str) -> tuple[int, int]:
+    """Re-read `tokens` and compare it with its record; (bytes, CRC-32C)."""
+    want = read_record(tokens, rerun=rerun)
+    got = file_crc(tokens) if tokens.is_file() else (0, 0)
+    if got != want:
+        raise DataError(
+            f"{tokens} holds {got[0]} bytes with CRC-32C {got[1]:#010x}, but {want[0]} bytes with {want[1]:#010x} "
+            f"were recorded when it was written; it is damaged: rerun {rerun}"
+        )
+    return got
+
+
+def check_size(tokens: Path, *, rerun: str) -> None:
+    """The cheap check of an open: the file's size against its record."""
+    size, _ = read_record(tokens, rerun=rerun)
+    if not tokens.is_file() or tokens.stat().st_size != size:
+        found = tokens.stat().st_size if tokens.is_file() else "no"
+        raise DataError(f"{tokens} holds {found} bytes but {size} were recorded; it is damaged: rerun {rerun}")
