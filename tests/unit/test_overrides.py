@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainflow.config import RUN_NAME, ConfigError, Domain, TrainflowConfig, compose
-from trainflow.overrides import compose_workflow, hydra_quote
+from trainflow.config.overrides import compose_workflow, hydra_quote
 
 
 def schema_fields(cls: type = TrainflowConfig, prefix: str = "") -> list[tuple[str, type, dataclasses.Field]]:

@@ -8,7 +8,7 @@ from snakemake.utils import validate
 
 from trainflow.config import STAGE_READS, ConfigError, config_hash
 from trainflow.data.record import record_path
-from trainflow.overrides import compose_workflow, hydra_quote
+from trainflow.config.overrides import compose_workflow, hydra_quote
 
 validate(config, "../schemas/config.schema.yaml")
 

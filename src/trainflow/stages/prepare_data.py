@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import glob
 import logging
+import sysconfig
 import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from trainflow.config import CONF_DIR, DataConfig, TrainflowConfig, stdlib_dir
+from trainflow.config import CONF_DIR, DataConfig, TrainflowConfig
 from trainflow.data.record import DataError
 from trainflow.data.tokens import BpeTokenizer, ByteTokenizer, is_validation, write_tokens
 from trainflow.progress import Progress
@@ -23,7 +24,7 @@ log = logging.getLogger("trainflow.prepare_data")
 
 
 def corpus_files(corpus: str) -> list[str]:
-    pattern = corpus.replace("<stdlib>", stdlib_dir())
+    pattern = corpus.replace("<stdlib>", sysconfig.get_paths()["stdlib"])
     files = sorted(f for f in glob.glob(pattern, recursive=True) if Path(f).is_file())
     if not files:
         raise DataError(f"data.corpus({corpus!r}) matched no files; give a glob of text files, e.g. 'docs/**/*.txt'")

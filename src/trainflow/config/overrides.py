@@ -1,7 +1,7 @@
 """The Hydra overrides a workflow is given (`--config overrides=...`, a profile's `site`): split, checked
 and composed before any stage runs, so a bad or hostile string fails in one line and runs nothing.
 
-    python -c "from trainflow.overrides import compose_workflow; print(compose_workflow('default', '', 'parallel=tp2'))"
+    python -c "from trainflow.config.overrides import compose_workflow; print(compose_workflow('default', '', 'parallel=tp2'))"
 
 Every stage's command line repeats these overrides, so what they may do is narrower than what Hydra
 allows on a command line: no flags (`--config-dir`, `-m`), no `hydra.*` keys or `hydra/` groups (Hydra
@@ -18,7 +18,9 @@ import shlex
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from trainflow.config import CONF_DIR, ConfigError, TrainflowConfig, compose
+from trainflow.config.compose import CONF_DIR, compose
+from trainflow.config.schema import TrainflowConfig
+from trainflow.errors import ConfigError
 
 GROUPS = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 OPTION = r"[A-Za-z0-9_-]+"

@@ -1,29 +1,22 @@
 """The configuration schema: structured-config dataclasses registered in Hydra's ConfigStore.
 
-    python -c "from trainflow.config import compose; print(compose('train_segment', ['model=tiny']))"
+    python -c "from trainflow.config import TrainflowConfig; help(TrainflowConfig)"
 
 Every primary config in conf/ starts from `trainflow_schema`, so a mistyped key fails at compose
-time. `validate` adds the cross-field checks (world size, divisibility, batch sizes) and raises one
-`ConfigError` whose message names every offending factor and the fix.
+time. A field with a domain carries it beside its type (`checked(...)`); config.checks tests every one.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import operator
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import MISSING
 
-# conf/ lives at the repository root; trainflow is installed editable (`pip install -e .`).
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 STAGES = (
     "prepare_data",
     "stage_data",
@@ -37,17 +30,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
 
 
-class TrainflowError(Exception):
-    """An expected failure: bad config, data, checkpoint or signal. One line naming the value and the fix."""
-
-
-class ConfigError(TrainflowError, ValueError):
-    """A configuration that cannot run."""
-
-
 @dataclass(frozen=True)
 class Domain:
-    """The values a config field may take; `domain_errors` checks every field that has one."""
+    """The values a config field may take; config.checks checks every field that has one."""
 
     gt: float | None = None
     ge: float | None = None
@@ -303,203 +288,3 @@ class TrainflowConfig:
 
 
 ConfigStore.instance().store(name="trainflow_schema", node=TrainflowConfig)
-
-# The config subtrees each stage reads: their hash is the rule's params, so a change reruns exactly
-# the stages that read it (and, through their outputs, what follows).
-STAGE_READS: dict[str, tuple[str, ...]] = {
-    "prepare_data": ("data",),
-    "stage_data": ("data",),
-    "validate_nccl": ("parallel", "cluster"),
-    "train_segment": ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster"),
-    "verify_checkpoint": (),
-    "account_energy": ("energy", "cluster"),
-    "report": ("model", "parallel", "train", "cluster", "energy"),
-}
-
-
-def validate(cfg: TrainflowConfig) -> None:
-    """Cross-field checks; raises one ConfigError listing every violation with its fix."""
-    p, m, t = cfg.parallel, cfg.model, cfg.train
-    errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
-    if errors:  # the cross-field rules below assume every field lies in its domain
-        raise ConfigError("invalid config: " + "; ".join(errors))
-    errors = parallel_errors(
-        dp=p.dp, tp=p.tp, pp=p.pp, virtual_stages=p.virtual_stages, schedule=p.schedule,
-        microbatches=p.microbatches, n_layers=m.n_layers, n_heads=m.n_heads, ffn_dim=m.ffn_dim,
-        global_batch=t.global_batch,
-    )
-    if m.dim % m.n_heads:
-        errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
-    if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:
-        errors.append(f"data.vocab_size({cfg.data.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
-    if m.vocab_size != cfg.data.vocab_size:
-        errors.append(f"model.vocab_size({m.vocab_size}) != data.vocab_size({cfg.data.vocab_size})")
-    if cfg.fault.rank >= p.world_size:
-        errors.append(f"fault.rank({cfg.fault.rank}) must be < the world size {p.world_size}")
-    c = cfg.cluster
-    if p.world_size % c.nodes:
-        errors.append(
-            f"world size dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
-            f"cluster.nodes({c.nodes}); change the layout or the node count"
-        )
-    elif c.gpus_per_node and p.world_size // c.nodes != c.gpus_per_node:
-        errors.append(
-            f"world size {p.world_size} / cluster.nodes({c.nodes}) = {p.world_size // c.nodes} tasks per node "
-            f"!= cluster.gpus_per_node({c.gpus_per_node}); one task drives one GPU"
-        )
-    if errors:
-        raise ConfigError("invalid config: " + "; ".join(errors))
-
-
-def domain_errors(node: Any, prefix: str = "") -> list[str]:
-    """Every field of the dataclass tree outside its Domain, as `key(value) must ...`."""
-    errors = []
-    for f in fields(node):
-        value, key = getattr(node, f.name), prefix + f.name
-        if is_dataclass(value):
-            errors += domain_errors(value, key + ".")
-        elif domain := f.metadata.get("domain"):
-            why = next(filter(None, map(domain.violation, value if isinstance(value, list) else [value])), None)
-            if why:
-                errors.append(f"{key}({value!r}) {why}")
-    return errors
-
-
-def path_errors(cfg: TrainflowConfig) -> list[str]:
-    """Storage and io paths, in order: none of UNSAFE_PATH_CHARS and no '..' (normalised, such a path
-    can climb out of the folder it is declared in)."""
-    paths = [(f"{section}.{f.name}", getattr(node, f.name)) for section, node in (("storage", cfg.storage), ("io", cfg.io))
-             for f in fields(node)]
-    for key, value in paths:
-        for path in value if isinstance(value, list) else [value]:
-            if bad := re.search(UNSAFE_PATH_CHARS, path):
-                return [f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"]
-            if ".." in PurePosixPath(path).parts:
-                return [f"{key}({path!r}) climbs out of its folder through '..'; give the path without '..'"]
-    return []  # one error at most: the paths derive from each other, so the first names the cause
-
-
-# Quotes, backslashes and `$` would need escaping twice (shell, then Hydra's quoted strings); control
-# characters break command lines and logs. Spaces, commas, brackets and the like are fine: stage command
-# lines quote every path for both.
-UNSAFE_PATH_CHARS = r"[\x00-\x1f\x7f'\"\\$`]"
-
-
-# Variables the ranks may be given (cluster.env): the communication and threading libraries' own. Names
-# that make a library load code (NCCL's *_PLUGIN) or write where they say (NCCL_DEBUG_FILE) are refused.
-ENV_NAME = r"(NCCL|TORCH|CUDA|FI|UCX|GLOO|OMP|MKL|MPICH|NVSHMEM|CXI)_[A-Z0-9_]+"
-ENV_REFUSED = r".*PLUGIN.*|NCCL_DEBUG_FILE"
-
-
-def env_errors(env: dict[str, str]) -> list[str]:
-    errors = []
-    for name, value in env.items():
-        if not re.fullmatch(ENV_NAME, name) or re.fullmatch(ENV_REFUSED, name):
-            errors.append(
-                f"cluster.env.{name} is not a variable trainflow passes to ranks: only NCCL_*, TORCH_*, CUDA_*, FI_*, "
-                "UCX_*, GLOO_*, OMP_*, MKL_*, MPICH_*, NVSHMEM_*, CXI_* (none that loads a plugin or names a file to write)"
-            )
-        elif re.search(r"[\x00-\x1f\x7f]", str(value)):
-            errors.append(f"cluster.env.{name}({value!r}) holds a control character; give a one-line value")
-    return errors
-
-
-def parallel_errors(
-    *, dp: int, tp: int, pp: int, virtual_stages: int, schedule: str, microbatches: int,
-    n_layers: int, n_heads: int, ffn_dim: int, global_batch: int,
-) -> list[str]:
-    """The layout rules of hybrid parallelism, one message per broken rule."""
-    errors = []
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages),
-                        ("microbatches", microbatches)):
-        if value < 1:
-            errors.append(f"parallel.{name}({value}) must be >= 1")
-    if errors:
-        return errors
-    if schedule not in SCHEDULES:
-        errors.append(f"parallel.schedule({schedule!r}) must be one of {', '.join(SCHEDULES)}")
-    if n_layers % (pp * virtual_stages):
-        errors.append(
-            f"model.n_layers({n_layers}) is not divisible by pp({pp}) * virtual_stages({virtual_stages}) "
-            f"= {pp * virtual_stages} pipeline chunks"
-        )
-    if n_heads % tp:
-        errors.append(f"model.n_heads({n_heads}) is not divisible by tp({tp}); choose tp dividing {n_heads}")
-    if ffn_dim % tp:
-        errors.append(f"model.ffn_dim({ffn_dim}) is not divisible by tp({tp})")
-    if schedule == "interleaved_1f1b" and pp > 1 and virtual_stages < 2:
-        errors.append(f"schedule interleaved_1f1b needs virtual_stages({virtual_stages}) >= 2")
-    if schedule != "interleaved_1f1b" and virtual_stages != 1:
-        errors.append(f"virtual_stages({virtual_stages}) > 1 needs schedule interleaved_1f1b, not {schedule}")
-    if pp > 1 and schedule != "gpipe" and microbatches < pp:
-        errors.append(f"schedule {schedule} needs microbatches({microbatches}) >= pp({pp})")
-    if pp == 1 and microbatches != 1:
-        errors.append(f"microbatches({microbatches}) > 1 needs pp > 1 (they feed the pipeline)")
-    if global_batch % (dp * microbatches):
-        errors.append(
-            f"train.global_batch({global_batch}) is not divisible by dp({dp}) * microbatches({microbatches}) "
-            f"= {dp * microbatches}"
-        )
-    return errors
-
-
-def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainflowConfig:
-    """Compose a primary config with Hydra's compose API, resolve it and validate it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            raw = hydra_compose(config_name=config_name, overrides=list(overrides))
-    except Exception as err:  # Hydra's errors span lines; ours are one line with the fix
-        raise ConfigError(one_line(err)) from err
-    return to_config(raw)
-
-
-def one_line(err: BaseException) -> str:
-    """Hydra/OmegaConf composition errors as one line: the innermost cause names the key."""
-    cause = err
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    text = str(cause)
-    if (m := re.search(r"Key '(.+?)' not in '(\w+)'\s+full_key: (\S+)", text)):
-        return f"unknown config key '{m[3]}' ({m[2]} has no field '{m[1]}'): check its spelling in conf/ or src/trainflow/config.py"
-    if (m := re.search(r"Could not find '(.+?)'\s+Available options in '(.+?)':((?:\s+\S+)+?)\s+Config search path", text)):
-        return f"no config option '{m[1]}': choose one of {', '.join(m[3].split())} for {m[2]}"
-    if (m := re.search(r"(Value .+?)\s+full_key: (\S+)", text)):
-        return f"bad value for '{m[2]}': {m[1]}"
-    if (m := re.search(r"full_key: (\S+)", text)):
-        return f"bad value for '{m[1]}': {text.splitlines()[0]}"
-    return " ".join(text.split())
-
-
-def to_config(raw: DictConfig) -> TrainflowConfig:
-    """Resolve interpolations, turn the DictConfig into the dataclass tree and validate it."""
-    raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
-    try:
-        OmegaConf.resolve(raw)
-        cfg = OmegaConf.to_object(raw)
-    except OmegaConfBaseException as err:  # an interpolation that resolves to a wrong type or nothing
-        raise ConfigError(one_line(err)) from err
-    assert isinstance(cfg, TrainflowConfig)
-    validate(cfg)
-    return cfg
-
-
-def as_dict(node: Any) -> Any:
-    """A plain dict of a config dataclass (or subtree)."""
-    return OmegaConf.to_container(OmegaConf.structured(node), resolve=True)
-
-
-def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...]) -> str:
-    """A short stable hash of the named config subtrees."""
-    blob = json.dumps({s: as_dict(getattr(cfg, s)) for s in sections}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def stdlib_dir() -> str:
-    import sysconfig
-
-    return sysconfig.get_paths()["stdlib"]

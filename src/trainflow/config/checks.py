@@ -1,0 +1,104 @@
+"""Checks of a composed config: every field's domain, paths, rank environment, cross-field rules.
+
+    python -c "from trainflow.config import compose; compose('train_segment', ['optim.lr=-1'])"
+
+`validate` raises one ConfigError whose message names every offending value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields, is_dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from trainflow.config.layout import parallel_errors
+from trainflow.config.schema import BYTE_VOCAB, TrainflowConfig
+from trainflow.errors import ConfigError
+
+
+def validate(cfg: TrainflowConfig) -> None:
+    """Cross-field checks; raises one ConfigError listing every violation with its fix."""
+    p, m, t = cfg.parallel, cfg.model, cfg.train
+    errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
+    if errors:  # the cross-field rules below assume every field lies in its domain
+        raise ConfigError("invalid config: " + "; ".join(errors))
+    errors = parallel_errors(
+        dp=p.dp, tp=p.tp, pp=p.pp, virtual_stages=p.virtual_stages, schedule=p.schedule,
+        microbatches=p.microbatches, n_layers=m.n_layers, n_heads=m.n_heads, ffn_dim=m.ffn_dim,
+        global_batch=t.global_batch,
+    )
+    if m.dim % m.n_heads:
+        errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
+    if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:
+        errors.append(f"data.vocab_size({cfg.data.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
+    if m.vocab_size != cfg.data.vocab_size:
+        errors.append(f"model.vocab_size({m.vocab_size}) != data.vocab_size({cfg.data.vocab_size})")
+    if cfg.fault.rank >= p.world_size:
+        errors.append(f"fault.rank({cfg.fault.rank}) must be < the world size {p.world_size}")
+    c = cfg.cluster
+    if p.world_size % c.nodes:
+        errors.append(
+            f"world size dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
+            f"cluster.nodes({c.nodes}); change the layout or the node count"
+        )
+    elif c.gpus_per_node and p.world_size // c.nodes != c.gpus_per_node:
+        errors.append(
+            f"world size {p.world_size} / cluster.nodes({c.nodes}) = {p.world_size // c.nodes} tasks per node "
+            f"!= cluster.gpus_per_node({c.gpus_per_node}); one task drives one GPU"
+        )
+    if errors:
+        raise ConfigError("invalid config: " + "; ".join(errors))
+
+
+def domain_errors(node: Any, prefix: str = "") -> list[str]:
+    """Every field of the dataclass tree outside its Domain, as `key(value) must ...`."""
+    errors = []
+    for f in fields(node):
+        value, key = getattr(node, f.name), prefix + f.name
+        if is_dataclass(value):
+            errors += domain_errors(value, key + ".")
+        elif domain := f.metadata.get("domain"):
+            why = next(filter(None, map(domain.violation, value if isinstance(value, list) else [value])), None)
+            if why:
+                errors.append(f"{key}({value!r}) {why}")
+    return errors
+
+
+def path_errors(cfg: TrainflowConfig) -> list[str]:
+    """Storage and io paths, in order: none of UNSAFE_PATH_CHARS and no '..' (normalised, such a path
+    can climb out of the folder it is declared in)."""
+    paths = [(f"{section}.{f.name}", getattr(node, f.name)) for section, node in (("storage", cfg.storage), ("io", cfg.io))
+             for f in fields(node)]
+    for key, value in paths:
+        for path in value if isinstance(value, list) else [value]:
+            if bad := re.search(UNSAFE_PATH_CHARS, path):
+                return [f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"]
+            if ".." in PurePosixPath(path).parts:
+                return [f"{key}({path!r}) climbs out of its folder through '..'; give the path without '..'"]
+    return []  # one error at most: the paths derive from each other, so the first names the cause
+
+
+# Quotes, backslashes and `$` would need escaping twice (shell, then Hydra's quoted strings); control
+# characters break command lines and logs. Spaces, commas, brackets and the like are fine: stage command
+# lines quote every path for both.
+UNSAFE_PATH_CHARS = r"[\x00-\x1f\x7f'\"\\$`]"
+
+
+# Variables the ranks may be given (cluster.env): the communication and threading libraries' own. Names
+# that make a library load code (NCCL's *_PLUGIN) or write where they say (NCCL_DEBUG_FILE) are refused.
+ENV_NAME = r"(NCCL|TORCH|CUDA|FI|UCX|GLOO|OMP|MKL|MPICH|NVSHMEM|CXI)_[A-Z0-9_]+"
+ENV_REFUSED = r".*PLUGIN.*|NCCL_DEBUG_FILE"
+
+
+def env_errors(env: dict[str, str]) -> list[str]:
+    errors = []
+    for name, value in env.items():
+        if not re.fullmatch(ENV_NAME, name) or re.fullmatch(ENV_REFUSED, name):
+            errors.append(
+                f"cluster.env.{name} is not a variable trainflow passes to ranks: only NCCL_*, TORCH_*, CUDA_*, FI_*, "
+                "UCX_*, GLOO_*, OMP_*, MKL_*, MPICH_*, NVSHMEM_*, CXI_* (none that loads a plugin or names a file to write)"
+            )
+        elif re.search(r"[\x00-\x1f\x7f]", str(value)):
+            errors.append(f"cluster.env.{name}({value!r}) holds a control character; give a one-line value")
+    return errors
