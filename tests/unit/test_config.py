@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from trainflow.config import CONF_DIR, STAGES, ConfigError, compose, config_hash
+import pytest
+import yaml
+from omegaconf import MISSING
+
+from trainflow.config import CONF_DIR, STAGES, ConfigError, TrainflowConfig, compose, config_hash
+from trainflow.config import schema as schema_module
+
+NO_FACTORY = dataclasses.MISSING
 from trainflow.parallel.dims import ParallelDims
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -95,3 +102,21 @@ def test_config_hash_covers_only_what_a_stage_reads():
     lr = compose("train_segment", ["optim.lr=1e-3"])
     assert config_hash(base, ("data",)) == config_hash(lr, ("data",))
     assert config_hash(base, ("optim",)) != config_hash(lr, ("optim",))
+
+
+ALPS_ONLY = {"dp64_tp8_pp8", "alps_gh200"}  # 4096 ranks: they compose only with the 70B campaign
+GROUP_SCHEMAS = {f.name: f.type for f in dataclasses.fields(TrainflowConfig) if (CONF_DIR / f.name).is_dir()}
+
+
+@pytest.mark.parametrize("group", sorted(GROUP_SCHEMAS))
+def test_each_default_lives_once_a_preset_value_or_a_schema_default(group):
+    """A key any preset of a group sets has no default in the schema (it would be shadowed and drift),
+    and every preset sets it, so each composes on its own."""
+    schema = {f.name: f for f in dataclasses.fields(getattr(schema_module, GROUP_SCHEMAS[group]))}
+    presets = {p.stem: yaml.safe_load(p.read_text()) or {} for p in (CONF_DIR / group).glob("*.yaml")}
+    keys = set().union(*map(set, presets.values()))
+    shadowed = sorted(k for k in keys if schema[k].default is not MISSING or schema[k].default_factory is not NO_FACTORY)
+    assert not shadowed, f"{group}: schema defaults also set by presets: {shadowed}"
+    for name, values in presets.items():
+        assert set(values) == keys, f"conf/{group}/{name}.yaml lacks {sorted(keys - set(values))}"
+        compose("train_segment", [f"{group}={name}"] + (["experiment=llama70b_alps"] if name in ALPS_ONLY else []))

@@ -75,27 +75,27 @@ RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny"
+    name: str = MISSING
     vocab_size: int = checked(ge=2)
     """Tokens in the vocabulary; the presets take it from data.vocab_size."""
-    n_layers: int = checked(4, ge=1)
-    n_heads: int = checked(4, ge=1)
-    dim: int = checked(128, ge=1)
-    ffn_dim: int = checked(512, ge=1)
+    n_layers: int = checked(ge=1)
+    n_heads: int = checked(ge=1)
+    dim: int = checked(ge=1)
+    ffn_dim: int = checked(ge=1)
     """Hidden width of the MLP (column-parallel up, row-parallel down under TP)."""
-    seq_len: int = checked(128, ge=1)
+    seq_len: int = checked(ge=1)
     norm_eps: float = checked(1e-5, gt=0)
     init_std: float = checked(0.02, gt=0)
 
 
 @dataclass
 class DataConfig:
-    corpus: str = "<stdlib>/*.py"
+    corpus: str = MISSING
     """Glob of text files; `<stdlib>` is this Python's standard-library folder (present everywhere)."""
-    tokenizer: str = checked("byte", one_of=("byte", "bpe"))
+    tokenizer: str = checked(one_of=("byte", "bpe"))
     """`byte` (vocabulary 257, no training) or `bpe` (byte-level BPE trained on the corpus)."""
-    vocab_size: int = checked(BYTE_VOCAB, ge=2, le=65536)
-    val_fraction: float = checked(0.05, gt=0, lt=1)
+    vocab_size: int = checked(ge=2, le=65536)
+    val_fraction: float = checked(gt=0, lt=1)
     """Share of documents (chosen by a hash of their path) held out for validation."""
     max_bytes: int = checked(0, ge=0)
     """Stop reading the corpus after this many bytes (0 = no limit)."""
@@ -105,17 +105,17 @@ class DataConfig:
 
 @dataclass
 class ParallelConfig:
-    name: str = "single"
-    dp: int = checked(1, ge=1)
-    tp: int = checked(1, ge=1)
-    pp: int = checked(1, ge=1)
-    virtual_stages: int = checked(1, ge=1)
+    name: str = MISSING
+    dp: int = checked(ge=1)
+    tp: int = checked(ge=1)
+    pp: int = checked(ge=1)
+    virtual_stages: int = checked(ge=1)
     """Model chunks per pipeline rank; >= 2 only with the interleaved_1f1b schedule."""
-    schedule: str = checked("1f1b", one_of=SCHEDULES)
+    schedule: str = checked(one_of=SCHEDULES)
     """Pipeline schedule: gpipe, 1f1b or interleaved_1f1b (ignored when pp = 1)."""
-    microbatches: int = checked(1, ge=1)
+    microbatches: int = checked(ge=1)
     """Microbatches per step and data-parallel rank (the pipeline's m)."""
-    bucket_mb: float = checked(25.0, gt=0)
+    bucket_mb: float = checked(gt=0)
     """Gradient all-reduce bucket size; the seed uses 128 MB-1 GB on GPU clusters."""
     overlap: bool = True
     """Overlap gradient communication with the backward pass."""
@@ -127,15 +127,15 @@ class ParallelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
-    lr: float = checked(3e-3, gt=0)
+    name: str = MISSING
+    lr: float = checked(gt=0)
     min_lr_ratio: float = checked(0.1, ge=0, le=1)
     """Cosine decay ends at lr * min_lr_ratio."""
-    warmup_steps: int = checked(20, ge=0)
-    weight_decay: float = checked(0.1, ge=0)
+    warmup_steps: int = checked(ge=0)
+    weight_decay: float = checked(ge=0)
     beta1: float = checked(0.9, ge=0, lt=1)
     beta2: float = checked(0.95, ge=0, lt=1)
-    grad_clip: float = checked(1.0, ge=0)
+    grad_clip: float = checked(ge=0)
 
 
 @dataclass
@@ -162,71 +162,71 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval_steps: int = checked(0, ge=0)
+    interval_steps: int = checked(ge=0)
     """Fixed save interval; 0 = Young/Daly from the measured save time and cluster.mtbf_hours."""
-    keep: int = checked(3, ge=1)
+    keep: int = checked(ge=1)
     """Newest checkpoints kept besides the segment-end ones."""
-    io_threads: int = checked(2, ge=1)
+    io_threads: int = checked(ge=1)
     """Threads per rank that write (one file each) and read a checkpoint."""
     max_interval_steps: int = checked(1000, ge=1)
 
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"
-    executor: str = checked("local", one_of=("local", "slurm"))
+    name: str = MISSING
+    executor: str = checked(one_of=("local", "slurm"))
     """submitit executor for distributed stages: `local` (processes here) or `slurm`."""
-    device: str = checked("cpu", one_of=("cpu", "cuda"))
-    backend: str = checked("gloo", one_of=("gloo", "nccl"))
-    nodes: int = checked(1, ge=1)
-    gpus_per_node: int = checked(0, ge=0)
-    cpus_per_task: int = checked(1, ge=1)
-    mem_gb: float = checked(2.0, gt=0)
-    partition: str = checked("", pattern=SLURM_WORD)
-    account: str = checked("", pattern=SLURM_WORD)
-    time_min: int = checked(60, ge=1)
+    device: str = checked(one_of=("cpu", "cuda"))
+    backend: str = checked(one_of=("gloo", "nccl"))
+    nodes: int = checked(ge=1)
+    gpus_per_node: int = checked(ge=0)
+    cpus_per_task: int = checked(ge=1)
+    mem_gb: float = checked(gt=0)
+    partition: str = checked(pattern=SLURM_WORD)
+    account: str = checked(pattern=SLURM_WORD)
+    time_min: int = checked(ge=1)
     """Slurm time limit of one training job; a segment longer than this is requeued."""
-    signal_delay_s: int = checked(90, ge=0)
+    signal_delay_s: int = checked(ge=0)
     """Seconds before the time limit at which Slurm sends USR2 (submitit's pre-timeout signal)."""
-    max_requeues: int = checked(3, ge=0)
-    constraint: str = checked("", pattern=SLURM_WORD)
+    max_requeues: int = checked(ge=0)
+    constraint: str = checked(pattern=SLURM_WORD)
     """Slurm node features, e.g. the seed's THP-off / vBoost node setup."""
-    setup: list[str] = field(default_factory=list)
+    setup: list[str] = MISSING
     """Shell lines run in the sbatch script before the tasks start."""
-    mtbf_hours: float = checked(4.0, gt=0)
-    collective_timeout_s: int = checked(300, gt=0)
+    mtbf_hours: float = checked(gt=0)
+    collective_timeout_s: int = checked(gt=0)
     """torch.distributed collective timeout (the seed's "NCCL_TIMEOUT 300 s")."""
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = MISSING
     """Environment for every rank (NCCL_* tuning lives here)."""
-    peak_tflops: float = checked(0.1, gt=0)
+    peak_tflops: float = checked(gt=0)
     """Dense peak per device, for MFU; the CPU default is a stated rough figure."""
-    min_busbw_gbps: float = checked(0.05, ge=0)
+    min_busbw_gbps: float = checked(ge=0)
     """validate_nccl's gate on all_reduce bus bandwidth (seed: >= 200 GB/s on GH200)."""
-    sweep_mb: list[float] = checked(factory=lambda: [0.25, 1.0, 4.0, 16.0], gt=0)
-    sweep_iters: int = checked(5, ge=1)
+    sweep_mb: list[float] = checked(gt=0)
+    sweep_iters: int = checked(ge=1)
 
 
 @dataclass
 class StorageConfig:
-    root: str = "runs/${run}"
-    capacity: str = "${storage.root}/capacity"
+    root: str = MISSING
+    capacity: str = MISSING
     """High-capacity tier (HDD / parallel FS): raw tokens, checkpoints."""
-    fast: str = "${storage.root}/fast"
+    fast: str = MISSING
     """Fast tier (node SSD / flash): the staged dataset."""
 
 
 @dataclass
 class EnergyConfig:
-    pue: float = checked(1.05, ge=1)
+    pue: float = checked(ge=1)
     """Facility energy / IT energy (seed: 1.05 with lake cooling)."""
-    grid_gco2_per_kwh: float = checked(30.0, ge=0)
+    grid_gco2_per_kwh: float = checked(ge=0)
     """Carbon intensity of the supply (hydro-dominated grid)."""
     cpu_watts_per_core: float = checked(12.0, ge=0)
     """Stated model for CPU energy when RAPL is not readable: watts per busy core."""
     gpu_watts: float = checked(560.0, ge=0)
     """Stated model for GPU energy when NVML has no energy counter (seed: 560 W with vBoost)."""
-    power_cap_w: float = checked(660.0, gt=0)
-    dvfs: bool = True
+    power_cap_w: float = checked(gt=0)
+    dvfs: bool = MISSING
     """Lower clocks while data loads, restore them for compute (seed: saves ~8 %)."""
     idle_clock_mhz: int = checked(500, gt=0)
     compute_clock_mhz: int = checked(1980, gt=0)
