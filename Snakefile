@@ -30,7 +30,7 @@ rule all:
         TOKENS,
         STAGED_TOKENS,
         NCCL_REPORT,
-        [segment_report(i) for i in SEGMENTS],
+        SEGMENT_REPORTS,
         VERIFY_REPORT,
         ENERGY_REPORT,
         REPORT,

@@ -1,19 +1,19 @@
 rule account_energy:
     input:
         metrics=ALL_METRICS,
-        segments=[segment_report(i) for i in SEGMENTS],
+        segments=SEGMENT_REPORTS,
     output:
         report=ENERGY_REPORT,
+        metrics=RUN.stage_metrics("account_energy"),
     log:
-        log_file("account_energy"),
+        RUN.log("account_energy"),
     params:
         config_hash=stage_hash("account_energy"),
         io=lambda w, input, output: stage_command(
-            "account_energy",
             metrics=list(input.metrics),
             segment_reports=list(input.segments),
             energy_report=output.report,
-            stage_metrics=f"{ROOT}/metrics/account_energy.json",
+            stage_metrics=output.metrics,
         ),
     resources:
         mem_mb=1000,

@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from trainflow.config import STAGE_READS, ConfigError, config_hash
+from trainflow.config.run_folder import RunFolder
 from trainflow.data.record import record_path
 from trainflow.config.overrides import compose_workflow, hydra_quote
 
@@ -22,39 +23,25 @@ except ConfigError as err:
 # The params hold the hash of what each stage reads instead.
 PYTHON = shlex.quote(sys.executable)
 HYDRA_ARGS = shlex.join(OVERRIDES)
-ROOT = CFG.storage.root
+RUN = RunFolder.of(CFG)  # every path below: trainflow.config.run_folder
 SEGMENTS = range(CFG.train.segments)
-# Training outputs live under the hash of what training reads: a changed setting starts a new
-# checkpoint series instead of resuming one that belongs to other settings.
-TRAIN_HASH = config_hash(CFG, STAGE_READS["train_segment"])
-TRAIN_DIR = f"{ROOT}/train/{TRAIN_HASH}"
-CHECKPOINTS = f"{CFG.storage.capacity}/checkpoints/{TRAIN_HASH}"
-TOKENS = CFG.io.tokens
+CHECKPOINTS = RUN.checkpoints
+TOKENS = RUN.tokens
 TOKENS_RECORD = str(record_path(TOKENS))  # size and CRC-32C of the token file (trainflow.data.record)
-STAGED_TOKENS = CFG.io.staged_tokens
+STAGED_TOKENS = RUN.staged_tokens
 STAGED_RECORD = str(record_path(STAGED_TOKENS))
-NCCL_REPORT = CFG.io.nccl_report
-VERIFY_REPORT = CFG.io.verify_report
-ENERGY_REPORT = CFG.io.energy_report
-REPORT = CFG.io.report
-
-
-def segment_report(segment):
-    return f"{TRAIN_DIR}/segment-{segment}.json"
+NCCL_REPORT = RUN.nccl_report
+VERIFY_REPORT = RUN.verify_report
+ENERGY_REPORT = RUN.energy_report
+REPORT = RUN.report
+SEGMENT_REPORTS = RUN.segment_reports(CFG.train.segments)
+ALL_METRICS = RUN.metrics(CFG.train.segments)
 
 
 def previous_segment(wildcards):
     """Segment i starts from segment i-1's last checkpoint."""
     segment = int(wildcards.segment)
-    return [segment_report(segment - 1)] if segment > 0 else []
-
-
-def metrics(stage, segment=None):
-    return f"{ROOT}/metrics/{stage}.json" if segment is None else f"{TRAIN_DIR}/metrics-{segment}.json"
-
-
-def log_file(stage, name=None):
-    return f"{ROOT}/logs/{stage}/{name or stage}.log"
+    return [RUN.segment_report(segment - 1)] if segment > 0 else []
 
 
 def stage_hash(stage):
@@ -62,14 +49,9 @@ def stage_hash(stage):
     return config_hash(CFG, STAGE_READS[stage])
 
 
-def stage_command(stage, **io):
+def stage_command(**io):
     """The io.<name>=<path> overrides of a stage, quoted for Hydra (paths may hold spaces, commas,
     brackets) and then for the shell. Rules run `{PYTHON} -m trainflow.stages.<stage> {HYDRA_ARGS}
     {params.io} > {log:q}`: the overrides stay out of params, whose values decide reruns, so only the
     config hash there does."""
     return shlex.join(f"io.{k}={hydra_quote(v)}" for k, v in io.items())
-
-
-ALL_METRICS = [metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")] + [
-    metrics("train_segment", i) for i in SEGMENTS
-] + [metrics("verify_checkpoint")]

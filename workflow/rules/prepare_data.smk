@@ -2,12 +2,12 @@ rule prepare_data:
     output:
         tokens=TOKENS,
         record=TOKENS_RECORD,
-        metrics=metrics("prepare_data"),
+        metrics=RUN.stage_metrics("prepare_data"),
     log:
-        log_file("prepare_data"),
+        RUN.log("prepare_data"),
     params:
         config_hash=stage_hash("prepare_data"),
-        io=lambda w, output: stage_command("prepare_data", tokens=output.tokens, stage_metrics=output.metrics),
+        io=lambda w, output: stage_command(tokens=output.tokens, stage_metrics=output.metrics),
     resources:
         mem_mb=4000,
         runtime=60,

@@ -1,19 +1,19 @@
 rule report:
     input:
-        segments=[segment_report(i) for i in SEGMENTS],
+        segments=SEGMENT_REPORTS,
         nccl=NCCL_REPORT,
         verify=VERIFY_REPORT,
         energy=ENERGY_REPORT,
         metrics=ALL_METRICS,
     output:
         report=REPORT,
-        plots=[f"{REPORT.rsplit('/', 1)[0]}/{name}.png" for name in ("loss", "throughput", "breakdown")],
+        plots=RUN.plots,
+        metrics=RUN.stage_metrics("report"),
     log:
-        log_file("report"),
+        RUN.log("report"),
     params:
         config_hash=stage_hash("report"),
         io=lambda w, input, output: stage_command(
-            "report",
             segment_reports=list(input.segments),
             nccl_report=input.nccl,
             verify_report=input.verify,
@@ -21,7 +21,8 @@ rule report:
             metrics=list(input.metrics),
             checkpoints=CHECKPOINTS,
             report=output.report,
-            stage_metrics=f"{ROOT}/metrics/report.json",
+            plots=list(output.plots),
+            stage_metrics=output.metrics,
         ),
     resources:
         mem_mb=1000,

@@ -5,13 +5,13 @@ rule stage_data:
     output:
         tokens=STAGED_TOKENS,
         record=STAGED_RECORD,
-        metrics=metrics("stage_data"),
+        metrics=RUN.stage_metrics("stage_data"),
     log:
-        log_file("stage_data"),
+        RUN.log("stage_data"),
     params:
         config_hash=stage_hash("stage_data"),
         io=lambda w, input, output: stage_command(
-            "stage_data", tokens=input.tokens, staged_tokens=output.tokens, stage_metrics=output.metrics
+            tokens=input.tokens, staged_tokens=output.tokens, stage_metrics=output.metrics
         ),
     resources:
         mem_mb=1000,

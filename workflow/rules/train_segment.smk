@@ -5,24 +5,24 @@
 rule train_segment:
     input:
         tokens=STAGED_TOKENS,
+        record=STAGED_RECORD,
         nccl=NCCL_REPORT,
         previous=previous_segment,
     output:
-        report=f"{TRAIN_DIR}/segment-{{segment}}.json",
-        metrics=f"{TRAIN_DIR}/metrics-{{segment}}.json",
+        report=RUN.segment_report("{segment}"),
+        metrics=RUN.stage_metrics("train_segment", "{segment}"),
     log:
-        f"{ROOT}/logs/train_segment/segment-{{segment}}.log",
+        RUN.log("train_segment", "segment-{segment}"),
     wildcard_constraints:
         segment=r"\d+",
     params:
         config_hash=stage_hash("train_segment"),
         io=lambda w, input, output: stage_command(
-            "train_segment",
             staged_tokens=input.tokens,
             checkpoints=CHECKPOINTS,
             segment_report=output.report,
             stage_metrics=output.metrics,
-            submitit=f"{ROOT}/submitit/train_segment",
+            submitit=RUN.submitit("train_segment"),
         ),
     shell:
         "{PYTHON} -m trainflow.stages.train_segment {HYDRA_ARGS} segment={wildcards.segment} {params.io} > {log:q} 2>&1"

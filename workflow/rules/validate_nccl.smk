@@ -2,13 +2,13 @@
 rule validate_nccl:
     output:
         report=NCCL_REPORT,
-        metrics=metrics("validate_nccl"),
+        metrics=RUN.stage_metrics("validate_nccl"),
     log:
-        log_file("validate_nccl"),
+        RUN.log("validate_nccl"),
     params:
         config_hash=stage_hash("validate_nccl"),
         io=lambda w, output: stage_command(
-            "validate_nccl", nccl_report=output.report, stage_metrics=output.metrics, submitit=f"{ROOT}/submitit/validate_nccl"
+            nccl_report=output.report, stage_metrics=output.metrics, submitit=RUN.submitit("validate_nccl")
         ),
     shell:
         "{PYTHON} -m trainflow.stages.validate_nccl {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -1,15 +1,15 @@
 rule verify_checkpoint:
     input:
-        segments=[segment_report(i) for i in SEGMENTS],
+        segments=SEGMENT_REPORTS,
     output:
         report=VERIFY_REPORT,
-        metrics=metrics("verify_checkpoint"),
+        metrics=RUN.stage_metrics("verify_checkpoint"),
     log:
-        log_file("verify_checkpoint"),
+        RUN.log("verify_checkpoint"),
     params:
-        config_hash=TRAIN_HASH,
+        config_hash=RUN.train_hash,
         io=lambda w, output: stage_command(
-            "verify_checkpoint", checkpoints=CHECKPOINTS, verify_report=output.report, stage_metrics=output.metrics
+            checkpoints=CHECKPOINTS, verify_report=output.report, stage_metrics=output.metrics
         ),
     resources:
         mem_mb=1000,

@@ -265,6 +265,8 @@ class IOConfig:
     stage_metrics: str = "${storage.root}/metrics/${stage}.json"
     metrics: list[str] = field(default_factory=list)
     report: str = "${storage.root}/report/report.md"
+    plots: list[str] = field(default_factory=list)
+    """The report's loss, throughput and breakdown plots (config.run_folder.PLOTS), in that order."""
     submitit: str = "${storage.root}/submitit"
 
 

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
+from trainflow.config.run_folder import PLOTS  # noqa: E402
 from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
 
 log = logging.getLogger("trainflow.report")
@@ -104,9 +105,12 @@ def run(cfg: TrainflowConfig) -> dict:
     nccl, verify, energy = read_json(cfg.io.nccl_report), read_json(cfg.io.verify_report), read_json(cfg.io.energy_report)
     steps = [r for s in segments for r in s["steps"]]
     evals = sorted({e["step"]: e for s in segments for e in s["evals"]}.values(), key=lambda e: e["step"])
-    plot_loss(steps, evals, out.parent / "loss.png")
-    plot_throughput(steps, out.parent / "throughput.png")
-    plot_breakdown(steps, out.parent / "breakdown.png")
+    if len(cfg.io.plots) != len(PLOTS):
+        raise StageError(f"io.plots({cfg.io.plots}) must name {len(PLOTS)} files: the {', '.join(PLOTS)} plots")
+    plots = dict(zip(PLOTS, cfg.io.plots))
+    plot_loss(steps, evals, Path(plots["loss"]))
+    plot_throughput(steps, Path(plots["throughput"]))
+    plot_breakdown(steps, Path(plots["breakdown"]))
     last = segments[-1]
     first_val, final_val = evals[0]["val_loss"], evals[-1]["val_loss"]
     here = out.parent
@@ -129,9 +133,9 @@ def run(cfg: TrainflowConfig) -> dict:
         "",
         table(seg_rows, ["segment", "steps", "train loss", "val loss", "tokens/s/device", "MFU", "restarts", "ckpt interval", "report"]),
         "",
-        "![loss](loss.png)",
+        f"![loss]({relative(plots['loss'], here)})",
         "",
-        "![throughput](throughput.png)",
+        f"![throughput]({relative(plots['throughput'], here)})",
         "",
         "### Where the step time went",
         "",
@@ -139,7 +143,7 @@ def run(cfg: TrainflowConfig) -> dict:
         "",
         *(["With torch's DDP (a pure data-parallel mesh) the wait for the last gradient bucket happens inside "
            "backward and is counted as compute.", ""] if cfg.parallel.overlap and 1 < last["layout"]["dp"] == last["world_size"] else []),
-        "![breakdown](breakdown.png)",
+        f"![breakdown]({relative(plots['breakdown'], here)})",
         "",
         "## Checkpoints",
         "",

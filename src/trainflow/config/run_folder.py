@@ -1,0 +1,129 @@
+"""The run folder's layout: where every stage's inputs and outputs live, as functions of the storage
+roots and the hash of what training reads. The workflow's rules (common.smk) take their paths from
+here, and so does every `io.*` path a stage is not given, so a stage run alone writes exactly where
+the workflow would.
+
+    python -c "from trainflow.config import compose, RunFolder; print(RunFolder.of(compose('report')))"
+
+    <root>/nccl.json, verify.json, energy.json          validate_nccl, verify_checkpoint, account_energy
+    <root>/train/<hash>/segment-<i>.json, metrics-<i>.json   train_segment
+    <root>/metrics/<stage>.json, logs/<stage>/, submitit/<stage>/, report/
+    <capacity>/data/tokens.h5 (+ .crc.json)             prepare_data
+    <capacity>/checkpoints/<hash>/step-N/               train_segment (+ steps.jsonl, evals.jsonl)
+    <fast>/data/tokens.h5 (+ .crc.json)                 stage_data
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainflow.config.hashing import STAGE_READS, config_hash
+from trainflow.config.schema import TrainflowConfig
+
+PLOTS = ("loss", "throughput", "breakdown")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: str
+    capacity: str
+    fast: str
+    train_hash: str
+    """Training outputs live under the hash of what training reads: a changed setting starts a new
+    checkpoint series instead of resuming one that belongs to other settings."""
+
+    @classmethod
+    def of(cls, cfg: TrainflowConfig) -> RunFolder:
+        s = cfg.storage
+        return cls(s.root, s.capacity, s.fast, config_hash(cfg, STAGE_READS["train_segment"]))
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.capacity}/data/tokens.h5"
+
+    @property
+    def staged_tokens(self) -> str:
+        return f"{self.fast}/data/tokens.h5"
+
+    @property
+    def nccl_report(self) -> str:
+        return f"{self.root}/nccl.json"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.capacity}/checkpoints/{self.train_hash}"
+
+    @property
+    def train_dir(self) -> str:
+        return f"{self.root}/train/{self.train_hash}"
+
+    def segment_report(self, segment: int | str) -> str:
+        return f"{self.train_dir}/segment-{segment}.json"
+
+    def segment_reports(self, segments: int) -> list[str]:
+        return [self.segment_report(i) for i in range(segments)]
+
+    @property
+    def verify_report(self) -> str:
+        return f"{self.root}/verify.json"
+
+    @property
+    def energy_report(self) -> str:
+        return f"{self.root}/energy.json"
+
+    @property
+    def report(self) -> str:
+        return f"{self.root}/report/report.md"
+
+    @property
+    def plots(self) -> list[str]:
+        return [f"{self.root}/report/{name}.png" for name in PLOTS]
+
+    def stage_metrics(self, stage: str, segment: int | str | None = None) -> str:
+        """A stage's metrics file (run_stage writes it); a training segment's lies beside its report."""
+        if stage == "train_segment":
+            return f"{self.train_dir}/metrics-{segment}.json"
+        return f"{self.root}/metrics/{stage}.json"
+
+    def metrics(self, segments: int) -> list[str]:
+        """The metrics files account_energy and report read: every stage before them."""
+        return [
+            *(self.stage_metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")),
+            *(self.stage_metrics("train_segment", i) for i in range(segments)),
+            self.stage_metrics("verify_checkpoint"),
+        ]
+
+    def log(self, stage: str, name: str | None = None) -> str:
+        return f"{self.root}/logs/{stage}/{name or stage}.log"
+
+    def submitit(self, stage: str) -> str:
+        return f"{self.root}/submitit/{stage}"
+
+    def io_defaults(self, cfg: TrainflowConfig) -> dict[str, str | list[str]]:
+        """Every io path of `cfg.stage` as the workflow passes it."""
+        segments = cfg.train.segments
+        return {
+            "tokens": self.tokens, "staged_tokens": self.staged_tokens, "nccl_report": self.nccl_report,
+            "checkpoints": self.checkpoints, "segment_report": self.segment_report(cfg.segment),
+            "segment_reports": self.segment_reports(segments), "verify_report": self.verify_report,
+            "energy_report": self.energy_report, "stage_metrics": self.stage_metrics(cfg.stage, cfg.segment),
+            "metrics": self.metrics(segments), "report": self.report, "plots": self.plots,
+            "submitit": self.submitit(cfg.stage),
+        }
+
+
+def steps_log(checkpoints: str) -> str:
+    """The trainer's per-step records, beside the checkpoints they belong to: a resumed segment keeps
+    the records up to its checkpoint (a declared output would be deleted with a failed job)."""
+    return f"{checkpoints}/steps.jsonl"
+
+
+def evals_log(checkpoints: str) -> str:
+    return f"{checkpoints}/evals.jsonl"
+
+
+def fill_io(cfg: TrainflowConfig) -> None:
+    """Set every io path left empty to where the workflow would put it."""
+    for name, value in RunFolder.of(cfg).io_defaults(cfg).items():
+        if not getattr(cfg.io, name):
+            setattr(cfg.io, name, value)
