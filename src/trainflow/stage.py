@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
 
+from trainflow.atomic import write_json, write_text_atomic  # noqa: F401  (re-exported for the stages)
 from trainflow.config import TrainflowConfig, TrainflowError, as_dict, to_config
 from trainflow.energy.meter import Reading, delta
 
@@ -25,19 +25,6 @@ log = logging.getLogger("trainflow")
 
 class StageError(TrainflowError):
     """A stage that ran and found its inputs or results unacceptable."""
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write through a temporary file renamed into place: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: str | Path, obj: object) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str | Path) -> dict:

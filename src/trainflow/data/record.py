@@ -11,8 +11,11 @@ when it opens it (a full CRC on every rank of a large job would read the whole f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from trainflow.atomic import atomic_path, write_json
 from trainflow.checkpoint.manifest import file_crc
 from trainflow.config import TrainflowError
 
@@ -26,18 +29,25 @@ def record_path(tokens: str | Path) -> Path:
 
 
 def write_record(tokens: Path, size: int, crc: int) -> None:
-    """Write the record through a temporary file renamed into place."""
-    tmp = record_path(tokens).with_name(record_path(tokens).name + ".tmp")
-    tmp.write_text(json.dumps({"bytes": size, "crc32c": crc}) + "\n")
-    tmp.replace(record_path(tokens))
+    write_json(record_path(tokens), {"bytes": size, "crc32c": crc})
 
 
-def replace_recorded(tmp: Path, tokens: Path, size: int, crc: int) -> None:
-    """Rename a checked temporary file to `tokens` and record it; the old record goes first, so a
-    crash in between leaves a file without a record (checks fail, naming the rerun), never a stale one."""
-    record_path(tokens).unlink(missing_ok=True)
-    tmp.replace(tokens)
-    write_record(tokens, size, crc)
+@contextmanager
+def recorded(tokens: Path, *, expect: tuple[int, int] | None = None) -> Iterator[Path]:
+    """A temporary path to write `tokens` through (atomic.atomic_path); when the block ends the file is
+    checksummed (against `expect` if given: a mismatch raises and leaves `tokens` as it was) and
+    renamed into place with its record. The old record goes first, so a crash in between leaves a file
+    without a record (checks fail, naming the rerun), never a stale one."""
+    with atomic_path(tokens) as tmp:
+        yield tmp
+        got = file_crc(tmp)
+        if expect is not None and got != expect:
+            raise DataError(
+                f"{tmp} read back {got[0]} bytes with CRC-32C {got[1]:#010x}, expected {expect[0]} bytes with "
+                f"{expect[1]:#010x}; check the file system of {tokens.parent} and rerun"
+            )
+        record_path(tokens).unlink(missing_ok=True)
+    write_record(tokens, *got)
 
 
 def read_record(tokens: Path, *, rerun: str) -> tuple[int, int]:

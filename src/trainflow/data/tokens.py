@@ -19,9 +19,8 @@ import h5py
 import numpy as np
 import torch
 
-from trainflow.checkpoint.manifest import file_crc
 from trainflow.config import BYTE_VOCAB
-from trainflow.data.record import DataError, check_size, replace_recorded
+from trainflow.data.record import DataError, check_size, recorded
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -76,22 +75,16 @@ def is_validation(path: str, val_fraction: float) -> bool:
 
 
 def write_tokens(path: Path, splits: dict[str, list[np.ndarray]], *, eot_id: int, attrs: dict, chunk: int) -> None:
-    """Write the token datasets to `path` through a temporary file renamed into place, and record its
-    size and CRC-32C beside it (data.record); a failure leaves neither the temporary file nor a record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".h5.tmp")
-    try:
-        with h5py.File(tmp, "w") as f:
-            for split, docs in splits.items():
-                joined = np.concatenate([np.append(d, np.uint16(eot_id)) for d in docs]) if docs else np.zeros(0, np.uint16)
-                f.create_dataset(split, data=joined, chunks=(min(chunk, max(len(joined), 1)),))
-                f.attrs[f"{split}_tokens"] = len(joined)
-                f.attrs[f"{split}_documents"] = len(docs)
-            for key, value in attrs.items():
-                f.attrs[key] = value
-        replace_recorded(tmp, path, *file_crc(tmp))
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write the token datasets to `path` atomically, with its size and CRC-32C recorded beside it
+    (data.record); a failure leaves neither a temporary file nor a record."""
+    with recorded(path) as tmp, h5py.File(tmp, "w") as f:
+        for split, docs in splits.items():
+            joined = np.concatenate([np.append(d, np.uint16(eot_id)) for d in docs]) if docs else np.zeros(0, np.uint16)
+            f.create_dataset(split, data=joined, chunks=(min(chunk, max(len(joined), 1)),))
+            f.attrs[f"{split}_tokens"] = len(joined)
+            f.attrs[f"{split}_documents"] = len(docs)
+        for key, value in attrs.items():
+            f.attrs[key] = value
 
 
 class TokenSampler:

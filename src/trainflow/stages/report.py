@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from trainflow.atomic import atomic_path, write_text_atomic  # noqa: E402
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
 from trainflow.config.run_folder import PLOTS  # noqa: E402
 from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
@@ -33,7 +34,8 @@ def plot_loss(steps: list[dict], evals: list[dict], out: Path) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -43,7 +45,8 @@ def plot_throughput(steps: list[dict], out: Path) -> None:
     ax.set(xlabel="step", ylabel="tokens/s (all devices)", title="Throughput")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -66,7 +69,8 @@ def plot_breakdown(steps: list[dict], out: Path) -> None:
     ax.set(xlabel="step", ylabel="ms per step", title="Step time breakdown")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -183,7 +187,7 @@ def run(cfg: TrainflowConfig) -> dict:
         *[f"- metrics: [{Path(p).name}]({relative(p, here)})" for p in cfg.io.metrics],
         "",
     ]
-    out.write_text("\n".join(lines))
+    write_text_atomic(out, "\n".join(lines))
     log.info("Wrote %s (validation loss %.4f -> %.4f)", out, first_val, final_val)
     return {}
 

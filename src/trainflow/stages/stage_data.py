@@ -11,7 +11,6 @@ place, and its record written beside it.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from omegaconf import DictConfig
 
 from trainflow.checkpoint.manifest import file_crc
 from trainflow.config import CONF_DIR, TrainflowConfig
-from trainflow.data.record import check_file, replace_recorded, write_record
+from trainflow.data.record import check_file, recorded, write_record
 from trainflow.stage import StageError, run_stage
 
 log = logging.getLogger("trainflow.stage_data")
@@ -37,22 +36,8 @@ def stage_file(src: Path, dst: Path) -> dict:
         write_record(dst, size, crc)
         log.info("Kept the identical copy at %s (%d bytes, CRC-32C %#010x)", dst, size, crc)
         return {"bytes": size, "crc32c": crc, "copied": False}
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, length=8 << 20)
-            fout.flush()
-            os.fsync(fout.fileno())
-        copied = file_crc(tmp)
-        if copied != (size, crc):
-            raise StageError(
-                f"copy of {src} to {tmp} read back {copied[0]} bytes with CRC-32C {copied[1]:#010x}, expected {size} "
-                f"bytes with {crc:#010x}; check the fast tier's file system and rerun stage_data"
-            )
-        replace_recorded(tmp, dst, size, crc)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with recorded(dst, expect=(size, crc)) as tmp, open(src, "rb") as fin, open(tmp, "wb") as fout:
+        shutil.copyfileobj(fin, fout, length=8 << 20)
     seconds = time.perf_counter() - start
     log.info("Staged %s -> %s (%.1f MB, CRC-32C %#010x verified) in %.2f s", src, dst, size / 1e6, crc, seconds)
     return {"bytes": size, "crc32c": crc, "copied": True}

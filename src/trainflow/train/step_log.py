@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainflow.stage import write_text_atomic
+from trainflow.atomic import write_text_atomic
 
 
 class StepLog:
