@@ -152,8 +152,6 @@ class TrainConfig:
     deterministic: bool = True
     """Bitwise reproducible steps: deterministic algorithms, fixed threads."""
     threads_per_rank: int = checked(1, ge=1)
-    profile: bool = False
-    """Write a torch.profiler trace of a few steps of each segment."""
 
     @property
     def total_steps(self) -> int:
@@ -225,7 +223,6 @@ class EnergyConfig:
     """Stated model for CPU energy when RAPL is not readable: watts per busy core."""
     gpu_watts: float = checked(560.0, ge=0)
     """Stated model for GPU energy when NVML has no energy counter (seed: 560 W with vBoost)."""
-    power_cap_w: float = checked(gt=0)
     dvfs: bool = MISSING
     """Lower clocks while data loads, restore them for compute (seed: saves ~8 %)."""
     idle_clock_mhz: int = checked(500, gt=0)

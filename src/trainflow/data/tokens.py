@@ -35,9 +35,6 @@ class ByteTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
 
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
     def to_json(self) -> str:
         return json.dumps({"type": "byte", "vocab_size": self.vocab_size})
 
@@ -60,9 +57,6 @@ class BpeTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.asarray(e.ids, dtype=np.uint16) for e in self.tok.encode_batch(texts)]
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids)
 
     def to_json(self) -> str:
         return self.tok._tokenizer.to_str()
@@ -105,7 +99,6 @@ class TokenSampler:
                     f"{path}: split '{split}' has {n} tokens, fewer than model.seq_len({seq_len}) + 2; "
                     "use a larger data.corpus or a smaller data.val_fraction"
                 )
-        self.vocab_size = int(self.file.attrs["vocab_size"])
 
     def batch(self, split: str, index: int, global_batch: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `rows` of the global batch number `index` of `split`: (B, T) inputs and targets."""
