@@ -22,7 +22,9 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 class GradReducer:
-    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup, *, bucket_mb: float, overlap: bool) -> None:
+    def __init__(
+        self, params: list[nn.Parameter], group: dist.ProcessGroup, *, bucket_mb: float, overlap: bool
+    ) -> None:
         self.group, self.overlap = group, overlap
         self.world = dist.get_world_size(group)
         params = [p for p in params if p.requires_grad]

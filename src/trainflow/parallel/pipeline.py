@@ -55,7 +55,9 @@ def pipeline_model(
     stages, parts = [], []
     for s in stage_ids(rank, dims):
         chunk = split_model(model, s, dims.n_stages)
-        stages.append(StageInfo(PipelineStage(chunk, s, dims.n_stages, device, group=group), s == 0, s == dims.n_stages - 1))
+        stages.append(
+            StageInfo(PipelineStage(chunk, s, dims.n_stages, device, group=group), s == 0, s == dims.n_stages - 1)
+        )
         parts.append(chunk)
     return stages, parts
 

@@ -1,0 +1,156 @@
+"""The parallelized model at run time: parallelize_model applies the layout, Parallelized runs the steps.
+
+    par = parallelize_model(model, dims, mesh, loss_fn=..., device=..., bucket_mb=..., overlap=...)
+    loss, times = par.forward_backward(inputs, targets); norm = par.clip_grad_norm(1.0)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from trainflow.parallel.data_parallel import apply_dp
+from trainflow.parallel.dims import ParallelDims
+from trainflow.parallel.grad_reducer import GradReducer
+from trainflow.parallel.pipeline import build_schedule, pipeline_model
+from trainflow.parallel.tensor_parallel import apply_tp
+from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
+
+
+@dataclass
+class Parallelized:
+    parts: list[nn.Module]
+    """The model chunks this rank owns (two or more under interleaved 1F1B)."""
+    dims: ParallelDims
+    mesh: DeviceMesh
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    schedule: object | None = None
+    """torch's pipeline schedule over this rank's stages; None without a pipeline."""
+    reducer: GradReducer | None = None
+    has_first: bool = True
+    has_last: bool = True
+    clock: PipelineClock = field(default_factory=PipelineClock)
+    """The pipeline stages' compute time and probed exchange cost; unused without a pipeline."""
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def named_parts(self) -> list[nn.Module]:
+        """The chunks without DDP's wrapper, whose state_dict keys match the single-device model."""
+        return [p.module if isinstance(p, DistributedDataParallel) else p for p in self.parts]
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, StepTimes]:
+        """One step's gradients, synchronised across dp; the loss (mean over this dp rank's rows)."""
+        start = time.perf_counter()
+        self.clock.compute_s = 0.0
+        loss = self.local_loss(inputs, targets, backward=True)
+        mid = time.perf_counter()
+        if self.reducer is not None:
+            self.reducer.finish()
+        dp_comm = time.perf_counter() - mid
+        # Without a pipeline the whole forward/backward is compute; within one, only the timed stage calls are.
+        times = StepTimes(compute=mid - start) if self.schedule is None else self.clock.step_times(mid - start)
+        times.dp_comm = dp_comm
+        return self.global_loss(loss.detach()), times
+
+    @torch.no_grad()
+    def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.global_loss(self.local_loss(inputs, targets, backward=False))
+
+    def local_loss(self, inputs: torch.Tensor, targets: torch.Tensor, *, backward: bool) -> torch.Tensor:
+        """This rank's loss of the batch, with backward run if asked: one forward, or the pipeline schedule.
+
+        Under a pipeline only the first stage takes the inputs and only the last the targets and
+        computes a loss; the other ranks return zero, which global_loss's sum over pp relies on.
+        """
+        if self.schedule is None:
+            loss = self.loss_fn(self.parts[0](inputs), targets)
+            if backward:
+                loss.backward()
+            return loss
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        run = self.schedule.step if backward else self.schedule.eval
+        run(*args, target=targets if self.has_last else None, losses=losses)
+        return torch.stack(losses).mean() if self.has_last else torch.zeros(())
+
+    def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss of the whole global batch on every rank: from the last stage, averaged over dp."""
+        if self.dims.world_size == 1:
+            return loss
+        loss = loss.clone().float()
+        if self.dims.pp > 1:
+            dist.all_reduce(loss, group=self.mesh["pp"].get_group())  # only the last stage is non-zero
+        if self.dims.dp > 1:
+            dist.all_reduce(loss, group=self.mesh["dp"].get_group())
+            loss /= self.dims.dp
+        return loss
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip by the global gradient norm over every shard and stage; returns the norm before clipping.
+
+        Hand-written: torch's clip_grad_norm_ cannot mix DTensor (TP) and plain (replicated) gradients
+        in one call, nor sum over pipeline stages. Replicated gradients count once, sharded ones are
+        summed over tp, and every stage's share is summed over pp.
+        """
+        sharded, replicated = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            if isinstance(p.grad, DTensor):
+                sharded += torch.linalg.vector_norm(p.grad.to_local(), dtype=torch.float64) ** 2
+            else:
+                replicated += torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
+        if self.dims.tp > 1:
+            dist.all_reduce(sharded, group=self.mesh["tp"].get_group())
+        total = sharded + replicated
+        if self.dims.pp > 1:
+            dist.all_reduce(total, group=self.mesh["pp"].get_group())
+        norm = float(total.sqrt())
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return norm
+
+
+def parallelize_model(
+    model: nn.Module,
+    dims: ParallelDims,
+    mesh: DeviceMesh,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    bucket_mb: float,
+    overlap: bool,
+    activation_shape: tuple[int, ...] = (),
+) -> Parallelized:
+    """Apply the layout in torchtitan's fixed order: pipeline split, tensor parallel per chunk, data parallel.
+
+    activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
+    """
+    result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn)
+    if dims.pp > 1:
+        exchange_s = probe_exchange_seconds(mesh["pp"], activation_shape, device=device)
+        result.clock = PipelineClock(exchange_s=exchange_s, exchanges=2 * dims.virtual_stages * dims.microbatches)
+        stages, result.parts = pipeline_model(model, dims=dims, pp_mesh=mesh["pp"], device=device)
+        result.has_first = any(s.is_first for s in stages)
+        result.has_last = any(s.is_last for s in stages)
+        add_compute_timers(stages, result.clock)
+    if dims.tp > 1:
+        for part in result.parts:
+            apply_tp(part, mesh["tp"])
+    if dims.dp > 1:
+        result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)
+    if dims.pp > 1:
+        result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)
+    return result

@@ -1,0 +1,27 @@
+"""Tensor parallel: Megatron's column/row split of every block's attention and MLP, as DTensor styles.
+
+    apply_tp(model_chunk, mesh["tp"])
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+# Megatron's layout: the first linear of each pair column-parallel, the second row-parallel, so a
+# block needs one all-reduce in attention and one in the MLP, forward and backward.
+TP_PLAN = {
+    "attention.wq": ColwiseParallel(),
+    "attention.wk": ColwiseParallel(),
+    "attention.wv": ColwiseParallel(),
+    "attention.wo": RowwiseParallel(),
+    "feed_forward.w1": ColwiseParallel(),
+    "feed_forward.w2": RowwiseParallel(),
+}
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard every block's attention and MLP over the tp mesh; embeddings, norms and head stay replicated."""
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, TP_PLAN)
