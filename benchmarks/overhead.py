@@ -30,7 +30,7 @@ from _common import emit, log, median, single_rank_group
 
 from trainflow.model import GPT, cross_entropy
 from trainflow.parallel import parallelize_model
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 
 SMALL = dict(vocab_size=256, n_layers=4, n_heads=4, dim=128, ffn_dim=512, seq_len=128)
 LARGE = dict(vocab_size=256, n_layers=12, n_heads=4, dim=256, ffn_dim=1024, seq_len=128)

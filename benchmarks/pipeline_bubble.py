@@ -46,7 +46,7 @@ from torch import nn
 
 from trainflow.model import GPT, cross_entropy
 from trainflow.parallel import parallelize_model
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 
 V = [2]  # virtual stages under interleaved 1F1B (--virtual-stages); every rank holds V blocks under every schedule
 MATMULS = 8  # --cost matmul: 256x256 fp32 matmuls per block forward (backward: twice as many)

@@ -12,7 +12,7 @@ from trainflow.config import CONF_DIR, STAGES, ConfigError, TrainflowConfig, com
 from trainflow.config import schema as schema_module
 
 NO_FACTORY = dataclasses.MISSING
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PARALLEL = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))

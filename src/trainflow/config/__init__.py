@@ -7,7 +7,7 @@
 from trainflow.config.checks import validate
 from trainflow.config.compose import CONF_DIR, compose, one_line, to_config
 from trainflow.config.hashing import STAGE_READS, as_dict, config_hash
-from trainflow.config.layout import parallel_errors
+from trainflow.config.layout import ParallelDims, parallel_errors
 from trainflow.config.schema import (
     BYTE_VOCAB,
     RUN_NAME,
@@ -32,6 +32,6 @@ from trainflow.errors import ConfigError, TrainflowError
 __all__ = [
     "BYTE_VOCAB", "CONF_DIR", "RUN_NAME", "SCHEDULES", "STAGE_READS", "STAGES", "CheckpointConfig", "ClusterConfig",
     "ConfigError", "DataConfig", "Domain", "EnergyConfig", "FaultConfig", "IOConfig", "ModelConfig", "OptimConfig",
-    "ParallelConfig", "StorageConfig", "TrainConfig", "TrainflowConfig", "TrainflowError", "as_dict", "compose",
+    "ParallelConfig", "ParallelDims", "StorageConfig", "TrainConfig", "TrainflowConfig", "TrainflowError", "as_dict", "compose",
     "config_hash", "one_line", "parallel_errors", "to_config", "validate",
 ]

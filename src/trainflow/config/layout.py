@@ -1,13 +1,15 @@
-"""The layout rules of hybrid parallelism, checked when a config is composed and again by ParallelDims
-on the ranks that build the mesh.
+"""The layout rules of hybrid parallelism, checked when a config is composed, and ParallelDims, the
+validated layout the ranks build their mesh from (torch is imported only there).
 
-    python -c "from trainflow.config.layout import parallel_errors as e; print(e(dp=2, tp=3, pp=1, \
-        virtual_stages=1, schedule='1f1b', microbatches=1, n_layers=4, n_heads=4, ffn_dim=512, global_batch=16))"
+    python -c "from trainflow.config.layout import ParallelDims as P; P(dp=64, tp=8, pp=8, world_size=4096)"
 """
 
 from __future__ import annotations
 
-from trainflow.config.schema import SCHEDULES
+from dataclasses import dataclass
+
+from trainflow.config.schema import SCHEDULES, ParallelConfig
+from trainflow.errors import ConfigError
 
 
 def parallel_errors(
@@ -47,3 +49,43 @@ def parallel_errors(
             f"= {dp * microbatches}"
         )
     return errors
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    dp: int
+    tp: int
+    pp: int
+    world_size: int
+    virtual_stages: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dp * self.tp * self.pp != self.world_size:
+            raise ConfigError(
+                f"dp({self.dp}) * tp({self.tp}) * pp({self.pp}) = {self.dp * self.tp * self.pp} "
+                f"!= world_size({self.world_size}); change the layout or the number of ranks"
+            )
+
+    @classmethod
+    def from_config(cls, p: ParallelConfig, *, world_size: int, n_layers: int, n_heads: int, ffn_dim: int,
+                    global_batch: int) -> "ParallelDims":
+        errors = parallel_errors(
+            dp=p.dp, tp=p.tp, pp=p.pp, virtual_stages=p.virtual_stages, schedule=p.schedule,
+            microbatches=p.microbatches, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, global_batch=global_batch,
+        )
+        if errors:
+            raise ConfigError("invalid parallel layout: " + "; ".join(errors))
+        return cls(dp=p.dp, tp=p.tp, pp=p.pp, world_size=world_size, virtual_stages=p.virtual_stages,
+                   schedule=p.schedule, microbatches=p.microbatches)
+
+    @property
+    def n_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
+    def build_mesh(self, device_type: str):
+        """One named mesh, outermost first: pp (slowest links), dp, tp (inside a node's NVLink)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))

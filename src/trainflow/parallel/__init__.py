@@ -11,7 +11,7 @@ This module only re-exports the public names.
 """
 
 from trainflow.parallel.data_parallel import apply_ddp, apply_dp
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 from trainflow.parallel.grad_reducer import GradReducer
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.runtime import Parallelized, parallelize_model

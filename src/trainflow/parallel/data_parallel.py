@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 from trainflow.parallel.grad_reducer import GradReducer
 
 

@@ -16,9 +16,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+# torch's schedule for each single-chunk name of config.SCHEDULES (interleaved_1f1b takes several chunks)
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
 @dataclass
@@ -67,4 +68,4 @@ def build_schedule(stages: list[StageInfo], *, dims: ParallelDims, loss_fn: Call
     if dims.schedule == "interleaved_1f1b":
         return ScheduleInterleaved1F1B([s.stage for s in stages], n_microbatches=dims.microbatches, loss_fn=loss_fn)
     (only,) = stages
-    return SCHEDULES[dims.schedule](only.stage, n_microbatches=dims.microbatches, loss_fn=loss_fn)
+    return SCHEDULE_CLASSES[dims.schedule](only.stage, n_microbatches=dims.microbatches, loss_fn=loss_fn)

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.parallel.data_parallel import apply_dp
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 from trainflow.parallel.grad_reducer import GradReducer
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.tensor_parallel import apply_tp

@@ -29,7 +29,7 @@ from trainflow.config import OptimConfig, TrainflowConfig, TrainflowError
 from trainflow.data.tokens import TokenSampler
 from trainflow.model import GPT, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
-from trainflow.parallel.dims import ParallelDims
+from trainflow.config.layout import ParallelDims
 from trainflow.progress import Progress
 from trainflow.train.step_log import StepLog
 
