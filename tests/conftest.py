@@ -1,17 +1,20 @@
-"""Shared fixtures: a small real token file (the standard library's sources) and config composition."""
+"""Shared fixtures and helpers: small real token files (the standard library's sources, a fixed corpus),
+config composition, "train a segment and return its summary", and the golden-loss comparison."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from trainflow.config import TrainflowConfig, compose
 from trainflow.data.tokens import ByteTokenizer  # noqa: F401  (imported early: h5py before torch.distributed)
-from trainflow.stages import prepare_data
+from trainflow.stage import read_json
+from trainflow.stages import prepare_data, train_segment
 
 REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests/assets/golden/losses_10_steps.txt"
+GOLDEN_RTOL = 1e-5
 
 
 @pytest.fixture(scope="session")
@@ -29,10 +32,6 @@ def make_config(stage: str, root: Path, *overrides: str, tokens: Path | None = N
     return compose(stage, ["experiment=smoke", f"storage.root={root}", *extra, *overrides])
 
 
-def read_json(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
 @pytest.fixture(scope="session")
 def fixed_tokens(tmp_path_factory) -> Path:
     """Tokens of the fixed corpus in tests/assets/corpus: the input of the golden loss files."""
@@ -40,3 +39,31 @@ def fixed_tokens(tmp_path_factory) -> Path:
     cfg = compose("prepare_data", ["experiment=smoke", f"data.corpus={REPO}/tests/assets/corpus/*.txt", f"io.tokens={out}"])
     prepare_data.run(cfg)
     return out
+
+
+def run_segment(root: Path, tokens: Path, *overrides: str) -> dict:
+    """Train one segment through the real launcher (submitit, one process per rank); its summary."""
+    cfg = make_config("train_segment", root, *overrides, tokens=tokens)
+    train_segment.run(cfg)
+    return read_json(cfg.io.segment_report)
+
+
+def step_losses(*summaries: dict) -> list[float]:
+    return [r["loss"] for s in summaries for r in s["steps"]]
+
+
+def read_golden() -> list[float]:
+    """The single-process run's losses of 10 steps on the fixed corpus (tests/distributed/test_parity.py)."""
+    if not GOLDEN.exists():
+        pytest.fail(f"{GOLDEN} is missing: create it with TRAINFLOW_REGEN_GOLDEN=1 pytest tests/distributed -k single")
+    return [float(line.split()[1]) for line in GOLDEN.read_text().splitlines()]
+
+
+def assert_matches_golden(losses: list[float], label: str) -> None:
+    golden = read_golden()
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, golden))
+    assert len(losses) == len(golden) and worst <= GOLDEN_RTOL, (
+        f"{label}: losses differ from {GOLDEN.name} by up to {worst:.2e} (relative, allowed {GOLDEN_RTOL:.0e}): "
+        f"{losses} vs {golden}. If the single-process run changed on purpose, delete the golden file and rerun "
+        "with TRAINFLOW_REGEN_GOLDEN=1 -k single"
+    )
