@@ -1,12 +1,14 @@
-"""CRC-32C manifests against a second implementation; corruption is named by file."""
+"""CRC-32C manifests against a second implementation; corruption is named by file; a manifest is
+complete both ways or the checkpoint is invalid."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
-from trainflow.checkpoint.manifest import ChecksumError, file_crc, verify, write_manifest
+from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, file_crc, verify, write_manifest
 
 
 def crc32c_reference(data: bytes) -> int:
@@ -31,12 +33,26 @@ def test_file_crc_matches_the_reference(tmp_path, size):
     assert file_crc(path) == (size, crc32c_reference(data))
 
 
+def dcp_folder(folder, *, ranks: int = 3, files_per_rank: int = 2, **manifest: object) -> None:
+    """A checkpoint folder laid out as DCP writes one (random bytes for contents), with its manifest."""
+    for rank in range(ranks):
+        for i in range(files_per_rank):
+            (folder / f"__{rank}_{i}.distcp").write_bytes(os.urandom(5000))
+    (folder / ".metadata").write_bytes(os.urandom(100))
+    write_manifest(folder, **manifest)
+
+
+def edit_manifest(folder, edit) -> None:
+    path = folder / MANIFEST
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
 def test_manifest_detects_a_flipped_byte_and_names_the_file(tmp_path):
-    for i in range(3):
-        (tmp_path / f"__{i}_0.distcp").write_bytes(os.urandom(5000))
-    manifest = write_manifest(tmp_path, step=3)
-    assert len(manifest["files"]) == 3
-    assert verify(tmp_path) == {"files": 3, "bytes": 15000}
+    dcp_folder(tmp_path, files_per_rank=1, world_size=3, step=3)
+    assert json.loads((tmp_path / MANIFEST).read_text())["file_count"] == 4
+    assert verify(tmp_path) == {"files": 4, "bytes": 15100, "world_size": 3}
     victim = tmp_path / "__1_0.distcp"
     data = bytearray(victim.read_bytes())
     data[1234] ^= 0x01
@@ -48,8 +64,72 @@ def test_manifest_detects_a_flipped_byte_and_names_the_file(tmp_path):
 def test_missing_manifest_or_file_is_reported(tmp_path):
     with pytest.raises(ChecksumError, match="never completed"):
         verify(tmp_path)
-    (tmp_path / "a").write_bytes(b"x")
-    write_manifest(tmp_path)
-    (tmp_path / "a").unlink()
-    with pytest.raises(ChecksumError, match="listed in manifest.json but missing"):
+    dcp_folder(tmp_path)
+    (tmp_path / "__2_1.distcp").unlink()
+    with pytest.raises(ChecksumError, match=r"__2_1\.distcp is listed in manifest\.json but missing"):
+        verify(tmp_path)
+
+
+def test_world_size_defaults_to_the_ranks_the_file_names_count(tmp_path):
+    dcp_folder(tmp_path, ranks=2)
+    assert verify(tmp_path)["world_size"] == 2
+
+
+def test_an_omitted_shard_is_caught_even_when_corrupt_and_dropped_from_the_count(tmp_path):
+    dcp_folder(tmp_path, world_size=3)
+    (tmp_path / "__1_1.distcp").write_bytes(b"corrupt")
+
+    def omit(manifest):
+        del manifest["files"]["__1_1.distcp"]
+        manifest["file_count"] = len(manifest["files"])
+
+    edit_manifest(tmp_path, omit)
+    with pytest.raises(ChecksumError, match=r"holds '__1_1\.distcp', which manifest\.json does not list"):
+        verify(tmp_path)
+
+
+def test_an_unlisted_extra_file_is_caught(tmp_path):
+    dcp_folder(tmp_path, world_size=3)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "payload.pt").write_bytes(b"anything")
+    with pytest.raises(ChecksumError, match=r"holds 'sub/payload\.pt', which manifest\.json does not list"):
+        verify(tmp_path)
+
+
+def test_a_wrong_file_count_is_caught(tmp_path):
+    dcp_folder(tmp_path, world_size=3)
+    edit_manifest(tmp_path, lambda m: m.update(file_count=6))
+    with pytest.raises(ChecksumError, match=r"lists 7 files but records file_count 6"):
+        verify(tmp_path)
+
+
+def test_a_rank_without_its_files_is_caught(tmp_path):
+    """A 4-rank checkpoint whose rank 3 files were removed, manifest entries and count included."""
+    dcp_folder(tmp_path, world_size=4)
+    with pytest.raises(ChecksumError, match=r"lists no __3_0\.distcp, which rank 3 of world_size 4 writes"):
+        verify(tmp_path)
+    dcp_folder(tmp_path, world_size=3)
+    (tmp_path / "__1_0.distcp").unlink()
+
+    def drop(manifest):
+        del manifest["files"]["__1_0.distcp"]
+        manifest["file_count"] = len(manifest["files"])
+
+    edit_manifest(tmp_path, drop)
+    with pytest.raises(ChecksumError, match=r"lists no __1_0\.distcp, which rank 1 of world_size 3 writes"):
+        verify(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../outside", "__3_0.distcp", "model.pt"])
+def test_a_listed_name_dcp_does_not_write_is_caught_before_anything_is_read(tmp_path, name):
+    dcp_folder(tmp_path, world_size=3)
+    edit_manifest(tmp_path, lambda m: m.update(file_count=8, files={**m["files"], name: {"bytes": 1, "crc32c": 0}}))
+    with pytest.raises(ChecksumError, match=rf"lists '{name}', which DCP does not write at world_size 3"):
+        verify(tmp_path)
+
+
+def test_a_manifest_without_world_size_or_count_is_refused(tmp_path):
+    dcp_folder(tmp_path)
+    edit_manifest(tmp_path, lambda m: m.pop("world_size"))
+    with pytest.raises(ChecksumError, match=r"lacks an integer world_size >= 1, file_count or files"):
         verify(tmp_path)

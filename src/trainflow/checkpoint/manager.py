@@ -5,12 +5,15 @@ Save: every rank writes its shard into `step-N.tmp/` (DCP: `__{rank}_{i}.distcp`
 checksums, writes manifest.json and renames the folder to `step-N/`. A crash at any moment
 leaves `step-N.tmp/` (ignored, removed by the next save) and every older checkpoint intact. Old
 checkpoints are pruned in a background thread (as torchtitan purges), so training waits only for
-the new one to be durable. Load: rank 0 verifies the manifest of the newest candidate, falls back
-to older ones on a mismatch, and all ranks load the step it chose.
+the new one to be durable. A save that fails on any rank (a full disk, an I/O error) raises the same
+one-line CheckpointWriteError on every rank and removes `step-N.tmp/`; nothing is renamed into place.
+Load: rank 0 verifies the manifest of the newest candidate, falls back to older ones on a mismatch,
+and all ranks load the step it chose, trusting nothing in the folder (checkpoint.reader).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import shutil
@@ -23,12 +26,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 from torch.utils.serialization import config as serialization_config
 
 from trainflow.checkpoint.manifest import ChecksumError, write_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
-from trainflow.checkpoint.reader import InPlaceReader
+from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
 from trainflow.checkpoint.writer import ChecksummingWriter
+from trainflow.config import TrainflowError
 
 log = logging.getLogger("trainflow.checkpoint")
 STEP = re.compile(r"step-(\d+)")
@@ -45,6 +50,29 @@ def list_steps(root: Path) -> list[int]:
     return sorted(int(m[1]) for p in root.glob("step-*") if p.is_dir() and (m := STEP.fullmatch(p.name)))
 
 
+class CheckpointWriteError(TrainflowError):
+    """A checkpoint that could not be written; the previous ones are intact."""
+
+
+def tensor_bytes(state: dict) -> int:
+    """Bytes of this rank's tensors in `state` (a DTensor counts its local shard)."""
+    return sum(
+        tensor_bytes(v) if isinstance(v, dict) else (v.to_local() if isinstance(v, DTensor) else v).nbytes
+        for v in state.values()
+    )
+
+
+def describe_failure(path: str | None, err: BaseException) -> tuple[int | None, str, str | None]:
+    """(errno, text, file) of a failed write, for the one-line error. torch.save turns a failed write into
+    `enforce fail at inline_container.cc ... unexpected pos`, keeping the OSError only as its context."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None, " ".join(str(err).split()) or type(err).__name__, path
+    return cause.errno, cause.strerror or str(cause), path or cause.filename
+
+
 class CheckpointManager:
     def __init__(self, root: str | Path, *, keep: int, pinned: set[int], io_threads: int = 2) -> None:
         self.root = Path(root)
@@ -53,13 +81,15 @@ class CheckpointManager:
         self.pruner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainflow-prune")
         self.pruning: Future | None = None
 
-    def save(self, step: int, state: dict, *, before_commit: Callable[[], None] = lambda: None, **meta: object) -> float:
+    def save(
+        self, step: int, state: dict, *, before_commit: Callable[[], None] = lambda: None, **meta: object
+    ) -> float:
         """Write checkpoint `step` atomically; returns the seconds it took (for Young/Daly).
 
         `before_commit` runs on every rank after the shards are written, before the manifest and
-        rename: the fault-injection point of a crash mid-checkpoint."""
+        rename: the fault-injection point of a crash mid-checkpoint. `meta` goes into the manifest."""
         start = time.perf_counter()
-        final, tmp = step_dir(self.root, step), self.root / f"step-{step:08d}.tmp"
+        tmp = self.root / f"step-{step:08d}.tmp"
         if self.rank == 0:
             self.wait()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -69,21 +99,64 @@ class CheckpointManager:
         # the same bytes with the CPU's CRC instruction, so the zip one is left out (torch.load
         # does not check it).
         writer = ChecksummingWriter(tmp, thread_count=self.io_threads)
-        with serialization_config.patch("save.compute_crc32", False):
-            dcp.save(state, storage_writer=writer)
+        failure = None
+        try:
+            with serialization_config.patch("save.compute_crc32", False):
+                dcp.save(state, storage_writer=writer)
+        except CheckpointException as err:  # raised on every rank; each reports only its own failure
+            if self.rank in err.failures:
+                failure = describe_failure(None, err.failures[self.rank][0])
+        if writer.failure is not None:  # the precise one, also where DCP dropped it
+            failure = describe_failure(*writer.failure)
         before_commit()
-        checksums = [{}] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(writer.checksums, checksums, dst=0)  # also: every rank has written its files
-        if self.rank == 0:
-            manifest = write_manifest(tmp, {k: v for c in checksums for k, v in c.items()}, step=step, **meta)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            self.pruning = self.pruner.submit(self.prune)
-            nbytes = sum(f["bytes"] for f in manifest["files"].values())
-            log.info("Saved checkpoint step %d (%d files, %.1f MB) in %.2f s", step, len(manifest["files"]),
-                     nbytes / 1e6, time.perf_counter() - start)
-        dist.barrier()
+        reports = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object((writer.checksums, tensor_bytes(state), failure), reports, dst=0)  # also: all ranks are done
+        error = [self.commit(step, tmp, reports, start, **meta) if self.rank == 0 else None]
+        dist.broadcast_object_list(error, src=0)
+        if error[0] is not None:
+            raise CheckpointWriteError(error[0])
         return time.perf_counter() - start
+
+    def commit(self, step: int, tmp: Path, reports: list, start: float, **meta: object) -> str | None:
+        """Rank 0, given every rank's (checksums, tensor bytes, failure): write the manifest and rename `tmp`
+        into place, or else remove it and return the one-line error."""
+        failed = [(rank, failure) for rank, (_, _, failure) in enumerate(reports) if failure is not None]
+        if not failed:
+            try:
+                checksums = {k: v for c, _, _ in reports for k, v in c.items()}
+                manifest = write_manifest(tmp, checksums, step=step, world_size=len(reports), **meta)
+                shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
+                tmp.rename(step_dir(self.root, step))
+            except (ChecksumError, OSError) as err:
+                failed = [(0, describe_failure(None, err))]
+        if failed:
+            shutil.rmtree(tmp, ignore_errors=True)  # else the partial write holds its space until the next save
+            return self.write_error(step, *failed[0], needs=sum(nbytes for _, nbytes, _ in reports))
+        self.pruning = self.pruner.submit(self.prune)
+        nbytes = sum(f["bytes"] for f in manifest["files"].values())
+        log.info(
+            "Saved checkpoint step %d (%d files, %.1f MB) in %.2f s",
+            step,
+            len(manifest["files"]),
+            nbytes / 1e6,
+            time.perf_counter() - start,
+        )
+        return None
+
+    def write_error(self, step: int, rank: int, failure: tuple, *, needs: int) -> str:
+        code, text, path = failure
+        if code == errno.ENOSPC:
+            return (
+                f"no space left on {self.root} writing step {step} (needs ~{needs / 1e9:.3g} GB, estimated from "
+                "the tensor bytes of every rank's state); free space there or move the checkpoints to a larger "
+                "file system"
+            )
+        if code is not None:
+            return (
+                f"{text} on {self.root} writing step {step} ({path}, rank {rank}); the previous checkpoints are "
+                "intact, fix the file system and save again"
+            )
+        return f"writing step {step} to {self.root} failed on rank {rank}: {text}; the previous checkpoints are intact"
 
     def prune(self) -> None:
         """Keep the newest `keep` checkpoints and every pinned one (segment ends); remove what
@@ -121,9 +194,11 @@ class CheckpointManager:
 
     def load(self, step: int, state: dict) -> None:
         start = time.perf_counter()
+        reader = InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads)
         try:
-            dcp.load(state, storage_reader=InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads))
+            dcp.load(state, storage_reader=reader, planner=ExactLoadPlanner())
         except CheckpointException as err:  # its text holds every failing rank's traceback
             rank, (cause, _) = next(iter(err.failures.items()))
+            cause = " ".join(str(cause).split())  # one line, whatever the cause's own text looks like
             raise ChecksumError(f"loading {step_dir(self.root, step)} failed on rank {rank}: {cause}") from err
         log.info("Loaded checkpoint step %d in %.2f s", step, time.perf_counter() - start)

@@ -1,7 +1,13 @@
-"""DCP's file-system reader, reading tensors in place and unpickling only DCP's own metadata.
+"""DCP's file-system reader, reading tensors in place and unpickling only what trainflow's own state produces.
 
-The files are DCP's own format: dcp.FileSystemReader reads them too. What differs is how: see
-InPlaceReader.
+The files are DCP's own format: dcp.FileSystemReader reads them too. What differs is how (see
+InPlaceReader) and what a load trusts: nothing in the folder, which anyone with write access to it
+may have forged along with its manifest. `.metadata` is unpickled through an allow-list
+(MetadataUnpickler) and must describe tensors only, in DCP's shard files (check_metadata); its keys
+must be the keys of the state being loaded (ExactLoadPlanner); tensors go through
+torch.load(weights_only=True). DCP's one path to torch.load(weights_only=False) is a bytes entry
+(BytesStorageMetadata, read by DefaultLoadPlanner.load_bytes): trainflow's state is all tensors, so
+each of those steps refuses bytes, and InPlaceReader.read_data refuses byte reads outright.
 """
 
 from __future__ import annotations
@@ -11,37 +17,99 @@ import io
 import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from trainflow.checkpoint.manifest import RANK_FILE, ChecksumError
+
 
 class MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's `.metadata` and nothing else: its dataclasses, torch dtypes and sizes, paths.
-    DCP's reader uses plain pickle.load, which would run whatever a planted file names."""
+    """Unpickles the `.metadata` of trainflow's state and nothing else: DCP's dataclasses for tensors, torch
+    dtypes and sizes, the checkpoint's path. DCP's reader uses plain pickle.load, which would run whatever
+    a planted file names."""
 
     ALLOWED = {
         "torch.distributed.checkpoint.metadata": {
-            "Metadata", "MetadataIndex", "StorageMeta", "ChunkStorageMetadata", "TensorStorageMetadata",
-            "BytesStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "ChunkStorageMetadata",
+            "TensorStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
         },
         "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
         "torch.serialization": {"_get_layout"},
         "torch": {"Size"},
-        "pathlib": {"PosixPath", "PurePosixPath"},
+        "pathlib": {"PosixPath"},
     }
 
     def find_class(self, module: str, name: str) -> object:
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if dtype or name in self.ALLOWED.get(module, ()):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"checkpoint metadata names {module}.{name}, which no DCP checkpoint holds; refusing to load it "
-            "(the file was not written by trainflow: delete the checkpoint)"
-        )
+        raise pickle.UnpicklingError(f"it names {f'{module}.{name}'!r}, which no trainflow checkpoint holds: refused")
+
+
+def not_trainflows(path: str | os.PathLike, why: str) -> ChecksumError:
+    return ChecksumError(
+        f"{path} is not a trainflow checkpoint file ({why}); delete {Path(path).parent}, trainflow then falls back "
+        "to the previous checkpoint"
+    )
+
+
+def check_metadata(metadata: object, path: str | os.PathLike) -> None:
+    """What trainflow's `.metadata` holds: a DCP Metadata of tensors only, each stored plainly (no stream
+    transforms, which trainflow never writes) in one of DCP's shard files of this folder."""
+    if not (
+        isinstance(metadata, Metadata)
+        and isinstance(metadata.state_dict_metadata, dict)
+        and isinstance(metadata.storage_data, dict)
+        and isinstance(metadata.storage_meta, (StorageMeta, type(None)))
+    ):
+        raise not_trainflows(path, f"it holds a {type(metadata).__name__}, not DCP's Metadata of a state")
+    for key, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, TensorStorageMetadata):
+            raise not_trainflows(path, f"{key!r} is a {type(entry).__name__}; trainflow saves only tensors")
+    for index, info in metadata.storage_data.items():
+        name = getattr(index, "fqn", index)
+        if not (
+            isinstance(index, MetadataIndex)
+            and isinstance(info, _StorageInfo)
+            and isinstance(info.relative_path, str)
+            and RANK_FILE.fullmatch(info.relative_path)
+        ):
+            raise not_trainflows(path, f"its entry for {name!r} is no tensor chunk in one of DCP's shard files")
+        if info.transform_descriptors:
+            raise not_trainflows(path, f"{name!r} is stored through transforms, which trainflow never writes")
+
+
+class ExactLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner for a checkpoint whose keys are exactly those of the state being loaded.
+    Keys the state has and the checkpoint lacks DCP refuses itself; keys only the checkpoint has, which
+    DCP ignores, are refused here against the union of every rank's keys (under pipeline parallelism a
+    rank holds only its own stages)."""
+
+    def create_local_plan(self) -> LoadPlan:
+        keys = sorted(self.state_dict)  # before DCP's plan, which may re-key the state for pre-2.4 checkpoints
+        return dataclasses.replace(super().create_local_plan(), planner_data=keys)
+
+    def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
+        wanted = set().union(*(plan.planner_data for plan in global_plan))
+        if extra := sorted(set(self.metadata.state_dict_metadata) - wanted):
+            raise ChecksumError(
+                f".metadata holds keys the state being loaded lacks: {', '.join(map(repr, extra[:3]))}"
+                f"{f' and {len(extra) - 3} more' if len(extra) > 3 else ''}; the checkpoint is of another model "
+                "or was altered, load one saved from this model's state"
+            )
+        return super().create_global_plan([dataclasses.replace(plan, planner_data=None) for plan in global_plan])
 
 
 class InPlaceReader(dcp.FileSystemReader):
@@ -52,17 +120,26 @@ class InPlaceReader(dcp.FileSystemReader):
     place. Here each record is opened on the meta device (torch.load(map_location="meta"): dtype,
     shape, strides and the data's offset in the file, no data read), and when the saved tensor is the
     whole contiguous destination, its bytes are read into the destination's memory with one readinto.
-    Anything else (a reshard that reads part of a saved chunk, a non-contiguous destination, a byte
-    item) goes through DCP's own path."""
+    Anything else (a reshard that reads part of a saved chunk, a non-contiguous destination) goes
+    through DCP's own path, file by file, so a failure names its file."""
 
     def __init__(self, path: str | os.PathLike, *, thread_count: int = 2) -> None:
         super().__init__(path)
         self.thread_count = thread_count
 
-    def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
-        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-            metadata = MetadataUnpickler(f).load()
-        if getattr(metadata, "storage_meta", None) is None:
+    def read_metadata(self) -> Metadata:
+        """`.metadata`, unpickled by MetadataUnpickler and checked by check_metadata. Taking no `rank`
+        keeps DCP from falling back to a rank's own `__{rank}.metadata`, which trainflow never writes."""
+        path = self._get_metadata_path()
+        with self.fs.create_stream(path, "rb") as f:
+            try:
+                metadata = MetadataUnpickler(f).load()
+            except OSError:
+                raise
+            except Exception as err:
+                raise not_trainflows(path, f"{type(err).__name__}: {' '.join(str(err).split())}") from err
+        check_metadata(metadata, path)
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -70,39 +147,52 @@ class InPlaceReader(dcp.FileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
+            if item.type == LoadItemType.BYTE_IO:  # DCP would torch.load it with weights_only=False
+                raise ChecksumError(
+                    f"{self._get_metadata_path()} asks to unpickle {item.storage_index.fqn!r} as bytes, which could "
+                    f"run code: trainflow saves only tensors; delete {self.path}"
+                )
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         with ThreadPoolExecutor(max_workers=max(1, min(self.thread_count, len(per_file)))) as pool:
-            left = pool.map(lambda kv: self._read_file(*kv, planner), per_file.items())
-            rest = [item for items in left for item in items]
-        if rest:
-            super().read_data(dataclasses.replace(plan, items=rest), planner).wait()
+            list(pool.map(lambda kv: self._read_file(*kv, planner), per_file.items()))
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_file(self, relative_path: str, items: list[ReadItem], planner: LoadPlanner) -> list[ReadItem]:
-        """Read what can be read in place from one file; the items left for DCP's path."""
-        rest = []
-        with open(self.fs.concat_path(self.path, relative_path), "rb") as f:
-            # Items are read in file order, but each record's zip directory sits after its data,
-            # which the kernel's readahead heuristic takes for random access without this hint.
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
-                if item.type == LoadItemType.BYTE_IO or not self._read_in_place(f, item, planner):
-                    rest.append(item)
-        return rest
+    def _read_file(self, relative_path: str, items: list[ReadItem], planner: LoadPlanner) -> None:
+        """Read one file's items: in place where possible, the rest through DCP's path. Whatever the bytes
+        turn out to hold, a failure other than the file system's is one line naming the file."""
+        path = self.fs.concat_path(self.path, relative_path)
+        try:
+            with open(path, "rb") as f:
+                # Items are read in file order, but each record's zip directory sits after its data,
+                # which the kernel's readahead heuristic takes for random access without this hint.
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                by_offset = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)
+                rest = [item for item in by_offset if not self._read_in_place(f, item, planner)]
+            if rest:
+                super().read_data(LoadPlan(rest), planner).wait()
+        except (OSError, ChecksumError):
+            raise
+        except Exception as err:  # torch's text (weights_only advice, zip internals) would only mislead here
+            raise not_trainflows(path, f"{type(err).__name__} reading it") from err
 
     def _read_in_place(self, f: io.BufferedReader, item: ReadItem, planner: LoadPlanner) -> bool:
         info = self.storage_data[item.storage_index]
-        if info.transform_descriptors:
-            return False
         saved = torch.load(self._slice_file(f, info), map_location="meta", weights_only=True)
         offset = getattr(saved.untyped_storage(), "_checkpoint_offset", None)
         target = planner.resolve_tensor(item).detach()
         whole = tuple(item.lengths) == tuple(saved.shape) and not any(item.storage_offsets)
-        if (offset is None or not whole or saved.dtype != target.dtype or saved.shape != target.shape
-                or saved.storage_offset() != 0 or not saved.is_contiguous() or not target.is_contiguous()
-                or target.device.type != "cpu"):
+        if (
+            offset is None
+            or not whole
+            or saved.dtype != target.dtype
+            or saved.shape != target.shape
+            or saved.storage_offset() != 0
+            or not saved.is_contiguous()
+            or not target.is_contiguous()
+            or target.device.type != "cpu"
+        ):
             return False
         buf = memoryview(target.view(-1).view(torch.uint8).numpy())
         f.seek(info.offset + offset)
@@ -110,7 +200,7 @@ class InPlaceReader(dcp.FileSystemReader):
         while filled < len(buf):
             n = f.readinto(buf[filled:])
             if not n:
-                raise EOFError(f"{f.name} ends inside {item.storage_index.fqn}: the checkpoint is truncated")
+                raise not_trainflows(f.name, f"it ends inside {item.storage_index.fqn!r}: truncated")
             filled += n
         planner.commit_tensor(item, target)
         return True

@@ -42,11 +42,14 @@ class ChecksummedFile(io.FileIO):
 
 
 class ChecksummingFileSystem(FileSystem):
-    """DCP's local file system; `checksums` maps each file written (by name) to (bytes, CRC-32C)."""
+    """DCP's local file system; `checksums` maps each file written (by name) to (bytes, CRC-32C), and
+    `failure` is the first write that failed, with its file: DCP drops the exception of every writer
+    thread but its calling one (its result is simply missing), so the save must look here."""
 
     def __init__(self) -> None:
         super().__init__()
         self.checksums: dict[str, tuple[int, int]] = {}
+        self.failure: tuple[str, Exception] | None = None
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
@@ -54,9 +57,13 @@ class ChecksummingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        raw = ChecksummedFile(path, mode)
-        with io.BufferedWriter(raw) as stream:
-            yield stream
+        try:
+            raw = ChecksummedFile(path, mode)
+            with io.BufferedWriter(raw) as stream:
+                yield stream
+        except Exception as err:
+            self.failure = self.failure or (str(path), err)  # which of two racing failures is kept does not matter
+            raise
         self.checksums[Path(path).name] = (raw.nbytes, raw.crc)  # dict stores are atomic across DCP's threads
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
@@ -66,7 +73,7 @@ class ChecksummingFileSystem(FileSystem):
 
 
 class ChecksummingWriter(dcp.FileSystemWriter):
-    """dcp.FileSystemWriter whose files are checksummed as written: see `checksums` after dcp.save."""
+    """dcp.FileSystemWriter whose files are checksummed as written: see `checksums` and `failure` after dcp.save."""
 
     def __init__(self, path: str | os.PathLike, **kwargs: object) -> None:
         super().__init__(path, **kwargs)
@@ -75,3 +82,7 @@ class ChecksummingWriter(dcp.FileSystemWriter):
     @property
     def checksums(self) -> dict[str, tuple[int, int]]:
         return self.fs.checksums
+
+    @property
+    def failure(self) -> tuple[str, Exception] | None:
+        return self.fs.failure

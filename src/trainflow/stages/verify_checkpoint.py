@@ -1,4 +1,5 @@
-"""Re-read every file of every checkpoint of the run and check it against its manifest.
+"""Check that every checkpoint of the run is complete (its folder holds exactly the files its manifest
+lists, every rank's among them) and re-read every file against the manifest's CRC-32C.
 
     python -m trainflow.stages.verify_checkpoint io.checkpoints=runs/default/capacity/checkpoints/<hash>
 """
@@ -35,10 +36,23 @@ def verify_all(root: Path) -> dict:
         except ChecksumError as err:
             failures.append({"step": step, "error": str(err)})
     seconds = time.perf_counter() - start
-    report = {"checkpoints": checked, "failures": failures, "files": files, "bytes": nbytes, "seconds": seconds,
-              "gb_per_s": nbytes / seconds / 1e9 if seconds else None, "algorithm": "crc32c"}
-    log.info("Verified %d checkpoints, %d files, %.1f MB in %.2f s: %d mismatches",
-             len(steps), files, nbytes / 1e6, seconds, len(failures))
+    report = {
+        "checkpoints": checked,
+        "failures": failures,
+        "files": files,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "gb_per_s": nbytes / seconds / 1e9 if seconds else None,
+        "algorithm": "crc32c",
+    }
+    log.info(
+        "Verified %d checkpoints, %d files, %.1f MB in %.2f s: %d invalid",
+        len(steps),
+        files,
+        nbytes / 1e6,
+        seconds,
+        len(failures),
+    )
     if failures:
         raise StageError(f"{len(failures)} checkpoint(s) failed verification, first: {failures[0]['error']}")
     return report

@@ -151,7 +151,7 @@ class Trainer:
         state = self.state(step)
         seconds = self.checkpoints.save(
             step, state, before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
-            layout=self.cfg.parallel.name, world_size=self.dims.world_size,
+            layout=self.cfg.parallel.name,
         )
         before = self.planner.interval_steps
         self.planner.observe_save(seconds)
