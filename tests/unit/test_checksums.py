@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, file_crc, verify, write_manifest
+from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, verify, write_manifest
+from trainflow.crc import file_crc
 
 
 def crc32c_reference(data: bytes) -> int:
@@ -133,3 +134,17 @@ def test_a_manifest_without_world_size_or_count_is_refused(tmp_path):
     edit_manifest(tmp_path, lambda m: m.pop("world_size"))
     with pytest.raises(ChecksumError, match=r"lacks an integer world_size >= 1, file_count or files"):
         verify(tmp_path)
+
+
+def test_a_listed_file_replaced_by_a_symbolic_link_is_caught(tmp_path):
+    folder = tmp_path / "step-00000001"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"m")
+    (folder / "__0_0.distcp").write_bytes(b"x" * 10)
+    write_manifest(folder, world_size=1)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"x" * 10)
+    (folder / "__0_0.distcp").unlink()
+    (folder / "__0_0.distcp").symlink_to(outside)
+    with pytest.raises(ChecksumError, match="__0_0.distcp is listed in manifest.json but missing or no regular file"):
+        verify(folder)

@@ -12,7 +12,8 @@ import torch
 
 from tests.conftest import make_config
 from trainflow.data.record import DataError, record_path
-from trainflow.data.tokens import TokenSampler, write_tokens
+from trainflow.data.sampler import TokenSampler
+from trainflow.data.tokens import write_tokens
 from trainflow.stages import prepare_data, stage_data
 from trainflow.stage import StageError
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from trainflow.checkpoint.manager import step_dir
+from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manifest import write_manifest
 from trainflow.config import ClusterConfig
 from trainflow.stage import StageError
@@ -48,3 +50,9 @@ def test_gate_stops_below_the_threshold_and_on_misaligned_versions():
     assert "busbw 150.000 GB/s" in low and "cluster.min_busbw_gbps(200.0)" in low
     (mixed,) = gate(sweep_result(230.0, versions=(("2.21.5", "1.22.0"), ("2.21.5", "1.15.2"))), cluster)
     assert "versions differ across nodes" in mixed
+
+
+@pytest.mark.parametrize("stage", ["prepare_data", "stage_data", "verify_checkpoint", "account_energy"])
+def test_stages_that_only_move_or_check_files_start_without_torch(stage):
+    code = f"import sys, trainflow.stages.{stage}; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

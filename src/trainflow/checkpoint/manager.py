@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -29,27 +28,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torch.utils.serialization import config as serialization_config
 
+from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, write_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
 from trainflow.checkpoint.writer import ChecksummingWriter
-from trainflow.config import TrainflowError
+from trainflow.errors import TrainflowError
 
 log = logging.getLogger("trainflow.checkpoint")
-STEP = re.compile(r"step-(\d+)")
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-def list_steps(root: Path) -> list[int]:
-    """Completed checkpoints (renamed into place; not `.tmp` or `.pruned`), oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(int(m[1]) for p in root.glob("step-*") if p.is_dir() and (m := STEP.fullmatch(p.name)))
-
-
 class CheckpointWriteError(TrainflowError):
     """A checkpoint that could not be written; the previous ones are intact."""
 
@@ -89,7 +75,7 @@ class CheckpointManager:
         `before_commit` runs on every rank after the shards are written, before the manifest and
         rename: the fault-injection point of a crash mid-checkpoint. `meta` goes into the manifest."""
         start = time.perf_counter()
-        tmp = self.root / f"step-{step:08d}.tmp"
+        tmp = step_dir(self.root, step, "tmp")
         if self.rank == 0:
             self.wait()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -164,7 +150,7 @@ class CheckpointManager:
         deleted, so a crash mid-prune never leaves a half-deleted `step-N/`."""
         unpinned = [s for s in list_steps(self.root) if s not in self.pinned]
         for s in unpinned[: max(len(unpinned) - self.keep, 0)]:
-            step_dir(self.root, s).rename(self.root / f"step-{s:08d}.pruned")
+            step_dir(self.root, s).rename(step_dir(self.root, s, "pruned"))
         for leftover in [*self.root.glob("step-*.pruned"), *self.root.glob("step-*.tmp")]:
             shutil.rmtree(leftover)
 

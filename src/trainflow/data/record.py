@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainflow.atomic import atomic_path, write_json
-from trainflow.checkpoint.manifest import file_crc
+from trainflow.crc import file_crc
 from trainflow.config import TrainflowError
 
 

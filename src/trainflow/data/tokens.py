@@ -1,11 +1,10 @@
-"""Token files: tokenisers, the chunked HDF5 layout, and the pure-function batch sampler.
+"""Token files: tokenisers and the chunked HDF5 layout.
 
     python -m trainflow.stages.prepare_data data.corpus='docs/**/*.txt'
 
 Layout of tokens.h5: 1-D uint16 datasets `train` and `val` (documents joined by an end-of-document
 token, chunked for random reads), `sources` (one path per document) and attributes recording the
-tokenizer, vocabulary size, corpus glob and token counts. The batch for (step, rank) is a function
-of the seed alone, so a resumed run needs only the step to continue the same data order.
+tokenizer, vocabulary size, corpus glob and token counts. data.sampler reads it.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import torch
 
 from trainflow.config import BYTE_VOCAB
-from trainflow.data.record import DataError, check_size, recorded
+from trainflow.data.record import recorded
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -79,35 +77,3 @@ def write_tokens(path: Path, splits: dict[str, list[np.ndarray]], *, eot_id: int
             f.attrs[f"{split}_documents"] = len(docs)
         for key, value in attrs.items():
             f.attrs[key] = value
-
-
-class TokenSampler:
-    """Batches of (inputs, targets) windows from a token file, a pure function of (seed, step)."""
-
-    def __init__(self, path: str | Path, *, seq_len: int, seed: int) -> None:
-        rerun = "stage_data (snakemake --forcerun stage_data)"
-        check_size(Path(path), rerun=rerun)
-        try:
-            self.file = h5py.File(path, "r")
-        except OSError as err:
-            raise DataError(f"{path} cannot be read as HDF5 ({err}); it is damaged: rerun {rerun}") from err
-        self.seq_len, self.seed = seq_len, seed
-        for split in ("train", "val"):
-            n = len(self.file[split])
-            if n < seq_len + 2:
-                raise DataError(
-                    f"{path}: split '{split}' has {n} tokens, fewer than model.seq_len({seq_len}) + 2; "
-                    "use a larger data.corpus or a smaller data.val_fraction"
-                )
-
-    def batch(self, split: str, index: int, global_batch: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows `rows` of the global batch number `index` of `split`: (B, T) inputs and targets."""
-        data = self.file[split]
-        rng = np.random.default_rng((self.seed, 0 if split == "train" else 1, index))
-        starts = rng.integers(0, len(data) - self.seq_len - 1, size=global_batch)[rows]
-        windows = np.stack([data[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)  # (B, T+1)
-        window = torch.from_numpy(windows)
-        return window[:, :-1], window[:, 1:]
-
-    def close(self) -> None:
-        self.file.close()

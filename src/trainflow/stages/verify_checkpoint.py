@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from trainflow.checkpoint.manager import list_steps, step_dir
+from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify
 from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.stage import StageError, run_stage, write_json

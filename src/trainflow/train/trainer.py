@@ -26,7 +26,7 @@ from trainflow.checkpoint.interval import IntervalPlanner
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.state import build_state, load_state
 from trainflow.config import OptimConfig, TrainflowConfig, TrainflowError
-from trainflow.data.tokens import TokenSampler
+from trainflow.data.sampler import TokenSampler
 from trainflow.model import GPT, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
 from trainflow.config.layout import ParallelDims
