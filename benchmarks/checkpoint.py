@@ -53,10 +53,13 @@ import torch
 import torch.distributed as dist
 from _common import emit, log, median, single_rank_group
 
-from trainflow.checkpoint.manager import CheckpointManager, step_dir
-from trainflow.checkpoint.manifest import BLOCK, verify
-from trainflow.model import GPT
+from trainflow.checkpoint.folders import step_dir
+from trainflow.checkpoint.manager import CheckpointManager
+from trainflow.checkpoint.manifest import verify
 from trainflow.checkpoint.state import build_state as trainflow_state
+from trainflow.config import ModelConfig
+from trainflow.crc import BLOCK
+from trainflow.model import GPT
 
 MODELS = {
     "shard": dict(vocab_size=256, n_layers=2, n_heads=8, dim=1024, ffn_dim=4096, seq_len=128),
@@ -69,7 +72,7 @@ WARMUP_ROUNDS = 2  # this VM's first few 300 MB writes in a process run at a fra
 def build_state(model_args: dict) -> dict:
     """Trainer.state() of a single-device run after one optimizer step (so AdamW's moments exist)."""
     torch.manual_seed(0)
-    model = GPT(**model_args)
+    model = GPT(ModelConfig(name="bench", **model_args))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from _common import emit, log, median, run_ranks
 from torch.nn.parallel import DistributedDataParallel
 
+from trainflow.config import ModelConfig
 from trainflow.model import GPT, cross_entropy
 from trainflow.parallel.grad_reducer import GradReducer
 
@@ -53,7 +54,7 @@ def rank_fn(rank: int, world: int, repeats: int) -> dict:
     runs = []
     for kind, mb, overlap in variants():
         torch.manual_seed(0)  # identical replicas, as after the broadcast of a real run
-        model = GPT(**MODEL)
+        model = GPT(ModelConfig(name="bench", **MODEL))
         if kind == "ddp":
             runs.append((name(kind, mb, overlap), DistributedDataParallel(model, bucket_cap_mb=mb), None))
         else:
@@ -106,7 +107,7 @@ def main() -> None:
                 "met_at_25mb": min(at_default) >= 1.5,
                 "met_best": best["per_param_over_this"] >= 1.5,
             }
-    n_params = GPT(**MODEL).num_params()
+    n_params = GPT(ModelConfig(name="bench", **MODEL)).num_params()
     emit({
         "benchmark": "grad_buckets",
         "model": {**MODEL, "params": n_params, "grad_mb": round(n_params * 4 / 2**20, 1),

@@ -28,9 +28,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from _common import emit, log, median, single_rank_group
 
+from trainflow.config import ModelConfig
+from trainflow.config.layout import ParallelDims
 from trainflow.model import GPT, cross_entropy
 from trainflow.parallel import parallelize_model
-from trainflow.config.layout import ParallelDims
 
 SMALL = dict(vocab_size=256, n_layers=4, n_heads=4, dim=128, ffn_dim=512, seq_len=128)
 LARGE = dict(vocab_size=256, n_layers=12, n_heads=4, dim=256, ffn_dim=1024, seq_len=128)
@@ -41,7 +42,7 @@ STEPS = 4  # steps per timed block
 
 def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
     torch.manual_seed(0)
-    base = GPT(**cfg)
+    base = GPT(ModelConfig(name="bench", **cfg))
     dims = ParallelDims(dp=1, tp=1, pp=1, world_size=1)
     par = parallelize_model(copy.deepcopy(base), dims, dims.build_mesh("cpu"), loss_fn=cross_entropy,
                             device=torch.device("cpu"), bucket_mb=25.0, overlap=True)

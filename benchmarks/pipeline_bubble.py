@@ -44,9 +44,10 @@ import torch.distributed as dist
 from _common import emit, log, median, run_ranks
 from torch import nn
 
+from trainflow.config import ModelConfig
+from trainflow.config.layout import ParallelDims
 from trainflow.model import GPT, cross_entropy
 from trainflow.parallel import parallelize_model
-from trainflow.config.layout import ParallelDims
 
 V = [2]  # virtual stages under interleaved 1F1B (--virtual-stages); every rank holds V blocks under every schedule
 MATMULS = 8  # --cost matmul: 256x256 fp32 matmuls per block forward (backward: twice as many)
@@ -86,7 +87,7 @@ class FixedCostBlock(nn.Module):
 
 def build_model(n_layers: int) -> GPT:
     """A trainflow GPT (embeddings, head, ModuleDict of layers: what pipeline_model splits) of fixed-cost blocks."""
-    model = GPT(vocab_size=32, n_layers=n_layers, n_heads=1, dim=8, ffn_dim=8, seq_len=4)
+    model = GPT(ModelConfig(name="bubble", vocab_size=32, n_layers=n_layers, n_heads=1, dim=8, ffn_dim=8, seq_len=4))
     for name in list(model.layers):
         model.layers[name] = FixedCostBlock()
     return model

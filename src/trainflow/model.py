@@ -1,6 +1,6 @@
 """A GPT-style decoder: plain single-device PyTorch, no torch.distributed anywhere in it.
 
-    python -c "from trainflow.model import GPT; print(GPT(vocab_size=257).num_params())"
+    python -c "from trainflow.config import compose; from trainflow.model import GPT; print(GPT(compose('train_segment').model).num_params())"
 
 Parallelism is applied afterwards (trainflow.parallel): tensor parallel shards the Linear layers
 named in its plan, so attention infers its local head count from the projection width (`-1` in
@@ -15,6 +15,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainflow.config import ModelConfig
 
 
 class Attention(nn.Module):
@@ -58,27 +60,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(
-        self,
-        *,
-        vocab_size: int,
-        n_layers: int = 4,
-        n_heads: int = 4,
-        dim: int = 128,
-        ffn_dim: int = 512,
-        seq_len: int = 128,
-        norm_eps: float = 1e-5,
-        init_std: float = 0.02,
-    ) -> None:
+    def __init__(self, m: ModelConfig) -> None:
         super().__init__()
-        self.n_layers, self.init_std = n_layers, init_std
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, dim)
-        self.pos_embeddings: nn.Embedding | None = nn.Embedding(seq_len, dim)
+        self.n_layers, self.init_std = m.n_layers, m.init_std
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(m.vocab_size, m.dim)
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(m.seq_len, m.dim)
         # A ModuleDict keyed by the global layer index: pipeline stages keep a subset, names stay stable
         # (so checkpoints of any layout share keys).
-        self.layers = nn.ModuleDict({str(i): Block(dim, n_heads, ffn_dim, norm_eps) for i in range(n_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(dim, eps=norm_eps)
-        self.output: nn.Linear | None = nn.Linear(dim, vocab_size, bias=False)
+        self.layers = nn.ModuleDict({str(i): Block(m.dim, m.n_heads, m.ffn_dim, m.norm_eps) for i in range(m.n_layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(m.dim, eps=m.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(m.dim, m.vocab_size, bias=False)
         self.init_weights()
 
     def init_weights(self) -> None:

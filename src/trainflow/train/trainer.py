@@ -25,7 +25,9 @@ from torch.distributed.tensor import DTensor
 from trainflow.checkpoint.interval import IntervalPlanner
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.state import build_state, load_state
-from trainflow.config import OptimConfig, TrainflowConfig, TrainflowError
+from trainflow.config import OptimConfig, TrainflowConfig
+from trainflow.config.run_folder import evals_log, steps_log
+from trainflow.errors import TrainflowError
 from trainflow.data.sampler import TokenSampler
 from trainflow.model import GPT, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
@@ -88,7 +90,7 @@ class Trainer:
             ffn_dim=m.ffn_dim, global_batch=t.global_batch,
         )
         self.mesh = self.dims.build_mesh(self.device.type)
-        full = GPT(**{k: getattr(m, k) for k in ("vocab_size", "n_layers", "n_heads", "dim", "ffn_dim", "seq_len", "norm_eps", "init_std")})
+        full = GPT(m)
         self.n_params = full.num_params()
         self.flops_per_token = flops_per_token(n_params=self.n_params, n_layers=m.n_layers, dim=m.dim, seq_len=m.seq_len)
         self.model = parallelize_model(
@@ -116,8 +118,8 @@ class Trainer:
         )
         self.stop = StopFlag()
         self.is_logger = dist.get_rank() == 0
-        self.steps_log = StepLog(f"{cfg.io.checkpoints}/steps.jsonl")
-        self.evals_log = StepLog(f"{cfg.io.checkpoints}/evals.jsonl")
+        self.steps_log = StepLog(steps_log(cfg.io.checkpoints))
+        self.evals_log = StepLog(evals_log(cfg.io.checkpoints))
 
     # -- state ---------------------------------------------------------------------------------
 
