@@ -1,0 +1,45 @@
+"""The package's layers (README, "Architecture"): a module imports only lower layers or its own package,
+so nothing imports the stages and the file-moving stages stay free of torch."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import REPO
+
+SRC = REPO / "src/trainflow"
+# Top-level module or package -> layer; each may import only what lies below it (or itself).
+LAYERS = {
+    "errors": 0, "atomic": 0, "crc": 0, "progress": 0,
+    "config": 1,
+    "data": 2, "model": 2, "checkpoint": 2, "parallel": 2, "energy": 2, "nccl_env": 2,
+    "train": 3,
+    "launch": 4, "stage": 4,
+    "stages": 5,
+}
+MODULES = sorted(p for p in SRC.rglob("*.py"))
+
+
+def imported(path) -> set[str]:
+    """The top-level trainflow packages a module imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n.split(".")[1] for n in names if n.startswith("trainflow.")}
+
+
+def test_every_module_has_a_layer():
+    tops = {p.relative_to(SRC).parts[0].removesuffix(".py") for p in MODULES} - {"__init__"}
+    assert tops <= set(LAYERS), f"give these a layer in LAYERS and the README: {tops - set(LAYERS)}"
+
+
+def test_modules_import_only_lower_layers():
+    upward = {}
+    for path in MODULES:
+        top = path.relative_to(SRC).parts[0].removesuffix(".py")
+        if top != "__init__" and (bad := {n for n in imported(path) if n != top and LAYERS[n] >= LAYERS[top]}):
+            upward[str(path.relative_to(SRC))] = sorted(bad)
+    assert not upward, f"imports of a layer not below the importer's: {upward}"
