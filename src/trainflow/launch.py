@@ -7,38 +7,74 @@ The same callable runs under both; each task learns its rank, world size and mas
 configured collective timeout, so a dead rank fails the job instead of hanging it. The job shape
 (nodes, tasks and GPUs per node, partition, account, constraint, time limit, pre-timeout signal,
 setup lines) is the Hydra `cluster` group; tests/slurm/golden/ holds the sbatch scripts it yields.
+
+A job that ends without every task's result fails in one line that names the likeliest cause: the
+state of a job Slurm stopped (TIMEOUT, CANCELLED, NODE_FAIL...), else the first rank that died (its
+host, and the signal or exit code that srun, or for a local job this module's controller, wrote in
+the job's log), else the first rank that raised. Each task's marker in the job folder says where it
+ran and whether its code ended; a rank whose code never ended died abruptly. The wait is bounded:
+submitit learns a Slurm job's end only from sacct and, without accounting, waits forever for a job
+that ended without a result; here the state comes from scontrol (sacct once slurmctld forgot it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
+import math
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import submitit
-import torch
-import torch.distributed as dist
+from submitit.core.utils import JobPaths, pickle_load
+from submitit.local.local import Controller, LocalJob, LocalJobEnvironment
 
-from trainflow.config import ClusterConfig, TrainflowError
+from trainflow.atomic import write_json
+from trainflow.config import ClusterConfig
+from trainflow.errors import TrainflowError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("trainflow.launch")
 
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+                   "OUT_OF_MEMORY"})
+"""Slurm's final job states; a requeued job is PENDING again under the same id."""
+STOPPED = ENDED - {"COMPLETED", "FAILED"}
+"""Final states set by Slurm or an operator, not by the tasks: the state itself is the cause."""
+STATE_EVERY_S = {"local": 1.0, "slurm": 5.0}
+"""Seconds between looks at a job's state while its result files are missing (looked at every second)."""
+SETTLE_S = {"local": 0.0, "slurm": 15.0}
+"""Seconds a job must stay ended before its missing results count as lost: a shared file system shows files
+late, and a requeued Slurm job may pass a final-looking state before it is PENDING again. A local job's
+controller exits after its tasks, on this machine's file system."""
+TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
+"""The line srun writes into the job's log for each task that ended abnormally; LocalController writes it too."""
+SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsignal(s))}
+"""srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
+
 
 class LaunchError(TrainflowError):
-    """A distributed job that failed; the message names its log file."""
+    """A distributed job that ended without every task's result; the message names the cause and a log file."""
 
 
 def build_executor(cluster: ClusterConfig, *, world_size: int, folder: str | Path, name: str) -> submitit.Executor:
     """An executor for one job of `world_size` tasks shaped by the cluster config."""
     tasks_per_node = world_size // cluster.nodes
     if cluster.executor == "local":
-        executor = submitit.AutoExecutor(folder=folder, cluster="local")
+        executor = LocalExecutor(folder=folder)
         executor.update_parameters(timeout_min=cluster.time_min, tasks_per_node=tasks_per_node, nodes=1)
         return executor
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=cluster.max_requeues)
@@ -63,31 +99,161 @@ def build_executor(cluster: ClusterConfig, *, world_size: int, folder: str | Pat
     return executor
 
 
+class LocalExecutor(submitit.LocalExecutor):
+    """submitit's LocalExecutor, its jobs run by LocalController (this module run as a program)."""
+
+    def _submit_command(self, command: str) -> LocalJob:
+        # The environment submitit 1.5.4's start_controller gives its controller; only the program differs.
+        tasks, gpus = self.parameters.get("tasks_per_node", 1), self.parameters.get("gpus_per_node", 0)
+        env = {
+            **os.environ, "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_NTASKS": str(tasks), "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
+            "SUBMITIT_STDERR_TO_STDOUT": "", "SUBMITIT_LOCAL_WITH_SHELL": "",
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
+        }
+        process = subprocess.Popen([sys.executable, "-m", "trainflow.launch", str(self.folder)], env=env)
+        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(tasks)))
+
+
+class LocalController(Controller):
+    """submitit's local job controller, which also writes each task's abnormal end into the job's log, worded
+    as srun does (submitit's forgets how its tasks ended): the first such line names the first death."""
+
+    def wait(self, freq: int = 24) -> list[int | None]:
+        """submitit's wait: USR2 signal_delay_s before the time limit; the exit codes once every task ended."""
+        start, codes, warned = time.monotonic(), [None] * len(self.tasks), False
+        while time.monotonic() - start < self.timeout_s:
+            for k, task in enumerate(self.tasks):
+                if codes[k] is None and (code := task.poll()) is not None:
+                    codes[k] = code
+                    if code:
+                        how = signal.strsignal(-code) if code < 0 else f"Exited with exit code {code}"
+                        print(f"trainflow-local: error: {socket.gethostname()}: task {k}: {how}", file=self.stderrs[0],
+                              flush=True)
+            if None not in codes:
+                break
+            if not warned and time.monotonic() - start >= self.timeout_s - self.signal_delay_s:
+                self._forward_signal(LocalJobEnvironment._usr_sig())
+                warned = True
+            time.sleep(1 / freq)
+        return codes
+
+
 def run_job(executor: submitit.Executor, fn: object) -> list:
     """Submit `fn`, wait, and return every task's result; a failure becomes one LaunchError line."""
     job = executor.submit(fn)
-    kind = getattr(executor, "cluster", type(executor).__name__)
+    kind = "local" if isinstance(job, LocalJob) else "slurm"
     log.info("Submitted %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
     with cancel_on_interrupt(job, kind):
-        try:
-            return job.results()
-        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
-            raise LaunchError(f"{kind} job {job.job_id} failed: {failure_line(err)} (full log: {job.paths.stderr})") from err
+        end = wait_for_end(job, kind)
+    outcomes = [pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None
+                for k in range(job.num_tasks)]
+    if all(outcome and outcome[0] == "success" for outcome in outcomes):
+        return [outcome[1] for outcome in outcomes]
+    raise LaunchError(failure_line(job, kind, end or ("", 0), outcomes))
 
 
-def failure_line(error: Exception) -> str:
-    """One line of a submitit error that says what went wrong."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    ruler = "-" * 22  # FailedJobError: the task's traceback sits between two of these
-    if lines.count(ruler) >= 2:
-        start = lines.index(ruler)
-        trace = [line for line in lines[start + 1:lines.index(ruler, start + 1)] if line]
-        return trace[-1] if trace else "no traceback"
-    # UncompletedJobError: no result file (killed, timed out, requeued too often); its state and the
-    # last line of the task's error stream
-    state = re.search(r"\(task: (\d+)\).*?\(state: (\w+)\)", " ".join(lines[:2]))
-    last = next((line for line in reversed(lines[2:]) if line.strip("-")), "no error output")
-    return f"task {state[1]} ended without a result (state {state[2]}): {last}" if state else lines[0]
+def wait_for_end(job: submitit.Job, kind: str) -> tuple[str, int] | None:
+    """Wait until every task's result file exists (None) or the job has ended without them: then its final
+    Slurm state and requeue count (a local job has neither: ("", 0))."""
+    results = [job.task(k).paths.result_pickle for k in range(job.num_tasks)]
+    checked_at, ended_at, end = -math.inf, None, None
+    while not all(path.exists() for path in results):
+        now = time.monotonic()
+        if now - checked_at >= STATE_EVERY_S[kind]:
+            end, checked_at = ended_state(job, kind), now
+            ended_at = (ended_at or now) if end else None
+        if ended_at is not None and now - ended_at >= SETTLE_S[kind]:
+            return end
+        time.sleep(1.0)
+    return None
+
+
+def ended_state(job: submitit.Job, kind: str) -> tuple[str, int] | None:
+    """The final state and requeue count of a job that has ended; None while it runs or may run again."""
+    if kind == "local":
+        return None if job.state == "RUNNING" else ("", 0)  # its controller process has exited
+    out = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True)
+    if state := re.search(r"\bJobState=(\S+)", out.stdout):
+        restarts = re.search(r"\bRestarts=(\d+)", out.stdout)
+        return (state[1], int(restarts[1]) if restarts else 0) if state[1] in ENDED else None
+    if "Invalid job id" not in out.stderr:
+        log.warning("Could not read the state of slurm job %s (scontrol: %s); kept waiting", job.job_id,
+                    out.stderr.strip() or f"exit status {out.returncode}")
+        return None
+    # slurmctld forgets a job MinJobAge after its end; then only accounting, where there is any, knows its state.
+    acct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job.job_id], capture_output=True, text=True)
+    words = acct.stdout.split() if acct.returncode == 0 else []
+    return (words[0] if words else "UNKNOWN"), 0  # "CANCELLED by 0": the state is the first word
+
+
+def failure_line(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) -> str:
+    """Why the job ended without every task's result, in one line naming the job and a log file."""
+    state, requeues = end
+    ended = f" {state}" if state else ""
+    if requeues:
+        ended += f" after {requeues} requeue{'s' * (requeues > 1)}"
+    if state not in STOPPED and (failed := first_failed_rank(job, outcomes)):
+        rank, host, what = failed
+        where = f" on host {host}" if host else ""
+        return f"rank {rank}{where} {what} ({kind} job {job.job_id}{ended}, full log: {job.task(rank).paths.stderr})"
+    unfinished = ranks([k for k, outcome in enumerate(outcomes) if not outcome or outcome[0] != "success"])
+    return f"{kind} job {job.job_id} ended{ended} without the results of {unfinished} (full log: {job.paths.stderr})"
+
+
+def first_failed_rank(job: submitit.Job, outcomes: list) -> tuple[int, str, str] | None:
+    """(rank, host, what happened to it) of the rank that failed first: one that died abruptly (no result, and
+    its code never ended), else one that raised; among several, the first whose abnormal end the log reported."""
+    markers = {k: json.loads(path.read_text()) for k in range(job.num_tasks)
+               if (path := task_marker(job.task(k).paths)).exists()}
+    ends = reported_ends(job.paths.stderr)
+    died = [k for k, outcome in enumerate(outcomes)
+            if outcome is None and (k in markers or k in ends) and "ended" not in markers.get(k, {})]
+    raised = [k for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"]
+    reported = {k: position for position, k in enumerate(ends)}
+    for candidates in (died, raised):
+        if candidates:
+            rank = min(candidates, key=lambda k: (reported.get(k, math.inf), k))
+            host = markers[rank]["host"] if rank in markers else ends[rank][0] if rank in ends else ""
+            if outcomes[rank]:
+                return rank, host, f"raised {last_line(outcomes[rank][1])}"
+            return rank, host, ends[rank][1] if rank in ends else "ended abruptly, with no exit status in the log"
+    return None
+
+
+def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:
+    """Rank -> (host, what happened) of each abnormal end reported in the job's log, the latest per rank (a
+    requeued job appends to the same log), ordered as reported."""
+    ends: dict[int, tuple[str, str]] = {}
+    text = log_file.read_text(errors="replace") if log_file.exists() else ""
+    for host, tasks, how in TASK_END.findall(text):
+        signame = SIGNAL_NAMES.get(how)
+        code = re.fullmatch(r"Exited with exit code (\d+)", how)
+        what = f"was killed by {signame}" if signame else f"exited with code {code[1]}" if code else f"ended: {how}"
+        for part in tasks.split(","):
+            first, _, last = part.partition("-")
+            for rank in range(int(first), int(last or first) + 1):
+                ends.pop(rank, None)
+                ends[rank] = (host, what)
+    return ends
+
+
+def last_line(trace: str) -> str:
+    """The exception line of a task's traceback."""
+    return next((line.strip() for line in reversed(trace.splitlines()) if line.strip()), "no traceback")
+
+
+def ranks(ks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-3, 6'."""
+    spans: list[list[int]] = []
+    for k in sorted(ks):
+        if spans and k == spans[-1][1] + 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    return f"rank{'s' * (len(ks) > 1)} " + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -111,19 +277,51 @@ def cancel_on_interrupt(job: submitit.Job, kind: str) -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)  # None: a handler installed outside Python
 
 
-def init_distributed(cluster: ClusterConfig) -> tuple[int, int, torch.device]:
-    """Rank, world size and device of this task; initialises the default process group."""
-    os.environ.update(cluster.env)
-    env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-    if cluster.device == "cuda":
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    backend = cluster.backend
-    dist.init_process_group(
-        backend=backend,
-        timeout=datetime.timedelta(seconds=cluster.collective_timeout_s),
-        device_id=device if backend == "nccl" else None,
-    )
-    return env.rank, env.world_size, device
+def task_marker(paths: JobPaths) -> Path:
+    """The task's marker: its rank, host, pid and start, then when its code ended (written by marked_task)."""
+    return paths.folder / f"{paths.job_id}_{paths.task_id}_task.json"
+
+
+@contextlib.contextmanager
+def marked_task() -> Iterator[None]:
+    """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
+    ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer)."""
+    env = submitit.JobEnvironment()
+    record = {"rank": env.global_rank, "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+              "pid": os.getpid(), "started": time.time()}  # Slurm's node name: what sinfo and srun call the host
+    write_json(task_marker(env.paths), record)
+    try:
+        yield
+    finally:
+        write_json(task_marker(env.paths), {**record, "ended": time.time()})
+
+
+@contextlib.contextmanager
+def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.device]]:
+    """Rank, world size and device of this task inside the default process group, in a marked task."""
+    # Imported here, not at the top: LocalController runs this module and would wait 3 s for torch.
+    import torch
+    import torch.distributed as dist
+
+    with marked_task():
+        os.environ.update(cluster.env)
+        env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        if cluster.device == "cuda":
+            device = torch.device("cuda", env.local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        backend = cluster.backend
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=cluster.collective_timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+        try:
+            yield env.rank, env.world_size, device
+        finally:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # the controller of a local job: LocalExecutor starts `python -m trainflow.launch FOLDER`
+    LocalController(Path(sys.argv[1])).run()

@@ -8,6 +8,8 @@ same per-rank SHA-256 of model and optimizer state, same losses.
 from __future__ import annotations
 
 import random
+import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -28,8 +30,13 @@ def run_segment(root: Path, tokens: Path, segment: int, *fault: str) -> dict:
     return read_json(cfg.io.segment_report)
 
 
-def job_logs(root: Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted((root / "submitit").glob("*_log.*")))
+def log_files(root: Path) -> set[Path]:
+    return set((root / "submitit").glob("*_log.*"))
+
+
+def job_logs(root: Path, *, besides: set[Path] = frozenset()) -> str:
+    """The text of the jobs' logs, except those in `besides`."""
+    return "".join(p.read_text(errors="replace") for p in sorted(log_files(root) - besides))
 
 
 def losses(*segments: dict) -> list[float]:
@@ -47,14 +54,27 @@ def assert_same_end(segments: tuple[dict, dict], reference: tuple[dict, dict]) -
     assert losses(*segments) == losses(*reference)
 
 
-def test_dead_rank_fails_the_segment_and_the_rerun_resumes_bitwise(tmp_path, tokens, reference):
+def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp_path, tokens, reference):
     first = run_segment(tmp_path, tokens, 0)
     step = random.Random().randint(7, 11)
     with pytest.raises(LaunchError) as err:
         run_segment(tmp_path, tokens, 1, f"fault.step={step}", "fault.rank=1", "fault.signal=KILL")
-    assert "\n" not in str(err.value) and "full log:" in str(err.value)
+    # One line: the dead rank, its host and signal, the job and the dead rank's log, and where a rerun resumes:
+    # the newest checkpoint, every 2 steps, before the step rank 1 died at.
+    saved = step - step % 2
+    root = tmp_path / "capacity/checkpoints"
+    assert list_steps(root)[-1] == saved
+    line = str(err.value)
+    assert "\n" not in line
+    assert re.fullmatch(
+        rf"segment 1 failed: rank 1 on host {re.escape(socket.gethostname())} was killed by SIGKILL "
+        rf"\(local job (\d+), full log: .*/\1_1_log\.err\); "
+        rf"rerunning the workflow resumes it from step {saved} \(newest checkpoint in {re.escape(str(root))}\)",
+        line,
+    ), line
+    failed = log_files(tmp_path)
     resumed = run_segment(tmp_path, tokens, 1)
-    assert "Resumed from the checkpoint of step" in job_logs(tmp_path)
+    assert f"Resumed from the checkpoint of step {saved} in" in job_logs(tmp_path, besides=failed)
     assert_same_end((first, resumed), reference)
 
 

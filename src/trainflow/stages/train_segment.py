@@ -12,15 +12,16 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 import submitit
-import torch.distributed as dist
 from omegaconf import DictConfig
 
+from trainflow.checkpoint.manager import list_steps
 from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.energy.meter import Reading, delta
-from trainflow.launch import build_executor, init_distributed, run_job
+from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.stage import StageError, run_stage, write_json
 from trainflow.train.trainer import Trainer
 
@@ -32,24 +33,26 @@ class TrainSegment(submitit.helpers.Checkpointable):
         self.cfg = cfg
 
     def __call__(self) -> dict:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
         start = Reading.now()
-        _, _, device = init_distributed(self.cfg.cluster)
-        try:
+        with distributed_task(self.cfg.cluster) as (_, _, device):
             summary = Trainer(self.cfg, device).train()
-        finally:
-            dist.destroy_process_group()
         if summary["interrupted_by"]:
-            self.requeue(summary["interrupted_by"])
+            self.stop(summary["interrupted_by"])
         summary["energy"] = delta(start, Reading.now())
         return summary
 
-    def requeue(self, signame: str) -> None:
-        """After the agreed checkpoint: submitit's handler requeues the job (on rank 0); every task ends."""
+    def stop(self, signame: str) -> None:
+        """After the agreed checkpoint every task ends without a result. On USR2 (Slurm's pre-timeout or
+        preemption signal) submitit's handler first requeues the job, on rank 0; SIGTERM is Slurm ending the job
+        (scancel, its time limit), and a requeue would undo a cancel."""
         handler = signal.getsignal(signal.SIGUSR2)
-        if callable(handler):
+        if signame == "SIGUSR2" and callable(handler):
             handler(signal.SIGUSR2, None)  # rank 0: checkpoint() -> requeue -> exit; other ranks return
-        log.info("Stopped for requeue after %s", signame)
+            log.info("Stopped for requeue after %s", signame)
+        else:
+            log.info("Stopped after %s without a requeue: the job is being ended", signame)
         sys.exit(-1)
 
     def checkpoint(self) -> submitit.helpers.DelayedSubmission:
@@ -57,18 +60,32 @@ class TrainSegment(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(TrainSegment(self.cfg))
 
 
+def resume_point(cfg: TrainflowConfig) -> str:
+    """Where a rerun of the segment starts: the newest checkpoint Trainer.resume looks for first."""
+    end = (cfg.segment + 1) * cfg.train.segment_steps
+    for root in filter(None, (cfg.io.checkpoints, cfg.io.resume_from)):
+        if steps := [step for step in list_steps(Path(root)) if step <= end]:
+            return f"rerunning the workflow resumes it from step {steps[-1]} (newest checkpoint in {root})"
+    return f"{cfg.io.checkpoints} holds no checkpoint to resume it from"
+
+
 def run(cfg: TrainflowConfig) -> dict:
     executor = build_executor(cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit,
                               name=f"{cfg.run}-train-{cfg.segment}")
-    results = run_job(executor, TrainSegment(cfg))
+    try:
+        results = run_job(executor, TrainSegment(cfg))
+    except LaunchError as err:
+        raise LaunchError(f"segment {cfg.segment} failed: {err}; {resume_point(cfg)}") from err
     summary = results[0]
     if not summary["completed"]:
-        raise StageError(f"segment {cfg.segment} stopped at step {summary['end_step']} before its end; rerun it to resume")
+        raise StageError(
+            f"segment {cfg.segment} stopped at step {summary['end_step']} before its end; rerun it to resume"
+        )
     summary["rank_energy"] = [r["energy"] for r in results]
     if not summary["steps"] or not summary["evals"]:
         raise StageError(
-            f"{cfg.io.checkpoints} holds the checkpoint of step {summary['end_step']} but not the step records of segment "
-            f"{cfg.segment} (steps.jsonl); delete {cfg.io.checkpoints} to retrain from scratch"
+            f"{cfg.io.checkpoints} holds the checkpoint of step {summary['end_step']} but not the step records of "
+            f"segment {cfg.segment} (steps.jsonl); delete {cfg.io.checkpoints} to retrain from scratch"
         )
     log.info("Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
              cfg.segment, summary["start_step"], summary["end_step"], summary["steps"][-1]["loss"],

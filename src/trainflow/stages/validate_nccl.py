@@ -21,7 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from trainflow.config import CONF_DIR, ClusterConfig, TrainflowConfig
-from trainflow.launch import build_executor, init_distributed, run_job
+from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.nccl_env import audit_env, node_checks, versions
 from trainflow.stage import StageError, run_stage, write_json
 
@@ -50,10 +50,13 @@ def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
             times.append(time.perf_counter() - start)
         t = sorted(times)[len(times) // 2]
         size = n * 4
-        rows.append({"bytes": size, "time_s": t, "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * bus_factor(world)})
+        rows.append({"bytes": size, "time_s": t, "algbw_gbps": size / t / 1e9,
+                     "busbw_gbps": size / t / 1e9 * bus_factor(world)})
         expected = float(world ** (cluster.sweep_iters + 1))  # all ones, summed once per all_reduce
         if not torch.allclose(buf[:1].cpu(), torch.tensor([expected])):
-            raise StageError(f"all_reduce of {size} bytes returned {buf[0].item()}, expected {expected}: the collective is broken")
+            raise StageError(
+                f"all_reduce of {size} bytes returned {buf[0].item()}, expected {expected}: the collective is broken"
+            )
     return rows
 
 
@@ -64,13 +67,10 @@ class BandwidthJob:
         self.cluster = cluster
 
     def __call__(self) -> dict:
-        rank, world, device = init_distributed(self.cluster)
-        try:
+        with distributed_task(self.cluster) as (rank, world, device):
             rows = sweep(self.cluster, device) if world > 1 else []
             hosts = [None] * world
             dist.all_gather_object(hosts, {"host": os.uname().nodename, "node": node_checks(), "versions": versions()})
-        finally:
-            dist.destroy_process_group()
         return {"rank": rank, "world_size": world, "backend": self.cluster.backend, "sweep": rows, "hosts": hosts}
 
 
@@ -82,18 +82,24 @@ def gate(result: dict, cluster: ClusterConfig) -> list[str]:
         if best < cluster.min_busbw_gbps:
             problems.append(
                 f"all_reduce busbw {best:.3f} GB/s at {result['sweep'][-1]['bytes']} bytes is below "
-                f"cluster.min_busbw_gbps({cluster.min_busbw_gbps}); check the network (NCCL_DEBUG=INFO) or lower the gate"
+                f"cluster.min_busbw_gbps({cluster.min_busbw_gbps}); "
+                "check the network (NCCL_DEBUG=INFO) or lower the gate"
             )
     seen = {(h["versions"]["nccl"], h["versions"]["libfabric"]) for h in result["hosts"]}
     if len(seen) > 1:
-        problems.append(f"NCCL/libfabric versions differ across nodes {sorted(map(str, seen))}: align them (seed: -30 % on Alps)")
+        problems.append(
+            f"NCCL/libfabric versions differ across nodes {sorted(map(str, seen))}: align them (seed: -30 % on Alps)"
+        )
     return problems
 
 
 def run(cfg: TrainflowConfig) -> dict:
     executor = build_executor(cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit,
                               name=f"{cfg.run}-validate_nccl")
-    result = run_job(executor, BandwidthJob(cfg.cluster))[0]
+    try:
+        result = run_job(executor, BandwidthJob(cfg.cluster))[0]
+    except LaunchError as err:
+        raise LaunchError(f"validate_nccl failed: {err}") from err
     result["env_warnings"] = audit_env({**os.environ, **cfg.cluster.env})
     result["threshold_gbps"] = cfg.cluster.min_busbw_gbps
     for row in result["sweep"]:
