@@ -14,24 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_config, read_json
-from trainflow.checkpoint.manager import list_steps, step_dir
+from tests.conftest import make_config, run_segment, step_losses
+from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import verify
 from trainflow.launch import LaunchError
-from trainflow.stages import train_segment
 
 BASE = ("parallel=dp2", "train.segments=2", "train.segment_steps=6", "checkpoint.interval_steps=2",
         "cluster.collective_timeout_s=10")
 
 
-def run_segment(root: Path, tokens: Path, segment: int, *fault: str) -> dict:
-    cfg = make_config("train_segment", root, *BASE, f"segment={segment}", *fault, tokens=tokens)
-    train_segment.run(cfg)
-    return read_json(cfg.io.segment_report)
+def segment(root: Path, tokens: Path, index: int, *fault: str) -> dict:
+    return run_segment(root, tokens, *BASE, f"segment={index}", *fault)
+
+
+def checkpoints(root: Path) -> Path:
+    return Path(make_config("train_segment", root, *BASE).io.checkpoints)
 
 
 def log_files(root: Path) -> set[Path]:
-    return set((root / "submitit").glob("*_log.*"))
+    return set(Path(make_config("train_segment", root, *BASE).io.submitit).glob("*_log.*"))
 
 
 def job_logs(root: Path, *, besides: set[Path] = frozenset()) -> str:
@@ -39,30 +40,26 @@ def job_logs(root: Path, *, besides: set[Path] = frozenset()) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted(log_files(root) - besides))
 
 
-def losses(*segments: dict) -> list[float]:
-    return [r["loss"] for s in segments for r in s["steps"]]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tokens) -> tuple[dict, dict]:
     root = tmp_path_factory.mktemp("reference")
-    return run_segment(root, tokens, 0), run_segment(root, tokens, 1)
+    return segment(root, tokens, 0), segment(root, tokens, 1)
 
 
 def assert_same_end(segments: tuple[dict, dict], reference: tuple[dict, dict]) -> None:
     assert segments[1]["state_digest"] == reference[1]["state_digest"]
-    assert losses(*segments) == losses(*reference)
+    assert step_losses(*segments) == step_losses(*reference)
 
 
 def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp_path, tokens, reference):
-    first = run_segment(tmp_path, tokens, 0)
+    first = segment(tmp_path, tokens, 0)
     step = random.Random().randint(7, 11)
     with pytest.raises(LaunchError) as err:
-        run_segment(tmp_path, tokens, 1, f"fault.step={step}", "fault.rank=1", "fault.signal=KILL")
+        segment(tmp_path, tokens, 1, f"fault.step={step}", "fault.rank=1", "fault.signal=KILL")
     # One line: the dead rank, its host and signal, the job and the dead rank's log, and where a rerun resumes:
     # the newest checkpoint, every 2 steps, before the step rank 1 died at.
     saved = step - step % 2
-    root = tmp_path / "capacity/checkpoints"
+    root = checkpoints(tmp_path)
     assert list_steps(root)[-1] == saved
     line = str(err.value)
     assert "\n" not in line
@@ -73,7 +70,7 @@ def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp
         line,
     ), line
     failed = log_files(tmp_path)
-    resumed = run_segment(tmp_path, tokens, 1)
+    resumed = segment(tmp_path, tokens, 1)
     assert f"Resumed from the checkpoint of step {saved} in" in job_logs(tmp_path, besides=failed)
     assert_same_end((first, resumed), reference)
 
@@ -81,28 +78,28 @@ def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp
 def test_pre_timeout_signal_checkpoints_requeues_and_resumes_bitwise(tmp_path, tokens, reference):
     rng = random.Random()
     step, rank = rng.randint(1, 4), rng.randint(0, 1)
-    first = run_segment(tmp_path, tokens, 0, f"fault.step={step}", f"fault.rank={rank}", "fault.signal=USR2")
+    first = segment(tmp_path, tokens, 0, f"fault.step={step}", f"fault.rank={rank}", "fault.signal=USR2")
     logs = job_logs(tmp_path)
     assert "Requeued job" in logs and f"Saved checkpoint step {step + 1}" in logs
     assert f"Resumed from the checkpoint of step {step + 1}" in logs
     # Every rank's shards of the signal-time checkpoint were written and verify.
-    saved = step_dir(tmp_path / "capacity/checkpoints", step + 1)
+    saved = step_dir(checkpoints(tmp_path), step + 1)
     if saved.exists():  # odd steps: later pruned only if newer ones exist; keep=3 keeps it here
         assert {p.name.split("_")[2] for p in saved.glob("__*.distcp")} == {"0", "1"}
         assert verify(saved)["files"] >= 3
-    assert_same_end((first, run_segment(tmp_path, tokens, 1)), reference)
+    assert_same_end((first, segment(tmp_path, tokens, 1)), reference)
 
 
 def test_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_path, tokens, reference):
-    first = run_segment(tmp_path, tokens, 0)
-    root = tmp_path / "capacity/checkpoints"
+    first = segment(tmp_path, tokens, 0)
+    root = checkpoints(tmp_path)
     assert list_steps(root) == [2, 4, 6]
     rng = random.Random()
     shard = rng.choice(sorted(step_dir(root, 6).glob("__*_0.distcp")))
     data = bytearray(shard.read_bytes())
     data[rng.randrange(len(data))] ^= 0xFF
     shard.write_bytes(bytes(data))
-    second = run_segment(tmp_path, tokens, 1)
+    second = segment(tmp_path, tokens, 1)
     logs = job_logs(tmp_path)
     assert f"Skipped checkpoint step 6: {shard}" in logs
     assert "Resumed from the checkpoint of step 4" in logs
@@ -111,11 +108,11 @@ def test_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_pat
 
 def test_crash_while_writing_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tokens, reference):
     with pytest.raises(LaunchError):
-        run_segment(tmp_path, tokens, 0, "fault.step=4", "fault.rank=1", "fault.during_save=true")
-    root = tmp_path / "capacity/checkpoints"
+        segment(tmp_path, tokens, 0, "fault.step=4", "fault.rank=1", "fault.during_save=true")
+    root = checkpoints(tmp_path)
     assert (root / "step-00000004.tmp").is_dir() and list_steps(root) == [2]
     assert verify(step_dir(root, 2))["files"] >= 3  # .metadata + each rank's shards
-    first = run_segment(tmp_path, tokens, 0)
+    first = segment(tmp_path, tokens, 0)
     assert "Resumed from the checkpoint of step 2" in job_logs(tmp_path)
     assert not (root / "step-00000004.tmp").exists()
-    assert_same_end((first, run_segment(tmp_path, tokens, 1)), reference)
+    assert_same_end((first, segment(tmp_path, tokens, 1)), reference)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_tensor_and_pipeline_parallel_segment_on_four_slurm_ranks(tmp_path, toke
     summary = read_json(cfg.io.segment_report)
     assert summary["completed"] and summary["world_size"] == 4
     assert (summary["layout"]["tp"], summary["layout"]["pp"]) == (2, 2)
-    logs = {p.name: p.read_text() for p in (tmp_path / "submitit").glob("*_log.out")}
+    logs = {p.name: p.read_text() for p in Path(cfg.io.submitit).glob("*_log.out")}
     (job,) = {name.split("_")[0] for name in logs}
     assert final_states([job]) == {job: "COMPLETED"}
     # submitit's JobEnvironment line of every rank: global rank r of 4 on node r // (4 / shape).

@@ -15,6 +15,7 @@ beside it (one CPU each), must end bit for bit the same.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -38,7 +39,7 @@ def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tokens):
         reference.result()
     summary, expected = read_json(limited.io.segment_report), read_json(unlimited.io.segment_report)
 
-    logs = "".join(p.read_text() for p in sorted((tmp_path / "limited/submitit").glob("*_0_log.*")))
+    logs = "".join(p.read_text() for p in sorted(Path(limited.io.submitit).glob("*_0_log.*")))
     assert summary["completed"] and summary["restart_count"] >= 1, logs[-3000:]
     assert "Requeued job" in logs
     # Each interruption saved mid-segment at the step the ranks agreed on, and the next job resumed there.

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trainflow.config.checks import validate
+from trainflow.config.run_folder import fill_io
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
 
@@ -52,7 +53,8 @@ def one_line(err: BaseException) -> str:
 
 
 def to_config(raw: DictConfig) -> TrainflowConfig:
-    """Resolve interpolations, turn the DictConfig into the dataclass tree and validate it."""
+    """Resolve interpolations, turn the DictConfig into the dataclass tree, fill in the io paths left
+    empty and validate it."""
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
     try:
         OmegaConf.resolve(raw)
@@ -60,5 +62,6 @@ def to_config(raw: DictConfig) -> TrainflowConfig:
     except OmegaConfBaseException as err:  # an interpolation that resolves to a wrong type or nothing
         raise ConfigError(one_line(err)) from err
     assert isinstance(cfg, TrainflowConfig)
+    fill_io(cfg)
     validate(cfg)
     return cfg

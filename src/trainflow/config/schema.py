@@ -246,25 +246,26 @@ class FaultConfig:
 
 @dataclass
 class IOConfig:
-    """Paths; Snakemake passes every one it owns as an override."""
+    """Paths. Snakemake passes every one it owns as an override; one left empty is filled in from the
+    run folder's layout (config.run_folder), so a stage run alone writes where the workflow would."""
 
-    tokens: str = "${storage.capacity}/data/tokens.h5"
-    staged_tokens: str = "${storage.fast}/data/tokens.h5"
-    nccl_report: str = "${storage.root}/nccl.json"
-    checkpoints: str = "${storage.capacity}/checkpoints"
+    tokens: str = ""
+    staged_tokens: str = ""
+    nccl_report: str = ""
+    checkpoints: str = ""
     resume_from: str = ""
     """Another run's checkpoint folder to start from when `checkpoints` holds none; DCP reshards it,
-    so the layout may differ (e.g. dp2 x tp2 x pp2 -> dp4 x tp2)."""
-    segment_report: str = "${storage.root}/segments/segment-${segment}.json"
+    so the layout may differ (e.g. dp2 x tp2 x pp2 -> dp4 x tp2). Empty: none."""
+    segment_report: str = ""
     segment_reports: list[str] = field(default_factory=list)
-    verify_report: str = "${storage.root}/verify.json"
-    energy_report: str = "${storage.root}/energy.json"
-    stage_metrics: str = "${storage.root}/metrics/${stage}.json"
+    verify_report: str = ""
+    energy_report: str = ""
+    stage_metrics: str = ""
     metrics: list[str] = field(default_factory=list)
-    report: str = "${storage.root}/report/report.md"
+    report: str = ""
     plots: list[str] = field(default_factory=list)
     """The report's loss, throughput and breakdown plots (config.run_folder.PLOTS), in that order."""
-    submitit: str = "${storage.root}/submitit"
+    submitit: str = ""
 
 
 @dataclass
