@@ -1,51 +1,36 @@
-"""Launching distributed stages through submitit: LocalExecutor here, SlurmExecutor on a cluster.
+"""Waiting for a job and naming why it ended without every task's result, in one line.
 
-    python -m trainflow.stages.train_segment cluster=slurm_local parallel=dp2   # submits through here
+    python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a dead rank
 
-The same callable runs under both; each task learns its rank, world size and master address from
-`submitit.JobEnvironment` and initialises torch.distributed (gloo on CPU, NCCL on GPUs) with the
-configured collective timeout, so a dead rank fails the job instead of hanging it. The job shape
-(nodes, tasks and GPUs per node, partition, account, constraint, time limit, pre-timeout signal,
-setup lines) is the Hydra `cluster` group; tests/slurm/golden/ holds the sbatch scripts it yields.
-
-A job that ends without every task's result fails in one line that names the likeliest cause: the
-state of a job Slurm stopped (TIMEOUT, CANCELLED, NODE_FAIL...), else the first rank that died (its
-host, and the signal or exit code that srun, or for a local job this module's controller, wrote in
-the job's log), else the first rank that raised. Each task's marker in the job folder says where it
-ran and whether its code ended; a rank whose code never ended died abruptly. The wait is bounded:
-submitit learns a Slurm job's end only from sacct and, without accounting, waits forever for a job
-that ended without a result; here the state comes from scontrol (sacct once slurmctld forgot it).
+The line names the likeliest cause: the state of a job Slurm stopped (TIMEOUT, CANCELLED, NODE_FAIL...),
+else the first rank that died (its host, and the signal or exit code that srun, or for a local job
+executors.LocalController, wrote in the job's log), else the first rank that raised. Each task's marker
+(task.py) says where it ran and whether its code ended; a rank whose code never ended died abruptly.
+The wait is bounded: submitit learns a Slurm job's end only from sacct and, without accounting, waits
+forever for a job that ended without a result; here the state comes from scontrol (sacct once
+slurmctld forgot it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import math
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import submitit
-from submitit.core.utils import JobPaths, pickle_load
-from submitit.local.local import Controller, LocalJob, LocalJobEnvironment
+from submitit.core.utils import pickle_load
+from submitit.local.local import LocalJob
 
-from trainflow.atomic import write_json
-from trainflow.config import ClusterConfig
 from trainflow.errors import TrainflowError
-
-if TYPE_CHECKING:
-    import torch
+from trainflow.launch.task import task_marker
 
 log = logging.getLogger("trainflow.launch")
 
@@ -66,79 +51,9 @@ SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsigna
 """srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
 
 
+
 class LaunchError(TrainflowError):
     """A distributed job that ended without every task's result; the message names the cause and a log file."""
-
-
-def build_executor(cluster: ClusterConfig, *, world_size: int, folder: str | Path, name: str) -> submitit.Executor:
-    """An executor for one job of `world_size` tasks shaped by the cluster config."""
-    tasks_per_node = world_size // cluster.nodes
-    if cluster.executor == "local":
-        executor = LocalExecutor(folder=folder)
-        executor.update_parameters(timeout_min=cluster.time_min, tasks_per_node=tasks_per_node, nodes=1)
-        return executor
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=cluster.max_requeues)
-    params = dict(
-        name=name,
-        timeout_min=cluster.time_min,
-        nodes=cluster.nodes,
-        tasks_per_node=tasks_per_node,
-        cpus_per_task=cluster.cpus_per_task,
-        mem_gb=cluster.mem_gb,
-        slurm_signal_delay_s=cluster.signal_delay_s,
-    )
-    if cluster.setup:
-        params["slurm_setup"] = list(cluster.setup)
-    if cluster.gpus_per_node:
-        params["gpus_per_node"] = cluster.gpus_per_node
-    for key, value in (("slurm_partition", cluster.partition), ("slurm_account", cluster.account),
-                       ("slurm_constraint", cluster.constraint)):
-        if value:
-            params[key] = value
-    executor.update_parameters(**params)
-    return executor
-
-
-class LocalExecutor(submitit.LocalExecutor):
-    """submitit's LocalExecutor, its jobs run by LocalController (this module run as a program)."""
-
-    def _submit_command(self, command: str) -> LocalJob:
-        # The environment submitit 1.5.4's start_controller gives its controller; only the program differs.
-        tasks, gpus = self.parameters.get("tasks_per_node", 1), self.parameters.get("gpus_per_node", 0)
-        env = {
-            **os.environ, "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_COMMAND": command,
-            "SUBMITIT_LOCAL_NTASKS": str(tasks), "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
-            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
-            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
-            "SUBMITIT_STDERR_TO_STDOUT": "", "SUBMITIT_LOCAL_WITH_SHELL": "",
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
-        }
-        process = subprocess.Popen([sys.executable, "-m", "trainflow.launch", str(self.folder)], env=env)
-        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(tasks)))
-
-
-class LocalController(Controller):
-    """submitit's local job controller, which also writes each task's abnormal end into the job's log, worded
-    as srun does (submitit's forgets how its tasks ended): the first such line names the first death."""
-
-    def wait(self, freq: int = 24) -> list[int | None]:
-        """submitit's wait: USR2 signal_delay_s before the time limit; the exit codes once every task ended."""
-        start, codes, warned = time.monotonic(), [None] * len(self.tasks), False
-        while time.monotonic() - start < self.timeout_s:
-            for k, task in enumerate(self.tasks):
-                if codes[k] is None and (code := task.poll()) is not None:
-                    codes[k] = code
-                    if code:
-                        how = signal.strsignal(-code) if code < 0 else f"Exited with exit code {code}"
-                        print(f"trainflow-local: error: {socket.gethostname()}: task {k}: {how}", file=self.stderrs[0],
-                              flush=True)
-            if None not in codes:
-                break
-            if not warned and time.monotonic() - start >= self.timeout_s - self.signal_delay_s:
-                self._forward_signal(LocalJobEnvironment._usr_sig())
-                warned = True
-            time.sleep(1 / freq)
-        return codes
 
 
 def run_job(executor: submitit.Executor, fn: object) -> list:
@@ -275,53 +190,3 @@ def cancel_on_interrupt(job: submitit.Job, kind: str) -> Iterator[None]:
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)  # None: a handler installed outside Python
-
-
-def task_marker(paths: JobPaths) -> Path:
-    """The task's marker: its rank, host, pid and start, then when its code ended (written by marked_task)."""
-    return paths.folder / f"{paths.job_id}_{paths.task_id}_task.json"
-
-
-@contextlib.contextmanager
-def marked_task() -> Iterator[None]:
-    """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
-    ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer)."""
-    env = submitit.JobEnvironment()
-    record = {"rank": env.global_rank, "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-              "pid": os.getpid(), "started": time.time()}  # Slurm's node name: what sinfo and srun call the host
-    write_json(task_marker(env.paths), record)
-    try:
-        yield
-    finally:
-        write_json(task_marker(env.paths), {**record, "ended": time.time()})
-
-
-@contextlib.contextmanager
-def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.device]]:
-    """Rank, world size and device of this task inside the default process group, in a marked task."""
-    # Imported here, not at the top: LocalController runs this module and would wait 3 s for torch.
-    import torch
-    import torch.distributed as dist
-
-    with marked_task():
-        os.environ.update(cluster.env)
-        env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        if cluster.device == "cuda":
-            device = torch.device("cuda", env.local_rank)
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-        backend = cluster.backend
-        dist.init_process_group(
-            backend=backend,
-            timeout=datetime.timedelta(seconds=cluster.collective_timeout_s),
-            device_id=device if backend == "nccl" else None,
-        )
-        try:
-            yield env.rank, env.world_size, device
-        finally:
-            dist.destroy_process_group()
-
-
-if __name__ == "__main__":  # the controller of a local job: LocalExecutor starts `python -m trainflow.launch FOLDER`
-    LocalController(Path(sys.argv[1])).run()

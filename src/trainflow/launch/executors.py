@@ -1,0 +1,92 @@
+"""The submitit executor of a job shaped by the Hydra `cluster` group, and the local executor whose
+controller reports how each task ended (submitit's forgets).
+
+    python -c "from trainflow.config import compose; from trainflow.launch import build_executor; \
+        print(build_executor(compose('train_segment').cluster, world_size=2, folder='/tmp/j', name='x'))"
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import submitit
+from submitit.local.local import Controller, LocalJob, LocalJobEnvironment
+
+from trainflow.config import ClusterConfig
+
+
+def build_executor(cluster: ClusterConfig, *, world_size: int, folder: str | Path, name: str) -> submitit.Executor:
+    """An executor for one job of `world_size` tasks shaped by the cluster config."""
+    tasks_per_node = world_size // cluster.nodes
+    if cluster.executor == "local":
+        executor = LocalExecutor(folder=folder)
+        executor.update_parameters(timeout_min=cluster.time_min, tasks_per_node=tasks_per_node, nodes=1)
+        return executor
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=cluster.max_requeues)
+    params = dict(
+        name=name,
+        timeout_min=cluster.time_min,
+        nodes=cluster.nodes,
+        tasks_per_node=tasks_per_node,
+        cpus_per_task=cluster.cpus_per_task,
+        mem_gb=cluster.mem_gb,
+        slurm_signal_delay_s=cluster.signal_delay_s,
+    )
+    if cluster.setup:
+        params["slurm_setup"] = list(cluster.setup)
+    if cluster.gpus_per_node:
+        params["gpus_per_node"] = cluster.gpus_per_node
+    for key, value in (("slurm_partition", cluster.partition), ("slurm_account", cluster.account),
+                       ("slurm_constraint", cluster.constraint)):
+        if value:
+            params[key] = value
+    executor.update_parameters(**params)
+    return executor
+
+
+class LocalExecutor(submitit.LocalExecutor):
+    """submitit's LocalExecutor, its jobs run by LocalController (`python -m trainflow.launch FOLDER`)."""
+
+    def _submit_command(self, command: str) -> LocalJob:
+        # The environment submitit 1.5.4's start_controller gives its controller; only the program differs.
+        tasks, gpus = self.parameters.get("tasks_per_node", 1), self.parameters.get("gpus_per_node", 0)
+        env = {
+            **os.environ, "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_NTASKS": str(tasks), "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
+            "SUBMITIT_STDERR_TO_STDOUT": "", "SUBMITIT_LOCAL_WITH_SHELL": "",
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
+        }
+        process = subprocess.Popen([sys.executable, "-m", "trainflow.launch", str(self.folder)], env=env)
+        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(tasks)))
+
+
+class LocalController(Controller):
+    """submitit's local job controller, which also writes each task's abnormal end into the job's log, worded
+    as srun does (submitit's forgets how its tasks ended): the first such line names the first death."""
+
+    def wait(self, freq: int = 24) -> list[int | None]:
+        """submitit's wait: USR2 signal_delay_s before the time limit; the exit codes once every task ended."""
+        start, codes, warned = time.monotonic(), [None] * len(self.tasks), False
+        while time.monotonic() - start < self.timeout_s:
+            for k, task in enumerate(self.tasks):
+                if codes[k] is None and (code := task.poll()) is not None:
+                    codes[k] = code
+                    if code:
+                        how = signal.strsignal(-code) if code < 0 else f"Exited with exit code {code}"
+                        print(f"trainflow-local: error: {socket.gethostname()}: task {k}: {how}", file=self.stderrs[0],
+                              flush=True)
+            if None not in codes:
+                break
+            if not warned and time.monotonic() - start >= self.timeout_s - self.signal_delay_s:
+                self._forward_signal(LocalJobEnvironment._usr_sig())
+                warned = True
+            time.sleep(1 / freq)
+        return codes

@@ -1,0 +1,71 @@
+"""What each task of a job does first: mark where it runs, join the default process group.
+
+    with distributed_task(cfg.cluster) as (rank, world_size, device): ...   # inside a submitit task
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import submitit
+from submitit.core.utils import JobPaths
+
+from trainflow.atomic import write_json
+from trainflow.config import ClusterConfig
+
+if TYPE_CHECKING:
+    import torch
+
+
+def task_marker(paths: JobPaths) -> Path:
+    """The task's marker: its rank, host, pid and start, then when its code ended (written by marked_task)."""
+    return paths.folder / f"{paths.job_id}_{paths.task_id}_task.json"
+
+
+@contextlib.contextmanager
+def marked_task() -> Iterator[None]:
+    """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
+    ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer)."""
+    env = submitit.JobEnvironment()
+    record = {"rank": env.global_rank, "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+              "pid": os.getpid(), "started": time.time()}  # Slurm's node name: what sinfo and srun call the host
+    write_json(task_marker(env.paths), record)
+    try:
+        yield
+    finally:
+        write_json(task_marker(env.paths), {**record, "ended": time.time()})
+
+
+@contextlib.contextmanager
+def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.device]]:
+    """Rank, world size and device of this task inside the default process group, in a marked task."""
+    # Imported here, not at the top: the local controller (`python -m trainflow.launch`) imports this package
+    # and would wait 3 s for torch.
+    import torch
+    import torch.distributed as dist
+
+    with marked_task():
+        os.environ.update(cluster.env)
+        env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        if cluster.device == "cuda":
+            device = torch.device("cuda", env.local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        backend = cluster.backend
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=cluster.collective_timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+        try:
+            yield env.rank, env.world_size, device
+        finally:
+            dist.destroy_process_group()
