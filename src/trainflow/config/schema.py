@@ -239,7 +239,8 @@ class FaultConfig:
     rank: int = checked(0, ge=0)
     """... this rank ..."""
     signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL"))
-    """... receives this signal: USR2 (Slurm's pre-timeout), TERM, or KILL (a dead rank)."""
+    """... receives this signal: USR2 (Slurm's pre-timeout: save and requeue), TERM (scancel or the time limit:
+    save and stop, no requeue), or KILL (a dead rank)."""
     during_save: bool = False
     """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
 

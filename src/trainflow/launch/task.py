@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging.config
 import os
 import socket
 import time
@@ -15,10 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import submitit
+import yaml
 from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
-from trainflow.config import ClusterConfig
+from trainflow.config import CONF_DIR, ClusterConfig
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +45,11 @@ def marked_task() -> Iterator[None]:
         write_json(task_marker(env.paths), {**record, "ended": time.time()})
 
 
+def configure_logging() -> None:
+    """The stages' log lines in a task too: Hydra's job_logging config of the stage process, applied here."""
+    logging.config.dictConfig(yaml.safe_load((CONF_DIR / "hydra/job_logging/trainflow.yaml").read_text()))
+
+
 @contextlib.contextmanager
 def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.device]]:
     """Rank, world size and device of this task inside the default process group, in a marked task."""
@@ -51,6 +58,7 @@ def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.d
     import torch
     import torch.distributed as dist
 
+    configure_logging()
     with marked_task():
         os.environ.update(cluster.env)
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)

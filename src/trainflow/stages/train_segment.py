@@ -33,8 +33,6 @@ class TrainSegment(submitit.helpers.Checkpointable):
         self.cfg = cfg
 
     def __call__(self) -> dict:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                            datefmt="%H:%M:%S")
         start = Reading.now()
         with distributed_task(self.cfg.cluster) as (_, _, device):
             summary = Trainer(self.cfg, device).train()
