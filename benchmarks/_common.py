@@ -38,7 +38,10 @@ def median(xs: list[float]) -> float:
 
 def init_group(rank: int, world: int, port: int) -> None:
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=300),
     )
 
@@ -80,9 +83,13 @@ def run_ranks(fn: Callable, world: int, *args: object, threads: int = 1, timeout
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
                 if dead:
-                    raise RuntimeError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} before reporting")
+                    raise RuntimeError(
+                        f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} before reporting"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{world - len(out)} of {world} ranks did not finish within {timeout_s:.0f} s")
+                    raise TimeoutError(
+                        f"{world - len(out)} of {world} ranks did not finish within {timeout_s:.0f} s"
+                    ) from None
                 continue
             if error is not None:
                 raise RuntimeError(f"rank {rank} failed:\n{error}")
@@ -104,8 +111,9 @@ def log(msg: str) -> None:
 
 def emit(result: dict) -> None:
     """Print the benchmark's one JSON object to stdout."""
-    result.setdefault("machine", {"cpus": os.cpu_count(), "torch": torch.__version__,
-                                  "load_avg_1m": round(os.getloadavg()[0], 2)})
+    result.setdefault(
+        "machine", {"cpus": os.cpu_count(), "torch": torch.__version__, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    )
     json.dump(result, sys.stdout, indent=1)
     sys.stdout.write("\n")
     sys.stdout.flush()

@@ -150,8 +150,12 @@ def drop_cache(files: list[Path]) -> float:
             os.close(fd)
     if not shutil.which("fincore"):
         return -1.0
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *map(str, files)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     res, size = sum(map(int, out[0::2])), sum(map(int, out[1::2]))
     return res / max(size, 1)
 
@@ -163,8 +167,21 @@ class StateBench:
         self.state, self.ts, self.work, self.warmup = state, tensors(state), work, warmup
         work.mkdir()
         self.manager = CheckpointManager(work / "checkpoints", keep=1, pinned=set())
-        self.times = {k: [] for k in ("raw_write", "raw_write_2_streams", "save", "prune_background", "raw_read", "load",
-                                      "plain_read_cold", "verify_cold", "plain_read_warm", "verify_warm")}
+        self.times = {
+            k: []
+            for k in (
+                "raw_write",
+                "raw_write_2_streams",
+                "save",
+                "prune_background",
+                "raw_read",
+                "load",
+                "plain_read_cold",
+                "verify_cold",
+                "plain_read_warm",
+                "verify_warm",
+            )
+        }
         self.resident: list[float] = []
         self.file_bytes = 0
 
@@ -176,7 +193,7 @@ class StateBench:
         step, manager = r + 1, self.manager
         raw = self.work / f"raw-{step}.bin"
         writers = ("raw", "raw_2_streams", "trainflow")
-        for which in writers[r % 3:] + writers[:r % 3]:
+        for which in writers[r % 3 :] + writers[: r % 3]:
             os.sync()  # earlier deletes are committed (with -o discard, trimmed) before the clock starts
             if which == "raw":
                 record("raw_write", raw_write(raw, self.ts))
@@ -192,7 +209,7 @@ class StateBench:
                 manager.wait()
                 record("prune_background", time.perf_counter() - t0)
         files = sorted(p for p in step_dir(manager.root, step).rglob("*") if p.is_file())
-        for which in (("raw", "trainflow") if r % 2 == 0 else ("trainflow", "raw")):
+        for which in ("raw", "trainflow") if r % 2 == 0 else ("trainflow", "raw"):
             if which == "raw":
                 self.resident.append(drop_cache([raw]))
                 record("raw_read", raw_read(raw, self.ts))
@@ -211,7 +228,7 @@ class StateBench:
             record(f"{'plain_read' if which == 'plain' else 'verify'}_{cache}", time.perf_counter() - t0)
 
         for k in range(VERIFY_PAIRS):  # cheap, and cold reads are the noisiest figure here
-            for which in (("plain", "verify") if k % 2 == 0 else ("verify", "plain")):
+            for which in ("plain", "verify") if k % 2 == 0 else ("verify", "plain"):
                 drop_cache(files)
                 read_once(which, "cold")
         for which in ("plain", "verify"):  # warm: the cold pass above left every file cached
@@ -224,16 +241,23 @@ class StateBench:
     def report(self, model_args: dict) -> dict:
         nbytes = sum(t.numel() * t.element_size() for t in self.ts)
         med = {k: median(v) for k, v in self.times.items()}
-        pairs = {"save_over_raw_write": ("raw_write", "save"),
-                 "save_over_raw_write_2_streams": ("raw_write_2_streams", "save"),
-                 "load_over_raw_read": ("raw_read", "load"),
-                 "verify_over_plain_read_cold": ("plain_read_cold", "verify_cold"),
-                 "verify_over_plain_read_warm": ("plain_read_warm", "verify_warm")}
-        per_round = {name: [a / b for a, b in zip(self.times[base], self.times[ours], strict=True)]
-                     for name, (base, ours) in pairs.items()}
+        pairs = {
+            "save_over_raw_write": ("raw_write", "save"),
+            "save_over_raw_write_2_streams": ("raw_write_2_streams", "save"),
+            "load_over_raw_read": ("raw_read", "load"),
+            "verify_over_plain_read_cold": ("plain_read_cold", "verify_cold"),
+            "verify_over_plain_read_warm": ("plain_read_warm", "verify_warm"),
+        }
+        per_round = {
+            name: [a / b for a, b in zip(self.times[base], self.times[ours], strict=True)]
+            for name, (base, ours) in pairs.items()
+        }
         return {
-            "model": model_args, "tensors": len(self.ts), "scalar_tensors": sum(t.numel() == 1 for t in self.ts),
-            "non_tensor_items": leaves(self.state) - len(self.ts), "tensor_bytes": nbytes,
+            "model": model_args,
+            "tensors": len(self.ts),
+            "scalar_tensors": sum(t.numel() == 1 for t in self.ts),
+            "non_tensor_items": leaves(self.state) - len(self.ts),
+            "tensor_bytes": nbytes,
             "checkpoint_file_bytes": self.file_bytes,
             "seconds": {k: round(v, 4) for k, v in med.items()},
             "gb_per_s": {k: round(nbytes / v / 1e9, 3) for k, v in med.items() if k != "prune_background"},
@@ -256,7 +280,7 @@ def main() -> None:
     try:
         for r in range(WARMUP_ROUNDS + rounds):
             log(f"checkpoint: round {r + 1}/{WARMUP_ROUNDS + rounds}{' (warm-up)' if r < WARMUP_ROUNDS else ''}")
-            for bench in (benches.values() if r % 2 == 0 else reversed(benches.values())):
+            for bench in benches.values() if r % 2 == 0 else reversed(benches.values()):
                 bench.round(r)
         states = {name: bench.report(MODELS[name]) for name, bench in benches.items()}
     finally:
@@ -268,15 +292,21 @@ def main() -> None:
     extra = {name: st["seconds"]["save"] - st["seconds"]["raw_write"] for name, st in states.items()}
     per_tensor_s = (extra["small_tensors"] - extra["shard"]) / (small["tensors"] - shard["tensors"])
     ratios = shard["ratios"]
-    goal = {"save_ge_0.7": ratios["save_over_raw_write"] >= 0.7, "load_ge_0.7": ratios["load_over_raw_read"] >= 0.7,
-            "verify_ge_0.9": ratios["verify_over_plain_read_cold"] >= 0.9}
-    emit({
-        "benchmark": "checkpoint",
-        "rounds": rounds, "warmup_rounds": WARMUP_ROUNDS,
-        "states": states,
-        "per_tensor_overhead_ms": round(1e3 * per_tensor_s, 3),
-        "goal": {**goal, "judged_on": "shard", "met": all(goal.values())},
-    })
+    goal = {
+        "save_ge_0.7": ratios["save_over_raw_write"] >= 0.7,
+        "load_ge_0.7": ratios["load_over_raw_read"] >= 0.7,
+        "verify_ge_0.9": ratios["verify_over_plain_read_cold"] >= 0.9,
+    }
+    emit(
+        {
+            "benchmark": "checkpoint",
+            "rounds": rounds,
+            "warmup_rounds": WARMUP_ROUNDS,
+            "states": states,
+            "per_tensor_overhead_ms": round(1e3 * per_tensor_s, 3),
+            "goal": {**goal, "judged_on": "shard", "met": all(goal.values())},
+        }
+    )
 
 
 if __name__ == "__main__":

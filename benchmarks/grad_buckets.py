@@ -58,8 +58,13 @@ def rank_fn(rank: int, world: int, repeats: int) -> dict:
         if kind == "ddp":
             runs.append((name(kind, mb, overlap), DistributedDataParallel(model, bucket_cap_mb=mb), None))
         else:
-            runs.append((name(kind, mb, overlap), model, GradReducer(list(model.parameters()), group,
-                                                                     bucket_mb=mb, overlap=overlap)))
+            runs.append(
+                (
+                    name(kind, mb, overlap),
+                    model,
+                    GradReducer(list(model.parameters()), group, bucket_mb=mb, overlap=overlap),
+                )
+            )
     times: dict[str, list[float]] = {n: [] for n, _, _ in runs}
     for r in range(1 + repeats):  # repeat 0 warms every variant up (DDP builds its buckets on step 1)
         shift = r % len(runs)  # rotate the order so no variant always follows the same neighbour
@@ -91,10 +96,17 @@ def main() -> None:
         rows = []
         for kind, mb, overlap in variants():
             base, s = step[name(kind, 0.0, overlap)], step[name(kind, mb, overlap)]
-            rows.append({"impl": "trainflow.GradReducer" if kind == "reducer" else "torch.DDP", "bucket_mb": mb,
-                         "overlap": overlap, "step_s": round(s["median"], 4), "step_min_s": round(s["min"], 4),
-                         "per_param_over_this": round(base["median"] / s["median"], 3),
-                         "per_param_over_this_min": round(base["min"] / s["min"], 3)})
+            rows.append(
+                {
+                    "impl": "trainflow.GradReducer" if kind == "reducer" else "torch.DDP",
+                    "bucket_mb": mb,
+                    "overlap": overlap,
+                    "step_s": round(s["median"], 4),
+                    "step_min_s": round(s["min"], 4),
+                    "per_param_over_this": round(base["median"] / s["median"], 3),
+                    "per_param_over_this_min": round(base["min"] / s["min"], 3),
+                }
+            )
         results[f"dp{dp}"] = rows
         if dp == 4:
             ours = [r for r in rows if r["impl"] == "trainflow.GradReducer" and r["bucket_mb"] > 0]
@@ -108,14 +120,20 @@ def main() -> None:
                 "met_best": best["per_param_over_this"] >= 1.5,
             }
     n_params = GPT(ModelConfig(name="bench", **MODEL)).num_params()
-    emit({
-        "benchmark": "grad_buckets",
-        "model": {**MODEL, "params": n_params, "grad_mb": round(n_params * 4 / 2**20, 1),
-                  "tokens_per_rank": MODEL["seq_len"]},
-        "repeats": repeats,
-        "step": results,
-        "goal": {**goal, "met": goal["met_at_25mb"]},
-    })
+    emit(
+        {
+            "benchmark": "grad_buckets",
+            "model": {
+                **MODEL,
+                "params": n_params,
+                "grad_mb": round(n_params * 4 / 2**20, 1),
+                "tokens_per_rank": MODEL["seq_len"],
+            },
+            "repeats": repeats,
+            "step": results,
+            "goal": {**goal, "met": goal["met_at_25mb"]},
+        }
+    )
 
 
 if __name__ == "__main__":

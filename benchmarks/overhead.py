@@ -44,13 +44,25 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
     torch.manual_seed(0)
     base = GPT(ModelConfig(name="bench", **cfg))
     dims = ParallelDims(dp=1, tp=1, pp=1, world_size=1)
-    par = parallelize_model(copy.deepcopy(base), dims, dims.build_mesh("cpu"), loss_fn=cross_entropy,
-                            device=torch.device("cpu"), bucket_mb=25.0, overlap=True)
+    par = parallelize_model(
+        copy.deepcopy(base),
+        dims,
+        dims.build_mesh("cpu"),
+        loss_fn=cross_entropy,
+        device=torch.device("cpu"),
+        bucket_mb=25.0,
+        overlap=True,
+    )
     tf_opts = [torch.optim.AdamW(part.parameters(), **ADAMW) for part in par.parts]
     plain = copy.deepcopy(base)
     plain_opt = torch.optim.AdamW(plain.parameters(), **ADAMW)
-    batches = [(torch.randint(0, cfg["vocab_size"], (batch, cfg["seq_len"])),
-                torch.randint(0, cfg["vocab_size"], (batch, cfg["seq_len"]))) for _ in range(steps)]
+    batches = [
+        (
+            torch.randint(0, cfg["vocab_size"], (batch, cfg["seq_len"])),
+            torch.randint(0, cfg["vocab_size"], (batch, cfg["seq_len"])),
+        )
+        for _ in range(steps)
+    ]
 
     phases = {k: dict.fromkeys(("forward_backward", "clip", "optimizer"), 0.0) for k in ("trainflow", "plain")}
 
@@ -134,14 +146,16 @@ def main() -> None:
         rows.append(compare(cfg, batch=8, steps=STEPS, repeats=repeats))
     dist.destroy_process_group()
     worst = max(r["ratio_median"] for r in rows)
-    emit({
-        "benchmark": "overhead",
-        "threads": 1,
-        "steps_per_repeat": STEPS,
-        "repeats": repeats,
-        "rows": rows,
-        "goal": {"target": "trainflow / plain <= 1.05", "ratio": worst, "met": worst <= 1.05},
-    })
+    emit(
+        {
+            "benchmark": "overhead",
+            "threads": 1,
+            "steps_per_repeat": STEPS,
+            "repeats": repeats,
+            "rows": rows,
+            "goal": {"target": "trainflow / plain <= 1.05", "ratio": worst, "met": worst <= 1.05},
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -143,9 +143,16 @@ def rank_fn(rank: int, world: int, configs: list[tuple[str, int]], repeats: int,
         v = chunks(schedule)
         dims = ParallelDims(dp=1, tp=1, pp=p, world_size=p, virtual_stages=v, schedule=schedule, microbatches=m)
         torch.manual_seed(0)
-        par = parallelize_model(build_model(p * V[0]), dims, mesh, loss_fn=cross_entropy,
-                                device=torch.device("cpu"), bucket_mb=0, overlap=False,
-                                activation_shape=(1, 4, 8))  # one microbatch row of (T=4, d=8)
+        par = parallelize_model(
+            build_model(p * V[0]),
+            dims,
+            mesh,
+            loss_fn=cross_entropy,
+            device=torch.device("cpu"),
+            bucket_mb=0,
+            overlap=False,
+            activation_shape=(1, 4, 8),
+        )  # one microbatch row of (T=4, d=8)
         inputs, targets = torch.randint(0, 32, (m, 4)), torch.randint(0, 32, (m, 4))
         bubbles, lib_bubbles, lib_activation, spans, computes = [], [], [], [], []
         for i in range(1 + repeats):  # the first step builds the stages' buffers: warm-up
@@ -164,12 +171,15 @@ def rank_fn(rank: int, world: int, configs: list[tuple[str, int]], repeats: int,
                 spans.append(float(makespan))
                 computes.append(COMPUTE_S[0])
         out[f"{schedule}/m{m}"] = {
-            "bubble": median(bubbles), "library_bubble": median(lib_bubbles),
-            "library_activation": median(lib_activation), "makespan_s": median(spans),
+            "bubble": median(bubbles),
+            "library_bubble": median(lib_bubbles),
+            "library_activation": median(lib_activation),
+            "makespan_s": median(spans),
             "compute_s": median(computes),
             # The bubble fraction does not depend on the time unit: forward 1, backward 2.
             "schedule_order": replay(par.schedule.pipeline_order, dims.n_stages, 1.0, 2.0)
-            if rank == 0 and schedule == "interleaved_1f1b" else None,
+            if rank == 0 and schedule == "interleaved_1f1b"
+            else None,
         }
     return out
 
@@ -179,8 +189,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 timed steps per configuration instead of 5")
     ap.add_argument("--cost", choices=("sleep", "matmul"), default="sleep")
     ap.add_argument("--forward-ms", type=float, default=100.0, help="--cost sleep: a block's forward (backward 2x)")
-    ap.add_argument("--virtual-stages", type=int, default=0,
-                    help="interleaved 1F1B's v (blocks per rank, every schedule); 0: v = p")
+    ap.add_argument(
+        "--virtual-stages", type=int, default=0, help="interleaved 1F1B's v (blocks per rank, every schedule); 0: v = p"
+    )
     args = ap.parse_args()
     repeats = 2 if args.quick else 5
     cost = {"kind": args.cost, "forward_s": args.forward_ms / 1e3}
@@ -199,38 +210,58 @@ def main() -> None:
             actions = 2 * v * m
             # Ideal makespan: (v*m + p-1) chunk slots, each the measured compute of one chunk's forward + backward.
             ideal = sum(g["compute_s"] for g in got) / p * (v * m + p - 1) / (v * m)
-            rows.append({
-                "schedule": s, "p": p, "m": m, "v": v,
-                "theory": round(want, 4), "measured": round(measured, 4),
-                "rel_error": round(abs(measured - want) / want, 3),
-                "schedule_order": None if got[0]["schedule_order"] is None else round(got[0]["schedule_order"], 4),
-                "measured_per_rank": [round(g["bubble"], 4) for g in got],
-                "library_per_rank": [round(g["library_bubble"], 4) for g in got],
-                "library_activation_per_rank": [round(g["library_activation"], 4) for g in got],
-                "makespan_s": round(span, 4), "ideal_makespan_s": round(ideal, 4),
-                "overhead_ms_per_action": round((span - ideal) / actions * 1e3, 2),
-            })
+            rows.append(
+                {
+                    "schedule": s,
+                    "p": p,
+                    "m": m,
+                    "v": v,
+                    "theory": round(want, 4),
+                    "measured": round(measured, 4),
+                    "rel_error": round(abs(measured - want) / want, 3),
+                    "schedule_order": None if got[0]["schedule_order"] is None else round(got[0]["schedule_order"], 4),
+                    "measured_per_rank": [round(g["bubble"], 4) for g in got],
+                    "library_per_rank": [round(g["library_bubble"], 4) for g in got],
+                    "library_activation_per_rank": [round(g["library_activation"], 4) for g in got],
+                    "makespan_s": round(span, 4),
+                    "ideal_makespan_s": round(ideal, 4),
+                    "overhead_ms_per_action": round((span - ideal) / actions * 1e3, 2),
+                }
+            )
         for m in ms:
-            one, inter = (next(r for r in rows if r["p"] == p and r["m"] == m and r["schedule"] == s)
-                          for s in ("1f1b", "interleaved_1f1b"))
-            ratios.append({"p": p, "m": m, "measured": round(inter["measured"] / one["measured"], 3),
-                           "theory": round(inter["theory"] / one["theory"], 3)})
+            one, inter = (
+                next(r for r in rows if r["p"] == p and r["m"] == m and r["schedule"] == s)
+                for s in ("1f1b", "interleaved_1f1b")
+            )
+            ratios.append(
+                {
+                    "p": p,
+                    "m": m,
+                    "measured": round(inter["measured"] / one["measured"], 3),
+                    "theory": round(inter["theory"] / one["theory"], 3),
+                }
+            )
     within = all(r["rel_error"] <= 0.25 for r in rows)
     interleaved_ok = all(r["measured"] <= 0.6 for r in ratios)
-    emit({
-        "benchmark": "pipeline_bubble",
-        "cost": {"kind": args.cost, "forward_ms": args.forward_ms, "backward_ms": 2 * args.forward_ms}
-        if args.cost == "sleep" else {"kind": args.cost, "forward_matmuls_256": MATMULS, "backward_matmuls_256": 2 * MATMULS},
-        "repeats": repeats,
-        "bubble": rows,
-        "interleaved_over_1f1b": ratios,
-        "goal": {
-            "within_25pct_of_theory": within,
-            "interleaved_le_0.6x_1f1b": interleaved_ok,
-            "interleaved_le_0.6x_1f1b_where_theory_allows": all(r["measured"] <= 0.6 for r in ratios if r["theory"] <= 0.6),
-            "met": within and interleaved_ok,
-        },
-    })
+    emit(
+        {
+            "benchmark": "pipeline_bubble",
+            "cost": {"kind": args.cost, "forward_ms": args.forward_ms, "backward_ms": 2 * args.forward_ms}
+            if args.cost == "sleep"
+            else {"kind": args.cost, "forward_matmuls_256": MATMULS, "backward_matmuls_256": 2 * MATMULS},
+            "repeats": repeats,
+            "bubble": rows,
+            "interleaved_over_1f1b": ratios,
+            "goal": {
+                "within_25pct_of_theory": within,
+                "interleaved_le_0.6x_1f1b": interleaved_ok,
+                "interleaved_le_0.6x_1f1b_where_theory_allows": all(
+                    r["measured"] <= 0.6 for r in ratios if r["theory"] <= 0.6
+                ),
+                "met": within and interleaved_ok,
+            },
+        }
+    )
 
 
 if __name__ == "__main__":

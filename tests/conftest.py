@@ -36,7 +36,9 @@ def make_config(stage: str, root: Path, *overrides: str, tokens: Path | None = N
 def fixed_tokens(tmp_path_factory) -> Path:
     """Tokens of the fixed corpus in tests/assets/corpus: the input of the golden loss files."""
     out = tmp_path_factory.mktemp("fixed") / "tokens.h5"
-    cfg = compose("prepare_data", ["experiment=smoke", f"data.corpus={REPO}/tests/assets/corpus/*.txt", f"io.tokens={out}"])
+    cfg = compose(
+        "prepare_data", ["experiment=smoke", f"data.corpus={REPO}/tests/assets/corpus/*.txt", f"io.tokens={out}"]
+    )
     prepare_data.run(cfg)
     return out
 

@@ -1,6 +1,7 @@
 """A GPT-style decoder: plain single-device PyTorch, no torch.distributed anywhere in it.
 
-    python -c "from trainflow.config import compose; from trainflow.model import GPT; print(GPT(compose('train_segment').model).num_params())"
+    python -c "from trainflow.config import compose; from trainflow.model import GPT; \
+        print(GPT(compose('train_segment').model).num_params())"
 
 Parallelism is applied afterwards (trainflow.parallel): tensor parallel shards the Linear layers
 named in its plan, so attention infers its local head count from the projection width (`-1` in
@@ -31,7 +32,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = (w(x).view(B, T, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))  # (B, nh, T, hs)
+        q, k, v = (
+            w(x).view(B, T, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -77,7 +80,11 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() == 1:
                 continue  # LayerNorm weight/bias keep 1 / 0
-            std = self.init_std / math.sqrt(2 * self.n_layers) if name.endswith(("wo.weight", "w2.weight")) else self.init_std
+            std = (
+                self.init_std / math.sqrt(2 * self.n_layers)
+                if name.endswith(("wo.weight", "w2.weight"))
+                else self.init_std
+            )
             nn.init.normal_(p, mean=0.0, std=std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

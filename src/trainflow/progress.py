@@ -22,6 +22,13 @@ class Progress:
         eta = (self.total - done) / rate if rate > 0 else float("inf")
         self.log.info(
             "%s %d/%d %s (%.0f%%), %.1f %s/s, ETA %.0f s%s",
-            self.verb, done, self.total, self.unit, 100 * done / max(self.total, 1), rate, self.unit, eta,
+            self.verb,
+            done,
+            self.total,
+            self.unit,
+            100 * done / max(self.total, 1),
+            rate,
+            self.unit,
+            eta,
             f", {note}" if note else "",
         )

@@ -31,7 +31,9 @@ def read_json(path: str | Path) -> dict:
     """An earlier stage's JSON output; missing, it is one StageError naming the file and the fix."""
     path = Path(path)
     if not path.is_file():
-        raise StageError(f"{path} is missing: the stage that writes it has not run; run the whole DAG or force that stage")
+        raise StageError(
+            f"{path} is missing: the stage that writes it has not run; run the whole DAG or force that stage"
+        )
     return json.loads(path.read_text())
 
 
@@ -41,7 +43,13 @@ def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
         cfg = to_config(raw)
         start = Reading.now()
         extra = run(cfg) or {}
-        metrics = {"stage": cfg.stage, "segment": cfg.segment, **delta(start, Reading.now()), **extra, "config": as_dict(cfg)}
+        metrics = {
+            "stage": cfg.stage,
+            "segment": cfg.segment,
+            **delta(start, Reading.now()),
+            **extra,
+            "config": as_dict(cfg),
+        }
         write_json(cfg.io.stage_metrics, metrics)
     except TrainflowError as err:
         log.error("%s: %s", type(err).__name__, err)

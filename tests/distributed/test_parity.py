@@ -17,15 +17,31 @@ from tests.conftest import GOLDEN, assert_matches_golden, run_segment, step_loss
 STEPS = 10
 # (preset, segments): the 3-D layout trains 2 segments of 5 steps, so its second half resumes
 # from a checkpoint it wrote itself (DCP shards of 8 ranks).
-LAYOUTS = [("single", 1), ("dp2", 1), ("tp2", 1), ("pp2_gpipe", 1), ("pp2_1f1b", 1), ("pp2_interleaved", 1),
-           ("tp2_pp2", 1), ("dp2_tp2_pp2", 2)]
+LAYOUTS = [
+    ("single", 1),
+    ("dp2", 1),
+    ("tp2", 1),
+    ("pp2_gpipe", 1),
+    ("pp2_1f1b", 1),
+    ("pp2_interleaved", 1),
+    ("tp2_pp2", 1),
+    ("dp2_tp2_pp2", 2),
+]
 
 
 @pytest.mark.parametrize(("layout", "segments"), LAYOUTS, ids=[name for name, _ in LAYOUTS])
 def test_losses_match_one_process(layout, segments, tmp_path, fixed_tokens):
     summaries = [
-        run_segment(tmp_path, fixed_tokens, f"parallel={layout}", "train.global_batch=8", f"train.segments={segments}",
-                    f"train.segment_steps={STEPS // segments}", "checkpoint.interval_steps=100", f"segment={segment}")
+        run_segment(
+            tmp_path,
+            fixed_tokens,
+            f"parallel={layout}",
+            "train.global_batch=8",
+            f"train.segments={segments}",
+            f"train.segment_steps={STEPS // segments}",
+            "checkpoint.interval_steps=100",
+            f"segment={segment}",
+        )
         for segment in range(segments)
     ]
     losses = step_losses(*summaries)

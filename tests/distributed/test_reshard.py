@@ -7,13 +7,24 @@ import pytest
 from tests.conftest import assert_matches_golden, make_config, run_segment, step_losses
 
 STEPS = 10
-BASE = ("train.global_batch=8", "train.segments=2", f"train.segment_steps={STEPS // 2}", "checkpoint.interval_steps=100")
+BASE = (
+    "train.global_batch=8",
+    "train.segments=2",
+    f"train.segment_steps={STEPS // 2}",
+    "checkpoint.interval_steps=100",
+)
 
 
-@pytest.mark.parametrize(("first", "second"), [
-    (["parallel=tp2"], ["parallel=pp2_1f1b"]),
-    pytest.param(["parallel=dp2_tp2_pp2"], ["parallel=tp2", "parallel.dp=4", "parallel.name=dp4_tp2"], marks=pytest.mark.slow),
-], ids=["tp2-to-pp2", "dp2_tp2_pp2-to-dp4_tp2"])
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (["parallel=tp2"], ["parallel=pp2_1f1b"]),
+        pytest.param(
+            ["parallel=dp2_tp2_pp2"], ["parallel=tp2", "parallel.dp=4", "parallel.name=dp4_tp2"], marks=pytest.mark.slow
+        ),
+    ],
+    ids=["tp2-to-pp2", "dp2_tp2_pp2-to-dp4_tp2"],
+)
 def test_resume_in_another_layout(tmp_path, fixed_tokens, first, second):
     a = run_segment(tmp_path / "a", fixed_tokens, *BASE, "segment=0", *first)
     checkpoints = make_config("train_segment", tmp_path / "a", *BASE, *first, tokens=fixed_tokens).io.checkpoints

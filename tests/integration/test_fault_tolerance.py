@@ -19,8 +19,13 @@ from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import verify
 from trainflow.launch import LaunchError
 
-BASE = ("parallel=dp2", "train.segments=2", "train.segment_steps=6", "checkpoint.interval_steps=2",
-        "cluster.collective_timeout_s=10")
+BASE = (
+    "parallel=dp2",
+    "train.segments=2",
+    "train.segment_steps=6",
+    "checkpoint.interval_steps=2",
+    "cluster.collective_timeout_s=10",
+)
 
 
 def segment(root: Path, tokens: Path, index: int, *fault: str) -> dict:

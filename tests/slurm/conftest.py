@@ -22,8 +22,9 @@ RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPE
 def cluster_down_reason() -> str | None:
     """Why the local cluster cannot be used (None: it is up)."""
     try:
-        status = subprocess.run(["bash", str(REPO / "scripts/slurm_cluster.sh"), "status"], capture_output=True,
-                                text=True, timeout=30)
+        status = subprocess.run(
+            ["bash", str(REPO / "scripts/slurm_cluster.sh"), "status"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"scripts/slurm_cluster.sh status did not answer ({err}); start the cluster: {START}"
     if status.returncode:
@@ -40,8 +41,11 @@ def pytest_runtest_setup(item):
 def idle_nodes() -> dict[str, int]:
     """Node name -> CPUs of the cluster's usable nodes."""
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %t"], capture_output=True, text=True, check=True).stdout
-    return {name: int(cpus) for name, cpus, state in (line.split() for line in out.splitlines())
-            if state in ("idle", "mix", "alloc")}
+    return {
+        name: int(cpus)
+        for name, cpus, state in (line.split() for line in out.splitlines())
+        if state in ("idle", "mix", "alloc")
+    }
 
 
 def final_states(job_ids: list[str], timeout_s: float = 30) -> dict[str, str]:
@@ -49,8 +53,12 @@ def final_states(job_ids: list[str], timeout_s: float = 30) -> dict[str, str]:
     is still COMPLETING; finished jobs stay visible to squeue for MinJobAge = 300 s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T"], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         states = dict(line.split() for line in out.splitlines())
         if not RUNNING & set(states.values()) or time.monotonic() > deadline:
             return states

@@ -1,6 +1,6 @@
 """train_segment's submitit jobs on the local Slurm cluster: four ranks, and cancelling an abandoned job.
 
-    bash scripts/slurm_cluster.sh start --nodes 2 && .venv/bin/python -m pytest tests/slurm/test_distributed_on_slurm.py
+bash scripts/slurm_cluster.sh start --nodes 2 && .venv/bin/python -m pytest tests/slurm/test_distributed_on_slurm.py
 """
 
 from __future__ import annotations
@@ -29,10 +29,19 @@ def test_tensor_and_pipeline_parallel_segment_on_four_slurm_ranks(tmp_path, toke
     elif max(nodes.values(), default=0) >= 4:
         shape = 1
     else:
-        pytest.skip(f"4 ranks need 2 nodes or 4 CPUs on one; the cluster has {len(nodes)} node(s) of "
-                    f"{max(nodes.values(), default=0)} CPUs: bash scripts/slurm_cluster.sh start --nodes 2")
-    cfg = make_config("train_segment", tmp_path, "cluster=slurm_local", f"cluster.nodes={shape}", "parallel=tp2_pp2",
-                      "train.segments=1", tokens=tokens)
+        pytest.skip(
+            f"4 ranks need 2 nodes or 4 CPUs on one; the cluster has {len(nodes)} node(s) of "
+            f"{max(nodes.values(), default=0)} CPUs: bash scripts/slurm_cluster.sh start --nodes 2"
+        )
+    cfg = make_config(
+        "train_segment",
+        tmp_path,
+        "cluster=slurm_local",
+        f"cluster.nodes={shape}",
+        "parallel=tp2_pp2",
+        "train.segments=1",
+        tokens=tokens,
+    )
     train_segment.run(cfg)
     summary = read_json(cfg.io.segment_report)
     assert summary["completed"] and summary["world_size"] == 4
@@ -48,14 +57,27 @@ def test_tensor_and_pipeline_parallel_segment_on_four_slurm_ranks(tmp_path, toke
 def test_interrupted_stage_cancels_its_slurm_job(tmp_path, tokens):
     """Snakemake stopping a local rule (SIGTERM) must not orphan the training job it submitted."""
     name = f"cancel{os.getpid()}"
-    overrides = [f"run={name}", "experiment=smoke", "cluster=slurm_local", f"storage.root={tmp_path}",
-                 f"io.staged_tokens={tokens}", "train.segment_steps=100000"]
-    stage = subprocess.Popen([sys.executable, "-m", "trainflow.stages.train_segment", *overrides],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    overrides = [
+        f"run={name}",
+        "experiment=smoke",
+        "cluster=slurm_local",
+        f"storage.root={tmp_path}",
+        f"io.staged_tokens={tokens}",
+        "train.segment_steps=100000",
+    ]
+    stage = subprocess.Popen(
+        [sys.executable, "-m", "trainflow.stages.train_segment", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
-        while not (job := subprocess.run(["squeue", "-h", "-n", f"{name}-train-0", "-o", "%i"], capture_output=True,
-                                         text=True).stdout.strip()):
+        while not (
+            job := subprocess.run(
+                ["squeue", "-h", "-n", f"{name}-train-0", "-o", "%i"], capture_output=True, text=True
+            ).stdout.strip()
+        ):
             assert time.monotonic() < deadline and stage.poll() is None, "the stage submitted no Slurm job in 60 s"
             time.sleep(0.5)
         stage.send_signal(signal.SIGTERM)

@@ -70,8 +70,9 @@ def cancel(job: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         subprocess.run(["scancel", job], capture_output=True)
-        state = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True,
-                               text=True).stdout.strip()
+        state = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True
+        ).stdout.strip()
         if state not in RUNNING:
             return
         time.sleep(5)
@@ -124,8 +125,16 @@ def test_job_that_used_up_its_requeues_ends_the_stage_and_the_rerun_resumes(tmp_
     is requeued (max_requeues=1), the second saves and is not. The rerun, with the normal limit, is cancelled
     once it has resumed: the segment is far too long to finish."""
     work = (*WORK, "train.segment_steps=100000", "train.eval_every=100000", "checkpoint.interval_steps=1000")
-    limited = make_config("train_segment", tmp_path, *work, "cluster=slurm_local", "cluster.time_min=1",
-                          "cluster.signal_delay_s=10", "cluster.max_requeues=1", tokens=tokens)
+    limited = make_config(
+        "train_segment",
+        tmp_path,
+        *work,
+        "cluster=slurm_local",
+        "cluster.time_min=1",
+        "cluster.signal_delay_s=10",
+        "cluster.max_requeues=1",
+        tokens=tokens,
+    )
     line, ended_at = run_bounded(limited, bound_s=480)
     (job,) = submitted(limited)
     root = Path(limited.io.checkpoints)
@@ -153,8 +162,16 @@ def test_job_that_used_up_its_requeues_ends_the_stage_and_the_rerun_resumes(tmp_
 def test_cancelled_job_ends_its_stage_and_is_not_requeued(tmp_path, tokens):
     """scancel sends SIGTERM: the trainer saves at the next step and every task ends, without the requeue it
     makes on USR2 (a requeue would undo the cancel); the job ends CANCELLED and the stage says so."""
-    cfg = make_config("train_segment", tmp_path, *WORK, "train.segment_steps=100000", "train.eval_every=100000",
-                      "checkpoint.interval_steps=20", "cluster=slurm_local", tokens=tokens)
+    cfg = make_config(
+        "train_segment",
+        tmp_path,
+        *WORK,
+        "train.segment_steps=100000",
+        "train.eval_every=100000",
+        "checkpoint.interval_steps=20",
+        "cluster=slurm_local",
+        tokens=tokens,
+    )
     root = Path(cfg.io.checkpoints)
     cancel_when(cfg, lambda job: bool(list_steps(root)))
     line, ended_at = run_bounded(cfg, bound_s=240)

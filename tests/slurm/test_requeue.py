@@ -15,8 +15,8 @@ beside it (one CPU each), must end bit for bit the same.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -25,8 +25,15 @@ from trainflow.stages import train_segment
 
 pytestmark = pytest.mark.slurm
 
-WORK = ("parallel=single", "train.segments=1", "train.segment_steps=120", "train.global_batch=32",
-        "train.eval_every=50", "train.log_every=10", "checkpoint.interval_steps=1000")
+WORK = (
+    "parallel=single",
+    "train.segments=1",
+    "train.segment_steps=120",
+    "train.global_batch=32",
+    "train.eval_every=50",
+    "train.log_every=10",
+    "checkpoint.interval_steps=1000",
+)
 LIMITED = ("cluster=slurm_local", "cluster.time_min=1", "cluster.signal_delay_s=10", "cluster.max_requeues=5")
 
 

@@ -30,8 +30,9 @@ def sbatch_script(overrides: list[str], folder: Path, monkeypatch) -> str:
     # SlurmExecutor refuses to exist where `srun` is not installed; the script text does not need it.
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
     cfg = compose("train_segment", overrides)
-    executor = build_executor(cfg.cluster, world_size=cfg.parallel.world_size, folder=folder,
-                              name=f"{cfg.run}-train-{cfg.segment}")
+    executor = build_executor(
+        cfg.cluster, world_size=cfg.parallel.world_size, folder=folder, name=f"{cfg.run}-train-{cfg.segment}"
+    )
     slurm = executor._executor
     text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
     return text.replace(str(folder), "{folder}").replace(shlex.quote(sys.executable), "{python}")
@@ -43,8 +44,10 @@ def assert_matches_golden(text: str, name: str) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         return
-    how = (f"if the change is intended, delete {path.relative_to(GOLDEN.parents[2])} and regenerate it: "
-           f"{REGEN}=1 .venv/bin/python -m pytest {Path(__file__).relative_to(GOLDEN.parents[2])}")
+    how = (
+        f"if the change is intended, delete {path.relative_to(GOLDEN.parents[2])} and regenerate it: "
+        f"{REGEN}=1 .venv/bin/python -m pytest {Path(__file__).relative_to(GOLDEN.parents[2])}"
+    )
     if not path.exists():
         pytest.fail(f"no golden file {path}; {how}")
     expected = path.read_text()
@@ -54,8 +57,11 @@ def assert_matches_golden(text: str, name: str) -> None:
 
 
 def sbatch_flags(text: str) -> dict[str, str]:
-    return dict(line.removeprefix("#SBATCH --").partition("=")[::2] for line in text.splitlines()
-                if line.startswith("#SBATCH --"))
+    return dict(
+        line.removeprefix("#SBATCH --").partition("=")[::2]
+        for line in text.splitlines()
+        if line.startswith("#SBATCH --")
+    )
 
 
 def test_alps_70b_script(tmp_path, monkeypatch):

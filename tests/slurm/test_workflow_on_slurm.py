@@ -33,7 +33,10 @@ def campaign(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("campaign")
     corpus = workdir / "corpus"
     corpus.mkdir()
-    config = ("--config", f"overrides=experiment=smoke data.corpus={corpus}/*.txt")  # cluster=slurm_local: the profile's site.yaml
+    config = (
+        "--config",
+        f"overrides=experiment=smoke data.corpus={corpus}/*.txt",
+    )  # cluster=slurm_local: the profile's site.yaml
     failed = snakemake(workdir, *PROFILE, *config, check=False)
     for text in (REPO / "tests/assets/corpus").glob("*.txt"):
         shutil.copy(text, corpus)
@@ -55,8 +58,15 @@ def test_failed_slurm_job_fails_its_rule_with_the_stage_error(campaign):
 def test_rerun_completes_only_what_is_left(campaign):
     _, _, rerun = campaign
     # validate_nccl succeeded beside the failed prepare_data and is not redone.
-    assert job_counts(rerun.output) == {"prepare_data": 1, "stage_data": 1, "train_segment": 2,
-                                        "verify_checkpoint": 1, "account_energy": 1, "report": 1, "all": 1}
+    assert job_counts(rerun.output) == {
+        "prepare_data": 1,
+        "stage_data": 1,
+        "train_segment": 2,
+        "verify_checkpoint": 1,
+        "account_energy": 1,
+        "report": 1,
+        "all": 1,
+    }
 
 
 def test_every_stage_ran_as_a_slurm_job(campaign):

@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from tests.unit.test_checkpoint_io import blank_like, one_rank_group, sample_state  # noqa: F401 (a fixture)
 from trainflow.checkpoint.manager import CheckpointManager, CheckpointWriteError, list_steps, step_dir
 from trainflow.checkpoint.manifest import MANIFEST, ChecksumError
-from trainflow.crc import file_crc
 from trainflow.checkpoint.writer import ChecksummedFile
+from trainflow.crc import file_crc
 from trainflow.stage import StageError
 from trainflow.stages.verify_checkpoint import verify_all
 

@@ -10,9 +10,9 @@ from omegaconf import MISSING
 
 from trainflow.config import CONF_DIR, STAGES, ConfigError, TrainflowConfig, compose, config_hash
 from trainflow.config import schema as schema_module
+from trainflow.config.layout import ParallelDims
 
 NO_FACTORY = dataclasses.MISSING
-from trainflow.config.layout import ParallelDims
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PARALLEL = sorted(p.stem for p in (CONF_DIR / "parallel").glob("*.yaml"))
@@ -32,7 +32,9 @@ def test_every_experiment_composes(experiment):
 
 @pytest.mark.parametrize("layout", PARALLEL)
 def test_every_parallel_preset_composes(layout):
-    cfg = compose("train_segment", [f"parallel={layout}"] + (["experiment=llama70b_alps"] if layout == "dp64_tp8_pp8" else []))
+    cfg = compose(
+        "train_segment", [f"parallel={layout}"] + (["experiment=llama70b_alps"] if layout == "dp64_tp8_pp8" else [])
+    )
     assert cfg.parallel.name == layout
 
 
@@ -71,8 +73,14 @@ def test_wrong_type_and_unknown_option_are_one_line():
 INVALID_LAYOUTS = [
     (["parallel.dp=0"], "parallel.dp(0) must be >= 1"),
     (["parallel.tp=3"], "model.n_heads(4) is not divisible by tp(3)"),
-    (["parallel.pp=3", "parallel.microbatches=4", "train.global_batch=12"], "model.n_layers(4) is not divisible by pp(3) * virtual_stages(1)"),
-    (["parallel=pp2_interleaved", "parallel.virtual_stages=4"], "model.n_layers(4) is not divisible by pp(2) * virtual_stages(4) = 8"),
+    (
+        ["parallel.pp=3", "parallel.microbatches=4", "train.global_batch=12"],
+        "model.n_layers(4) is not divisible by pp(3) * virtual_stages(1)",
+    ),
+    (
+        ["parallel=pp2_interleaved", "parallel.virtual_stages=4"],
+        "model.n_layers(4) is not divisible by pp(2) * virtual_stages(4) = 8",
+    ),
     (["parallel=pp2_interleaved", "parallel.virtual_stages=1"], "interleaved_1f1b needs virtual_stages(1) >= 2"),
     (["parallel=pp2_1f1b", "parallel.virtual_stages=2"], "virtual_stages(2) > 1 needs schedule interleaved_1f1b"),
     (["parallel=pp2_1f1b", "parallel.microbatches=1"], "schedule 1f1b needs microbatches(1) >= pp(2)"),
@@ -115,7 +123,9 @@ def test_each_default_lives_once_a_preset_value_or_a_schema_default(group):
     schema = {f.name: f for f in dataclasses.fields(getattr(schema_module, GROUP_SCHEMAS[group]))}
     presets = {p.stem: yaml.safe_load(p.read_text()) or {} for p in (CONF_DIR / group).glob("*.yaml")}
     keys = set().union(*map(set, presets.values()))
-    shadowed = sorted(k for k in keys if schema[k].default is not MISSING or schema[k].default_factory is not NO_FACTORY)
+    shadowed = sorted(
+        k for k in keys if schema[k].default is not MISSING or schema[k].default_factory is not NO_FACTORY
+    )
     assert not shadowed, f"{group}: schema defaults also set by presets: {shadowed}"
     for name, values in presets.items():
         assert set(values) == keys, f"conf/{group}/{name}.yaml lacks {sorted(keys - set(values))}"

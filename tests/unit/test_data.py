@@ -14,8 +14,8 @@ from tests.conftest import make_config
 from trainflow.data.record import DataError, record_path
 from trainflow.data.sampler import TokenSampler
 from trainflow.data.tokens import write_tokens
-from trainflow.stages import prepare_data, stage_data
 from trainflow.stage import StageError
+from trainflow.stages import prepare_data, stage_data
 
 
 def test_token_file_records_its_provenance(tokens):
@@ -38,7 +38,14 @@ def test_bpe_tokenizer_trains_on_the_corpus(tmp_path):
         source = __import__(name).__file__
         (corpus / f"{name}.txt").write_text(open(source, encoding="utf-8").read())
     out = tmp_path / "bpe.h5"
-    cfg = make_config("prepare_data", tmp_path, "data=stdlib_bpe", f"data.corpus={corpus}/*.txt", "data.vocab_size=300", f"io.tokens={out}")
+    cfg = make_config(
+        "prepare_data",
+        tmp_path,
+        "data=stdlib_bpe",
+        f"data.corpus={corpus}/*.txt",
+        "data.vocab_size=300",
+        f"io.tokens={out}",
+    )
     prepare_data.run(cfg)
     with h5py.File(out) as f:
         assert f.attrs["tokenizer"] == "bpe" and f.attrs["vocab_size"] == 300
@@ -125,7 +132,9 @@ def test_training_names_a_damaged_staged_file_and_the_rerun(tokens, tmp_path):
     assert json.loads(record_path(dst).read_text()) == json.loads(record_path(tokens).read_text())
     TokenSampler(dst, seq_len=16, seed=0).close()
     truncate(dst, 4096)
-    with pytest.raises(DataError, match=rf"{dst} holds 4096 bytes but \d+ were recorded; it is damaged: rerun stage_data"):
+    with pytest.raises(
+        DataError, match=rf"{dst} holds 4096 bytes but \d+ were recorded; it is damaged: rerun stage_data"
+    ):
         TokenSampler(dst, seq_len=16, seed=0)
     record_path(dst).write_text(json.dumps({"bytes": 4096, "crc32c": 0}))  # a record that matches the damage
     with pytest.raises(DataError, match=rf"{dst} cannot be read as HDF5 .*rerun stage_data"):

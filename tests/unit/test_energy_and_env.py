@@ -18,11 +18,20 @@ def test_seed_campaign_energy():
 
 def test_stage_energy_prefers_counters_and_states_the_model():
     energy = EnergyConfig(cpu_watts_per_core=10, gpu_watts=500)
-    modelled = stage_energy({"stage": "s", "wall_s": 2.0, "cpu_s": 3.0, "rapl_j": None, "gpu_j": None}, energy=energy, gpus=4)
+    modelled = stage_energy(
+        {"stage": "s", "wall_s": 2.0, "cpu_s": 3.0, "rapl_j": None, "gpu_j": None}, energy=energy, gpus=4
+    )
     assert modelled["cpu_j"] == 30 and modelled["gpu_j"] == 4000
     assert modelled["cpu_source"].startswith("model") and modelled["gpu_source"].startswith("model")
-    measured = stage_energy({"stage": "s", "wall_s": 2.0, "cpu_s": 3.0, "rapl_j": 7.0, "gpu_j": 11.0}, energy=energy, gpus=4)
-    assert (measured["cpu_j"], measured["gpu_j"], measured["cpu_source"], measured["gpu_source"]) == (7.0, 11.0, "rapl", "nvml")
+    measured = stage_energy(
+        {"stage": "s", "wall_s": 2.0, "cpu_s": 3.0, "rapl_j": 7.0, "gpu_j": 11.0}, energy=energy, gpus=4
+    )
+    assert (measured["cpu_j"], measured["gpu_j"], measured["cpu_source"], measured["gpu_source"]) == (
+        7.0,
+        11.0,
+        "rapl",
+        "nvml",
+    )
     total = facility(3.6e6, EnergyConfig(pue=1.05, grid_gco2_per_kwh=30))
     assert math.isclose(total["facility_kwh"], 1.05) and math.isclose(total["co2_g"], 31.5)
 
@@ -30,7 +39,9 @@ def test_stage_energy_prefers_counters_and_states_the_model():
 def test_dvfs_estimate_scales_with_data_loading_time():
     energy = EnergyConfig(gpu_watts=560, dvfs=True)
     one = dvfs_estimate(10.0, gpus=4, energy=energy, applied=False)["estimated_saving_j"]
-    assert one > 0 and math.isclose(dvfs_estimate(20.0, gpus=4, energy=energy, applied=False)["estimated_saving_j"], 2 * one)
+    assert one > 0 and math.isclose(
+        dvfs_estimate(20.0, gpus=4, energy=energy, applied=False)["estimated_saving_j"], 2 * one
+    )
     assert dvfs_estimate(10.0, gpus=4, energy=EnergyConfig(dvfs=False), applied=False)["estimated_saving_j"] == 0
 
 
@@ -39,8 +50,17 @@ def test_bus_bandwidth_factor_is_nccl_tests_all_reduce():
 
 
 def test_audit_maps_the_seeds_names_and_flags_unknown_ones():
-    warnings = audit_env({"NCCL_TIMEOUT": "300", "NCCL_NSOCKS_P2P_NIC": "4", "NCCL_GRAPH": "x", "NCCL_ALOG": "Tree",
-                          "NCCL_ALGO": "Tree", "NCCL_NSOCKS_PERTHREAD": "4", "PATH": "/bin"})
+    warnings = audit_env(
+        {
+            "NCCL_TIMEOUT": "300",
+            "NCCL_NSOCKS_P2P_NIC": "4",
+            "NCCL_GRAPH": "x",
+            "NCCL_ALOG": "Tree",
+            "NCCL_ALGO": "Tree",
+            "NCCL_NSOCKS_PERTHREAD": "4",
+            "PATH": "/bin",
+        }
+    )
     text = " | ".join(warnings)
     assert len(warnings) == 4
     assert "NCCL_TIMEOUT" in text and "collective_timeout_s" in text

@@ -10,11 +10,20 @@ from tests.conftest import REPO
 SRC = REPO / "src/trainflow"
 # Top-level module or package -> layer; each may import only what lies below it (or itself).
 LAYERS = {
-    "errors": 0, "atomic": 0, "crc": 0, "progress": 0,
+    "errors": 0,
+    "atomic": 0,
+    "crc": 0,
+    "progress": 0,
     "config": 1,
-    "data": 2, "model": 2, "checkpoint": 2, "parallel": 2, "energy": 2, "nccl_env": 2,
+    "data": 2,
+    "model": 2,
+    "checkpoint": 2,
+    "parallel": 2,
+    "energy": 2,
+    "nccl_env": 2,
     "train": 3,
-    "launch": 4, "stage": 4,
+    "launch": 4,
+    "stage": 4,
     "stages": 5,
 }
 MODULES = sorted(p for p in SRC.rglob("*.py"))

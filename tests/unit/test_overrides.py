@@ -63,41 +63,47 @@ def test_an_out_of_domain_value_fails_at_compose_time_naming_the_key(key, kind, 
     assert f"{key}(" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize(("override", "fragment"), [
-    ("optim.lr=nan", "optim.lr(nan) must be a finite number"),
-    ("cluster.executor=ssh", "cluster.executor('ssh') must be one of local, slurm"),
-    ("fault.signal=STOP", "fault.signal('STOP') must be one of USR2, TERM, KILL"),
-    ("fault.rank=2", "fault.rank(2) must be < the world size 2"),
-    ("cluster.partition='debug --wrap=id'", "cluster.partition('debug --wrap=id') must match"),
-    ("+cluster.env.LD_PRELOAD=/tmp/x.so", "cluster.env.LD_PRELOAD is not a variable trainflow passes to ranks"),
-    ("+cluster.env.NCCL_NET_PLUGIN=/tmp/x.so", "cluster.env.NCCL_NET_PLUGIN is not a variable"),
-    ("run=..", "run('..') must match"),
-    ("run=.hidden", "run('.hidden') must match"),
-    ("storage.root=runs/../x", "storage.root('runs/../x') climbs out of its folder through '..'"),
-    ("io.report=/tmp/../etc/report.md", "io.report('/tmp/../etc/report.md') climbs out of its folder"),
-    ("storage.root='/tmp/a$b'", "storage.root('/tmp/a$b') holds '$'"),
-])
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("optim.lr=nan", "optim.lr(nan) must be a finite number"),
+        ("cluster.executor=ssh", "cluster.executor('ssh') must be one of local, slurm"),
+        ("fault.signal=STOP", "fault.signal('STOP') must be one of USR2, TERM, KILL"),
+        ("fault.rank=2", "fault.rank(2) must be < the world size 2"),
+        ("cluster.partition='debug --wrap=id'", "cluster.partition('debug --wrap=id') must match"),
+        ("+cluster.env.LD_PRELOAD=/tmp/x.so", "cluster.env.LD_PRELOAD is not a variable trainflow passes to ranks"),
+        ("+cluster.env.NCCL_NET_PLUGIN=/tmp/x.so", "cluster.env.NCCL_NET_PLUGIN is not a variable"),
+        ("run=..", "run('..') must match"),
+        ("run=.hidden", "run('.hidden') must match"),
+        ("storage.root=runs/../x", "storage.root('runs/../x') climbs out of its folder through '..'"),
+        ("io.report=/tmp/../etc/report.md", "io.report('/tmp/../etc/report.md') climbs out of its folder"),
+        ("storage.root='/tmp/a$b'", "storage.root('/tmp/a$b') holds '$'"),
+    ],
+)
 def test_values_that_cannot_run_or_escape_are_refused(override, fragment):
     with pytest.raises(ConfigError) as err:
         compose("train_segment", [override])
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize(("overrides", "fragment"), [
-    ('experiment=smoke "run=x|touch /tmp/p|y', "run('x|touch /tmp/p|y') must match"),
-    ("run=../x", "run('../x') must match"),
-    ("--config-dir=/tmp", "is a command-line flag"),
-    ("-m", "is a command-line flag"),
-    ("+hydra.callbacks.x._target_=os.system", "changes Hydra itself"),
-    ("hydra/job_logging=none", "changes Hydra itself"),
-    ("hydra.searchpath=[file:///tmp]", "changes Hydra itself"),
-    ("cluster=../../../../tmp/x", "must name a preset in conf/cluster/ by its name alone"),
-    ("cluster.setup=[id]", "sets shell lines of the sbatch script"),
-    ("optim.lr=1e-3,2e-3", "is a sweep"),
-    ("model@optim=tiny", "moves a config package"),
-    ("optim.lr=(1", "does not parse"),
-    ('optim.lr=(1 "x', "does not split into overrides"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ('experiment=smoke "run=x|touch /tmp/p|y', "run('x|touch /tmp/p|y') must match"),
+        ("run=../x", "run('../x') must match"),
+        ("--config-dir=/tmp", "is a command-line flag"),
+        ("-m", "is a command-line flag"),
+        ("+hydra.callbacks.x._target_=os.system", "changes Hydra itself"),
+        ("hydra/job_logging=none", "changes Hydra itself"),
+        ("hydra.searchpath=[file:///tmp]", "changes Hydra itself"),
+        ("cluster=../../../../tmp/x", "must name a preset in conf/cluster/ by its name alone"),
+        ("cluster.setup=[id]", "sets shell lines of the sbatch script"),
+        ("optim.lr=1e-3,2e-3", "is a sweep"),
+        ("model@optim=tiny", "moves a config package"),
+        ("optim.lr=(1", "does not parse"),
+        ('optim.lr=(1 "x', "does not split into overrides"),
+    ],
+)
 def test_workflow_overrides_that_could_do_more_than_set_a_value_are_refused(overrides, fragment):
     with pytest.raises(ConfigError) as err:
         compose_workflow("default", "", overrides)
@@ -122,8 +128,9 @@ SHELL = "|;&$`'\"\\<>(){}[]*?~#!=,. \t\n"
 WORD = st.text(alphabet=st.sampled_from("abcxyz019-_/" + SHELL), max_size=12)
 VALUE = st.one_of(WORD, st.integers(-10, 10).map(str), st.floats(allow_nan=True).map(repr))
 OVERRIDE = st.one_of(
-    st.tuples(st.sampled_from(["", "+", "++", "~"]), st.sampled_from(KEYS + ["hydra.run.dir", "cluster"]), VALUE)
-    .map(lambda t: f"{t[0]}{t[1]}={t[2]}"),
+    st.tuples(st.sampled_from(["", "+", "++", "~"]), st.sampled_from(KEYS + ["hydra.run.dir", "cluster"]), VALUE).map(
+        lambda t: f"{t[0]}{t[1]}={t[2]}"
+    ),
     WORD,
 )
 

@@ -22,10 +22,14 @@ ALLOWED_LINTS = {
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, timeout=600
+    )
     result.output = result.stdout + result.stderr
     if check and result.returncode:
-        pytest.fail(f"snakemake {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"snakemake {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -43,18 +47,31 @@ def test_lint_finds_only_the_known_exceptions(tmp_path):
 
 def test_dry_run_plans_every_stage(tmp_path):
     counts = job_counts(snakemake(tmp_path, "-n").output)
-    assert counts == {"prepare_data": 1, "stage_data": 1, "validate_nccl": 1, "train_segment": 2,
-                      "verify_checkpoint": 1, "account_energy": 1, "report": 1, "all": 1}
+    assert counts == {
+        "prepare_data": 1,
+        "stage_data": 1,
+        "validate_nccl": 1,
+        "train_segment": 2,
+        "verify_checkpoint": 1,
+        "account_energy": 1,
+        "report": 1,
+        "all": 1,
+    }
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ("model.n_layr=2", "unknown config key 'model.n_layr' (ModelConfig has no field 'n_layr')"),
-    ("parallel.tp=3", "model.n_heads(4) is not divisible by tp(3)"),
-    ("optim.lr=-1", "optim.lr(-1.0) must be > 0"),
-    ("cluster.mtbf_hours=0", "cluster.mtbf_hours(0.0) must be > 0"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ("model.n_layr=2", "unknown config key 'model.n_layr' (ModelConfig has no field 'n_layr')"),
+        ("parallel.tp=3", "model.n_heads(4) is not divisible by tp(3)"),
+        ("optim.lr=-1", "optim.lr(-1.0) must be > 0"),
+        ("cluster.mtbf_hours=0", "cluster.mtbf_hours(0.0) must be > 0"),
+    ],
+)
 def test_bad_config_fails_before_any_stage(tmp_path, overrides, message):
-    result = snakemake(tmp_path, "--profile", str(REPO / "profiles/local"), "--config", f"overrides={overrides}", check=False)
+    result = snakemake(
+        tmp_path, "--profile", str(REPO / "profiles/local"), "--config", f"overrides={overrides}", check=False
+    )
     assert result.returncode != 0
     lines = [line for line in result.output.splitlines() if message in line]
     assert len(lines) == 1, result.stderr[-2000:]
@@ -79,31 +96,51 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     assert "Nothing to be done" in again.output
 
     changed = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke optim.lr=1e-3", "-n")
-    assert job_counts(changed.output) == {"train_segment": 2, "verify_checkpoint": 1, "account_energy": 1,
-                                          "report": 1, "all": 1}
+    assert job_counts(changed.output) == {
+        "train_segment": 2,
+        "verify_checkpoint": 1,
+        "account_energy": 1,
+        "report": 1,
+        "all": 1,
+    }
 
     # Deleting one segment's output reruns that segment and what follows, from its checkpoint.
     (segment,) = run.glob("train/*/segment-1.json")
     segment.unlink()
     redo = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke")
-    assert job_counts(redo.output) == {"train_segment": 1, "verify_checkpoint": 1, "account_energy": 1, "report": 1, "all": 1}
+    assert job_counts(redo.output) == {
+        "train_segment": 1,
+        "verify_checkpoint": 1,
+        "account_energy": 1,
+        "report": 1,
+        "all": 1,
+    }
     assert read_json(segment)["end_step"] == 12
 
 
-@pytest.mark.parametrize("config", [
-    ["run=a", 'overrides=experiment=smoke "run=x|touch {marker}|y"'],
-    ["run=..", "overrides=experiment=smoke"],
-    ["overrides=experiment=smoke run=../x"],
-    ["overrides=experiment=smoke storage.root=runs/../..", "site=cluster=local"],
-    ["overrides=experiment=smoke", "site=+hydra.callbacks.x._target_=os.system"],
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        ["run=a", 'overrides=experiment=smoke "run=x|touch {marker}|y"'],
+        ["run=..", "overrides=experiment=smoke"],
+        ["overrides=experiment=smoke run=../x"],
+        ["overrides=experiment=smoke storage.root=runs/../..", "site=cluster=local"],
+        ["overrides=experiment=smoke", "site=+hydra.callbacks.x._target_=os.system"],
+    ],
+)
 def test_hostile_config_fails_before_any_stage_and_writes_nothing(tmp_path, config):
     marker = tmp_path.parent / f"{tmp_path.name}-pwned"
     work = tmp_path / "work"
     work.mkdir()
     before = sorted(p.name for p in REPO.iterdir())
-    result = snakemake(work, "--profile", str(REPO / "profiles/local"), "--config",
-                       *(c.format(marker=marker) for c in config), check=False)
+    result = snakemake(
+        work,
+        "--profile",
+        str(REPO / "profiles/local"),
+        "--config",
+        *(c.format(marker=marker) for c in config),
+        check=False,
+    )
     assert result.returncode != 0
     assert not marker.exists() and sorted(p.name for p in REPO.iterdir()) == before
     assert [p.name for p in work.iterdir()] in ([], [".snakemake"])
@@ -113,6 +150,13 @@ def test_hostile_config_fails_before_any_stage_and_writes_nothing(tmp_path, conf
 def test_paths_with_spaces_run(tmp_path):
     root = tmp_path / "a run; with spaces"
     tokens = root / "fast/data/tokens.h5"
-    snakemake(tmp_path, "--profile", str(REPO / "profiles/local"), "--config",
-              f"overrides=experiment=smoke \"storage.root='{root}'\"", "--", str(tokens))
+    snakemake(
+        tmp_path,
+        "--profile",
+        str(REPO / "profiles/local"),
+        "--config",
+        f"overrides=experiment=smoke \"storage.root='{root}'\"",
+        "--",
+        str(tokens),
+    )
     assert tokens.stat().st_size > 1000 and (root / "logs/stage_data/stage_data.log").is_file()

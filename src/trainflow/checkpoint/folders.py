@@ -1,10 +1,10 @@
 """How a checkpoint series lies on disk, without torch (verify_checkpoint and the launcher only list it).
 
-    python -c "from trainflow.checkpoint.folders import list_steps; print(list_steps('runs/default/capacity/checkpoints'))"
+python -c "from trainflow.checkpoint.folders import list_steps; print(list_steps('runs/default/capacity/checkpoints'))"
 
-    <root>/step-00000150/        a complete checkpoint (renamed into place after its manifest)
-    <root>/step-00000150.tmp/    a save in progress or crashed (removed by the next save)
-    <root>/step-00000150.pruned/ a prune in progress or crashed (removed by the next prune)
+<root>/step-00000150/        a complete checkpoint (renamed into place after its manifest)
+<root>/step-00000150.tmp/    a save in progress or crashed (removed by the next save)
+<root>/step-00000150.pruned/ a prune in progress or crashed (removed by the next prune)
 """
 
 from __future__ import annotations

@@ -64,5 +64,7 @@ class IntervalPlanner:
             "save_s": self.save_s,
             "step_s": self.step_s,
             "mtbf_s": self.mtbf_s,
-            "interval_s": None if self.fixed_steps or not self.save_times else young_daly_seconds(save_s=self.save_s, mtbf_s=self.mtbf_s),
+            "interval_s": None
+            if self.fixed_steps or not self.save_times
+            else young_daly_seconds(save_s=self.save_s, mtbf_s=self.mtbf_s),
         }

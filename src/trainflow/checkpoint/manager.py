@@ -36,6 +36,8 @@ from trainflow.checkpoint.writer import ChecksummingWriter
 from trainflow.errors import TrainflowError
 
 log = logging.getLogger("trainflow.checkpoint")
+
+
 class CheckpointWriteError(TrainflowError):
     """A checkpoint that could not be written; the previous ones are intact."""
 

@@ -26,8 +26,13 @@ def build_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
     model, optim = {}, {}
     for part, opt in zip(parts, optimizers):
         model.update(get_model_state_dict(part, options=FLAT))
-        optim.update({k: v for k, v in get_optimizer_state_dict(part, opt, options=FLAT).items()
-                      if not k.startswith("param_groups.")})
+        optim.update(
+            {
+                k: v
+                for k, v in get_optimizer_state_dict(part, opt, options=FLAT).items()
+                if not k.startswith("param_groups.")
+            }
+        )
     return {"model": model, "optim": optim, "step": torch.tensor(step), "rng": torch.get_rng_state()}
 
 

@@ -24,8 +24,15 @@ def validate(cfg: TrainflowConfig) -> None:
     if errors:  # the cross-field rules below assume every field lies in its domain
         raise ConfigError("invalid config: " + "; ".join(errors))
     errors = parallel_errors(
-        dp=p.dp, tp=p.tp, pp=p.pp, virtual_stages=p.virtual_stages, schedule=p.schedule,
-        microbatches=p.microbatches, n_layers=m.n_layers, n_heads=m.n_heads, ffn_dim=m.ffn_dim,
+        dp=p.dp,
+        tp=p.tp,
+        pp=p.pp,
+        virtual_stages=p.virtual_stages,
+        schedule=p.schedule,
+        microbatches=p.microbatches,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        ffn_dim=m.ffn_dim,
         global_batch=t.global_batch,
     )
     if m.dim % m.n_heads:
@@ -68,12 +75,17 @@ def domain_errors(node: Any, prefix: str = "") -> list[str]:
 def path_errors(cfg: TrainflowConfig) -> list[str]:
     """Storage and io paths, in order: none of UNSAFE_PATH_CHARS and no '..' (normalised, such a path
     can climb out of the folder it is declared in)."""
-    paths = [(f"{section}.{f.name}", getattr(node, f.name)) for section, node in (("storage", cfg.storage), ("io", cfg.io))
-             for f in fields(node)]
+    paths = [
+        (f"{section}.{f.name}", getattr(node, f.name))
+        for section, node in (("storage", cfg.storage), ("io", cfg.io))
+        for f in fields(node)
+    ]
     for key, value in paths:
         for path in value if isinstance(value, list) else [value]:
             if bad := re.search(UNSAFE_PATH_CHARS, path):
-                return [f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"]
+                return [
+                    f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"
+                ]
             if ".." in PurePosixPath(path).parts:
                 return [f"{key}({path!r}) climbs out of its folder through '..'; give the path without '..'"]
     return []  # one error at most: the paths derive from each other, so the first names the cause
@@ -96,8 +108,9 @@ def env_errors(env: dict[str, str]) -> list[str]:
     for name, value in env.items():
         if not re.fullmatch(ENV_NAME, name) or re.fullmatch(ENV_REFUSED, name):
             errors.append(
-                f"cluster.env.{name} is not a variable trainflow passes to ranks: only NCCL_*, TORCH_*, CUDA_*, FI_*, "
-                "UCX_*, GLOO_*, OMP_*, MKL_*, MPICH_*, NVSHMEM_*, CXI_* (none that loads a plugin or names a file to write)"
+                f"cluster.env.{name} is not a variable trainflow passes to ranks: only NCCL_*, TORCH_*, CUDA_*, "
+                "FI_*, UCX_*, GLOO_*, OMP_*, MKL_*, MPICH_*, NVSHMEM_*, CXI_* (none that loads a plugin or names a "
+                "file to write)"
             )
         elif re.search(r"[\x00-\x1f\x7f]", str(value)):
             errors.append(f"cluster.env.{name}({value!r}) holds a control character; give a one-line value")

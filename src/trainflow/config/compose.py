@@ -1,6 +1,6 @@
 """Composing a stage's config with Hydra's compose API, and Hydra's errors as one line.
 
-    python -c "from trainflow.config import compose; print(compose('train_segment', ['model=tiny']))"
+python -c "from trainflow.config import compose; print(compose('train_segment', ['model=tiny']))"
 """
 
 from __future__ import annotations
@@ -41,13 +41,18 @@ def one_line(err: BaseException) -> str:
     while cause.__cause__ is not None:
         cause = cause.__cause__
     text = str(cause)
-    if (m := re.search(r"Key '(.+?)' not in '(\w+)'\s+full_key: (\S+)", text)):
-        return f"unknown config key '{m[3]}' ({m[2]} has no field '{m[1]}'): check its spelling in conf/ or src/trainflow/config/schema.py"
-    if (m := re.search(r"Could not find '(.+?)'\s+Available options in '(.+?)':((?:\s+\S+)+?)\s+Config search path", text)):
+    if m := re.search(r"Key '(.+?)' not in '(\w+)'\s+full_key: (\S+)", text):
+        return (
+            f"unknown config key '{m[3]}' ({m[2]} has no field '{m[1]}'): check its spelling in conf/ or "
+            "src/trainflow/config/schema.py"
+        )
+    if m := re.search(
+        r"Could not find '(.+?)'\s+Available options in '(.+?)':((?:\s+\S+)+?)\s+Config search path", text
+    ):
         return f"no config option '{m[1]}': choose one of {', '.join(m[3].split())} for {m[2]}"
-    if (m := re.search(r"(Value .+?)\s+full_key: (\S+)", text)):
+    if m := re.search(r"(Value .+?)\s+full_key: (\S+)", text):
         return f"bad value for '{m[2]}': {m[1]}"
-    if (m := re.search(r"full_key: (\S+)", text)):
+    if m := re.search(r"full_key: (\S+)", text):
         return f"bad value for '{m[1]}': {text.splitlines()[0]}"
     return " ".join(text.split())
 

@@ -1,6 +1,6 @@
 """What reruns what: the config subtrees each stage reads, and their hash (each rule's params).
 
-    python -c "from trainflow.config import compose, config_hash; print(config_hash(compose('report'), ('model',)))"
+python -c "from trainflow.config import compose, config_hash; print(config_hash(compose('report'), ('model',)))"
 """
 
 from __future__ import annotations

@@ -13,13 +13,27 @@ from trainflow.errors import ConfigError
 
 
 def parallel_errors(
-    *, dp: int, tp: int, pp: int, virtual_stages: int, schedule: str, microbatches: int,
-    n_layers: int, n_heads: int, ffn_dim: int, global_batch: int,
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    virtual_stages: int,
+    schedule: str,
+    microbatches: int,
+    n_layers: int,
+    n_heads: int,
+    ffn_dim: int,
+    global_batch: int,
 ) -> list[str]:
     """The layout rules of hybrid parallelism, one message per broken rule."""
     errors = []
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages),
-                        ("microbatches", microbatches)):
+    for name, value in (
+        ("dp", dp),
+        ("tp", tp),
+        ("pp", pp),
+        ("virtual_stages", virtual_stages),
+        ("microbatches", microbatches),
+    ):
         if value < 1:
             errors.append(f"parallel.{name}({value}) must be >= 1")
     if errors:
@@ -69,16 +83,32 @@ class ParallelDims:
             )
 
     @classmethod
-    def from_config(cls, p: ParallelConfig, *, world_size: int, n_layers: int, n_heads: int, ffn_dim: int,
-                    global_batch: int) -> "ParallelDims":
+    def from_config(
+        cls, p: ParallelConfig, *, world_size: int, n_layers: int, n_heads: int, ffn_dim: int, global_batch: int
+    ) -> ParallelDims:
         errors = parallel_errors(
-            dp=p.dp, tp=p.tp, pp=p.pp, virtual_stages=p.virtual_stages, schedule=p.schedule,
-            microbatches=p.microbatches, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, global_batch=global_batch,
+            dp=p.dp,
+            tp=p.tp,
+            pp=p.pp,
+            virtual_stages=p.virtual_stages,
+            schedule=p.schedule,
+            microbatches=p.microbatches,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            ffn_dim=ffn_dim,
+            global_batch=global_batch,
         )
         if errors:
             raise ConfigError("invalid parallel layout: " + "; ".join(errors))
-        return cls(dp=p.dp, tp=p.tp, pp=p.pp, world_size=world_size, virtual_stages=p.virtual_stages,
-                   schedule=p.schedule, microbatches=p.microbatches)
+        return cls(
+            dp=p.dp,
+            tp=p.tp,
+            pp=p.pp,
+            world_size=world_size,
+            virtual_stages=p.virtual_stages,
+            schedule=p.schedule,
+            microbatches=p.microbatches,
+        )
 
     @property
     def n_stages(self) -> int:

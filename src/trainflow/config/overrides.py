@@ -1,7 +1,7 @@
 """The Hydra overrides a workflow is given (`--config overrides=...`, a profile's `site`): split, checked
 and composed before any stage runs, so a bad or hostile string fails in one line and runs nothing.
 
-    python -c "from trainflow.config.overrides import compose_workflow; print(compose_workflow('default', '', 'parallel=tp2'))"
+    python -c "from trainflow.config.overrides import compose_workflow as c; print(c('default', '', 'parallel=tp2'))"
 
 Every stage's command line repeats these overrides, so what they may do is narrower than what Hydra
 allows on a command line: no flags (`--config-dir`, `-m`), no `hydra.*` keys or `hydra/` groups (Hydra
@@ -40,7 +40,9 @@ def split(text: str, source: str) -> list[str]:
     try:
         return shlex.split(text)  # `check` names the word Hydra cannot parse
     except ValueError:
-        raise ConfigError(f"{source}({text!r}) does not split into overrides (unbalanced quotes); quote each value once") from None
+        raise ConfigError(
+            f"{source}({text!r}) does not split into overrides (unbalanced quotes); quote each value once"
+        ) from None
 
 
 def parses(word: str) -> bool:

@@ -103,11 +103,18 @@ class RunFolder:
         """Every io path of `cfg.stage` as the workflow passes it."""
         segments = cfg.train.segments
         return {
-            "tokens": self.tokens, "staged_tokens": self.staged_tokens, "nccl_report": self.nccl_report,
-            "checkpoints": self.checkpoints, "segment_report": self.segment_report(cfg.segment),
-            "segment_reports": self.segment_reports(segments), "verify_report": self.verify_report,
-            "energy_report": self.energy_report, "stage_metrics": self.stage_metrics(cfg.stage, cfg.segment),
-            "metrics": self.metrics(segments), "report": self.report, "plots": self.plots,
+            "tokens": self.tokens,
+            "staged_tokens": self.staged_tokens,
+            "nccl_report": self.nccl_report,
+            "checkpoints": self.checkpoints,
+            "segment_report": self.segment_report(cfg.segment),
+            "segment_reports": self.segment_reports(segments),
+            "verify_report": self.verify_report,
+            "energy_report": self.energy_report,
+            "stage_metrics": self.stage_metrics(cfg.stage, cfg.segment),
+            "metrics": self.metrics(segments),
+            "report": self.report,
+            "plots": self.plots,
             "submitit": self.submitit(cfg.stage),
         }
 

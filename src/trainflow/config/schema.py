@@ -46,8 +46,12 @@ class Domain:
 
     def violation(self, value: Any) -> str | None:
         """Why `value` lies outside the domain (None: it does not)."""
-        bounds = ((self.gt, ">", operator.gt), (self.ge, ">=", operator.ge), (self.lt, "<", operator.lt),
-                  (self.le, "<=", operator.le))
+        bounds = (
+            (self.gt, ">", operator.gt),
+            (self.ge, ">=", operator.ge),
+            (self.lt, "<", operator.lt),
+            (self.le, "<=", operator.le),
+        )
         if any(b is not None for b, _, _ in bounds) and not math.isfinite(value):
             return "must be a finite number"
         for bound, sign, holds in bounds:

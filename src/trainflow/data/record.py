@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainflow.atomic import atomic_path, write_json
-from trainflow.crc import file_crc
 from trainflow.config import TrainflowError
+from trainflow.crc import file_crc
 
 
 class DataError(TrainflowError):
@@ -57,7 +57,9 @@ def read_record(tokens: Path, *, rerun: str) -> tuple[int, int]:
         record = json.loads(path.read_text())
         return int(record["bytes"]), int(record["crc32c"])
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DataError(f"{path} (the size and CRC of {tokens.name}) is missing or unreadable ({err}); rerun {rerun}")
+        raise DataError(
+            f"{path} (the size and CRC of {tokens.name}) is missing or unreadable ({err}); rerun {rerun}"
+        ) from err
 
 
 def check_file(tokens: Path, *, rerun: str) -> tuple[int, int]:

@@ -46,7 +46,7 @@ class BpeTokenizer:
         self.eot_id = tokenizer.token_to_id(EOT_TEXT)
 
     @classmethod
-    def train(cls, texts: list[str], vocab_size: int) -> "BpeTokenizer":
+    def train(cls, texts: list[str], vocab_size: int) -> BpeTokenizer:
         from tokenizers import ByteLevelBPETokenizer
 
         tok = ByteLevelBPETokenizer()

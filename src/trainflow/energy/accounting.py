@@ -23,7 +23,10 @@ def stage_energy(metrics: dict, *, energy: EnergyConfig, gpus: int) -> dict:
     if metrics.get("rapl_j") is not None:
         cpu_j, cpu_source = metrics["rapl_j"], "rapl"
     else:
-        cpu_j, cpu_source = cpu_s * energy.cpu_watts_per_core, f"model: {cpu_s:.1f} CPU-s x {energy.cpu_watts_per_core} W"
+        cpu_j, cpu_source = (
+            cpu_s * energy.cpu_watts_per_core,
+            f"model: {cpu_s:.1f} CPU-s x {energy.cpu_watts_per_core} W",
+        )
     gpu_measured = metrics.get("rank_gpu_j") or metrics.get("gpu_j")
     if gpu_measured is not None:
         gpu_j, gpu_source = gpu_measured, "nvml"
@@ -31,8 +34,17 @@ def stage_energy(metrics: dict, *, energy: EnergyConfig, gpus: int) -> dict:
         gpu_j, gpu_source = gpus * energy.gpu_watts * metrics["wall_s"], f"model: {gpus} GPUs x {energy.gpu_watts} W"
     else:
         gpu_j, gpu_source = 0.0, "no GPUs"
-    return {"stage": metrics["stage"], "segment": metrics.get("segment"), "wall_s": metrics["wall_s"], "cpu_s": cpu_s,
-            "cpu_j": cpu_j, "cpu_source": cpu_source, "gpu_j": gpu_j, "gpu_source": gpu_source, "it_j": cpu_j + gpu_j}
+    return {
+        "stage": metrics["stage"],
+        "segment": metrics.get("segment"),
+        "wall_s": metrics["wall_s"],
+        "cpu_s": cpu_s,
+        "cpu_j": cpu_j,
+        "cpu_source": cpu_source,
+        "gpu_j": gpu_j,
+        "gpu_source": gpu_source,
+        "it_j": cpu_j + gpu_j,
+    }
 
 
 def facility(it_j: float, energy: EnergyConfig) -> dict:
@@ -45,8 +57,11 @@ def dvfs_estimate(data_s: float, *, gpus: int, energy: EnergyConfig, applied: bo
     """What lowering clocks during data loading saves: data time x GPUs x (1 - idle power share) x power."""
     saved_j = data_s * gpus * energy.gpu_watts * (1 - IDLE_CLOCK_POWER_SHARE) if energy.dvfs else 0.0
     return {
-        "enabled": energy.dvfs, "applied": applied, "data_loading_s": data_s,
-        "idle_clock_mhz": energy.idle_clock_mhz, "compute_clock_mhz": energy.compute_clock_mhz,
+        "enabled": energy.dvfs,
+        "applied": applied,
+        "data_loading_s": data_s,
+        "idle_clock_mhz": energy.idle_clock_mhz,
+        "compute_clock_mhz": energy.compute_clock_mhz,
         "estimated_saving_j": saved_j,
         "note": "applied through NVML" if applied else "recorded, not applied: NVML clock control unavailable here",
     }

@@ -40,7 +40,9 @@ def read_nvml_j() -> float | None:
         return None
     try:
         n = pynvml.nvmlDeviceGetCount()
-        return sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i)) / 1e3 for i in range(n))
+        return sum(
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i)) / 1e3 for i in range(n)
+        )
     except pynvml.NVMLError:
         return None
     finally:
@@ -62,7 +64,7 @@ class Reading:
     gpu_j: float | None
 
     @classmethod
-    def now(cls) -> "Reading":
+    def now(cls) -> Reading:
         return cls(time.time(), cpu_seconds(), read_rapl_j(), read_nvml_j())
 
 

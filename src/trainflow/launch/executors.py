@@ -42,8 +42,11 @@ def build_executor(cluster: ClusterConfig, *, world_size: int, folder: str | Pat
         params["slurm_setup"] = list(cluster.setup)
     if cluster.gpus_per_node:
         params["gpus_per_node"] = cluster.gpus_per_node
-    for key, value in (("slurm_partition", cluster.partition), ("slurm_account", cluster.account),
-                       ("slurm_constraint", cluster.constraint)):
+    for key, value in (
+        ("slurm_partition", cluster.partition),
+        ("slurm_account", cluster.account),
+        ("slurm_constraint", cluster.constraint),
+    ):
         if value:
             params[key] = value
     executor.update_parameters(**params)
@@ -57,11 +60,16 @@ class LocalExecutor(submitit.LocalExecutor):
         # The environment submitit 1.5.4's start_controller gives its controller; only the program differs.
         tasks, gpus = self.parameters.get("tasks_per_node", 1), self.parameters.get("gpus_per_node", 0)
         env = {
-            **os.environ, "SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_COMMAND": command,
-            "SUBMITIT_LOCAL_NTASKS": str(tasks), "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            **os.environ,
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_NTASKS": str(tasks),
+            "SUBMITIT_LOCAL_NODEID": "0",
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
             "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
             "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
-            "SUBMITIT_STDERR_TO_STDOUT": "", "SUBMITIT_LOCAL_WITH_SHELL": "",
+            "SUBMITIT_STDERR_TO_STDOUT": "",
+            "SUBMITIT_LOCAL_WITH_SHELL": "",
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
         }
         process = subprocess.Popen([sys.executable, "-m", "trainflow.launch", str(self.folder)], env=env)
@@ -81,8 +89,11 @@ class LocalController(Controller):
                     codes[k] = code
                     if code:
                         how = signal.strsignal(-code) if code < 0 else f"Exited with exit code {code}"
-                        print(f"trainflow-local: error: {socket.gethostname()}: task {k}: {how}", file=self.stderrs[0],
-                              flush=True)
+                        print(
+                            f"trainflow-local: error: {socket.gethostname()}: task {k}: {how}",
+                            file=self.stderrs[0],
+                            flush=True,
+                        )
             if None not in codes:
                 break
             if not warned and time.monotonic() - start >= self.timeout_s - self.signal_delay_s:

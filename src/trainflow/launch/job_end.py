@@ -34,8 +34,9 @@ from trainflow.launch.task import task_marker
 
 log = logging.getLogger("trainflow.launch")
 
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
-                   "OUT_OF_MEMORY"})
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
 """Slurm's final job states; a requeued job is PENDING again under the same id."""
 STOPPED = ENDED - {"COMPLETED", "FAILED"}
 """Final states set by Slurm or an operator, not by the tasks: the state itself is the cause."""
@@ -51,7 +52,6 @@ SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsigna
 """srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
 
 
-
 class LaunchError(TrainflowError):
     """A distributed job that ended without every task's result; the message names the cause and a log file."""
 
@@ -63,8 +63,9 @@ def run_job(executor: submitit.Executor, fn: object) -> list:
     log.info("Submitted %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
     with cancel_on_interrupt(job, kind):
         end = wait_for_end(job, kind)
-    outcomes = [pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None
-                for k in range(job.num_tasks)]
+    outcomes = [
+        pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None for k in range(job.num_tasks)
+    ]
     if all(outcome and outcome[0] == "success" for outcome in outcomes):
         return [outcome[1] for outcome in outcomes]
     raise LaunchError(failure_line(job, kind, end or ("", 0), outcomes))
@@ -95,8 +96,11 @@ def ended_state(job: submitit.Job, kind: str) -> tuple[str, int] | None:
         restarts = re.search(r"\bRestarts=(\d+)", out.stdout)
         return (state[1], int(restarts[1]) if restarts else 0) if state[1] in ENDED else None
     if "Invalid job id" not in out.stderr:
-        log.warning("Could not read the state of slurm job %s (scontrol: %s); kept waiting", job.job_id,
-                    out.stderr.strip() or f"exit status {out.returncode}")
+        log.warning(
+            "Could not read the state of slurm job %s (scontrol: %s); kept waiting",
+            job.job_id,
+            out.stderr.strip() or f"exit status {out.returncode}",
+        )
         return None
     # slurmctld forgets a job MinJobAge after its end; then only accounting, where there is any, knows its state.
     acct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job.job_id], capture_output=True, text=True)
@@ -121,11 +125,17 @@ def failure_line(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: l
 def first_failed_rank(job: submitit.Job, outcomes: list) -> tuple[int, str, str] | None:
     """(rank, host, what happened to it) of the rank that failed first: one that died abruptly (no result, and
     its code never ended), else one that raised; among several, the first whose abnormal end the log reported."""
-    markers = {k: json.loads(path.read_text()) for k in range(job.num_tasks)
-               if (path := task_marker(job.task(k).paths)).exists()}
+    markers = {
+        k: json.loads(path.read_text())
+        for k in range(job.num_tasks)
+        if (path := task_marker(job.task(k).paths)).exists()
+    }
     ends = reported_ends(job.paths.stderr)
-    died = [k for k, outcome in enumerate(outcomes)
-            if outcome is None and (k in markers or k in ends) and "ended" not in markers.get(k, {})]
+    died = [
+        k
+        for k, outcome in enumerate(outcomes)
+        if outcome is None and (k in markers or k in ends) and "ended" not in markers.get(k, {})
+    ]
     raised = [k for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"]
     reported = {k: position for position, k in enumerate(ends)}
     for candidates in (died, raised):

@@ -1,6 +1,6 @@
 """What each task of a job does first: mark where it runs, join the default process group.
 
-    with distributed_task(cfg.cluster) as (rank, world_size, device): ...   # inside a submitit task
+with distributed_task(cfg.cluster) as (rank, world_size, device): ...   # inside a submitit task
 """
 
 from __future__ import annotations
@@ -36,8 +36,12 @@ def marked_task() -> Iterator[None]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
     ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer)."""
     env = submitit.JobEnvironment()
-    record = {"rank": env.global_rank, "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-              "pid": os.getpid(), "started": time.time()}  # Slurm's node name: what sinfo and srun call the host
+    record = {
+        "rank": env.global_rank,
+        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+    }  # Slurm's node name: what sinfo and srun call the host
     write_json(task_marker(env.paths), record)
     try:
         yield

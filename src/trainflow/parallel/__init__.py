@@ -10,8 +10,8 @@ DDP) except the bucketed gradient all-reduce for 2-D/3-D meshes, which DDP canno
 This module only re-exports the public names.
 """
 
-from trainflow.parallel.data_parallel import apply_ddp, apply_dp
 from trainflow.config.layout import ParallelDims
+from trainflow.parallel.data_parallel import apply_ddp, apply_dp
 from trainflow.parallel.grad_reducer import GradReducer
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.runtime import Parallelized, parallelize_model

@@ -1,6 +1,6 @@
 """Data parallel: torch's DDP on a pure-dp mesh, else trainflow's bucketed GradReducer.
 
-    parts, reducer = apply_dp(parts, dims, mesh["dp"], bucket_mb=25, overlap=True)
+parts, reducer = apply_dp(parts, dims, mesh["dp"], bucket_mb=25, overlap=True)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The parallelized model at run time: parallelize_model applies the layout, Parallelized runs the steps.
 
-    par = parallelize_model(model, dims, mesh, loss_fn=..., device=..., bucket_mb=..., overlap=...)
-    loss, times = par.forward_backward(inputs, targets); norm = par.clip_grad_norm(1.0)
+par = parallelize_model(model, dims, mesh, loss_fn=..., device=..., bucket_mb=..., overlap=...)
+loss, times = par.forward_backward(inputs, targets); norm = par.clip_grad_norm(1.0)
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from trainflow.parallel.data_parallel import apply_dp
 from trainflow.config.layout import ParallelDims
+from trainflow.parallel.data_parallel import apply_dp
 from trainflow.parallel.grad_reducer import GradReducer
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.tensor_parallel import apply_tp

@@ -1,6 +1,6 @@
 """Tensor parallel: Megatron's column/row split of every block's attention and MLP, as DTensor styles.
 
-    apply_tp(model_chunk, mesh["tp"])
+apply_tp(model_chunk, mesh["tp"])
 """
 
 from __future__ import annotations

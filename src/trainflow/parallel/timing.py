@@ -1,7 +1,7 @@
 """Step timing: where a step's seconds went (compute, exposed DP comm, pipeline bubble, activations).
 
-    clock = PipelineClock(exchange_s=probe_exchange_seconds(mesh["pp"], shape, device=device), exchanges=2 * v * m)
-    add_compute_timers(stages, clock)  # each step: clock.compute_s = 0.0, run it, clock.step_times(seconds)
+clock = PipelineClock(exchange_s=probe_exchange_seconds(mesh["pp"], shape, device=device), exchanges=2 * v * m)
+add_compute_timers(stages, clock)  # each step: clock.compute_s = 0.0, run it, clock.step_times(seconds)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Energy of every stage of the run: measured where the machine exposes counters, modelled where not.
 
-    python -m trainflow.stages.account_energy 'io.metrics=[runs/default/metrics/prepare_data.json]'
+python -m trainflow.stages.account_energy 'io.metrics=[runs/default/metrics/prepare_data.json]'
 """
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ log = logging.getLogger("trainflow.account_energy")
 
 def run(cfg: TrainflowConfig) -> dict:
     if not cfg.io.metrics:
-        raise StageError("io.metrics is empty: pass the stage metrics files, e.g. 'io.metrics=[runs/x/metrics/prepare_data.json]'")
+        raise StageError(
+            "io.metrics is empty: pass the stage metrics files, e.g. 'io.metrics=[runs/x/metrics/prepare_data.json]'"
+        )
     gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    stages = [stage_energy(m, energy=cfg.energy, gpus=gpus if m["stage"] in ("train_segment", "validate_nccl") else 0)
-              for m in map(read_json, cfg.io.metrics)]
+    stages = [
+        stage_energy(m, energy=cfg.energy, gpus=gpus if m["stage"] in ("train_segment", "validate_nccl") else 0)
+        for m in map(read_json, cfg.io.metrics)
+    ]
     segments = [read_json(p) for p in cfg.io.segment_reports]
     tokens = sum((s["end_step"] - s["start_step"]) * cfg.train.global_batch * cfg.model.seq_len for s in segments)
     train_j = sum(s["it_j"] for s in stages if s["stage"] == "train_segment")
@@ -40,9 +44,21 @@ def run(cfg: TrainflowConfig) -> dict:
     }
     write_json(cfg.io.energy_report, report)
     for s in stages:
-        log.info("Accounted %-18s %8.1f J IT (CPU %s; GPU %s)", f"{s['stage']}[{s['segment']}]", s["it_j"], s["cpu_source"], s["gpu_source"])
-    log.info("Accounted %.1f J IT, %.1f J facility (PUE %.2f), %.4f g CO2, %.1f training tokens/J",
-             total["it_j"], total["facility_j"], cfg.energy.pue, total["co2_g"], report["tokens_per_joule"] or 0)
+        log.info(
+            "Accounted %-18s %8.1f J IT (CPU %s; GPU %s)",
+            f"{s['stage']}[{s['segment']}]",
+            s["it_j"],
+            s["cpu_source"],
+            s["gpu_source"],
+        )
+    log.info(
+        "Accounted %.1f J IT, %.1f J facility (PUE %.2f), %.4f g CO2, %.1f training tokens/J",
+        total["it_j"],
+        total["facility_j"],
+        cfg.energy.pue,
+        total["co2_g"],
+        report["tokens_per_joule"] or 0,
+    )
     return {}
 
 

@@ -1,6 +1,6 @@
 """Tokenise a text corpus into a chunked HDF5 file on the capacity tier.
 
-    python -m trainflow.stages.prepare_data data.corpus='/data/books/**/*.txt' data.tokenizer=bpe
+python -m trainflow.stages.prepare_data data.corpus='/data/books/**/*.txt' data.tokenizer=bpe
 """
 
 from __future__ import annotations
@@ -56,15 +56,18 @@ def tokenize(data: DataConfig, out: Path, *, min_tokens: int) -> dict:
     tokenizer = BpeTokenizer.train(texts, data.vocab_size) if data.tokenizer == "bpe" else ByteTokenizer()
     if tokenizer.vocab_size != data.vocab_size:
         raise DataError(
-            f"the {data.tokenizer} tokenizer learned {tokenizer.vocab_size} tokens, not data.vocab_size({data.vocab_size}); "
-            "the corpus is too small for that vocabulary: lower data.vocab_size"
+            f"the {data.tokenizer} tokenizer learned {tokenizer.vocab_size} tokens, not "
+            f"data.vocab_size({data.vocab_size}); the corpus is too small for that vocabulary: lower data.vocab_size"
         )
     held_out = [is_validation(p, data.val_fraction) for p in paths]
     if all(held_out) or not any(held_out):
         # Tiny corpora: hash-based holdout can leave one side empty; hold out the last document instead.
         held_out = [False] * (len(paths) - 1) + [True]
     encoded = tokenizer.encode_batch(texts)
-    splits = {"train": [e for e, v in zip(encoded, held_out) if not v], "val": [e for e, v in zip(encoded, held_out) if v]}
+    splits = {
+        "train": [e for e, v in zip(encoded, held_out) if not v],
+        "val": [e for e, v in zip(encoded, held_out) if v],
+    }
     counts = {split: int(sum(len(d) + 1 for d in docs)) for split, docs in splits.items()}
     if min(counts.values()) < min_tokens:
         raise DataError(
@@ -85,7 +88,13 @@ def tokenize(data: DataConfig, out: Path, *, min_tokens: int) -> dict:
     seconds = time.perf_counter() - start
     log.info(
         "Tokenised %d documents (%.1f MB) into %d train + %d val tokens with the %s tokenizer in %.1f s -> %s",
-        len(texts), attrs["source_bytes"] / 1e6, counts["train"], counts["val"], data.tokenizer, seconds, out,
+        len(texts),
+        attrs["source_bytes"] / 1e6,
+        counts["train"],
+        counts["val"],
+        data.tokenizer,
+        seconds,
+        out,
     )
     return {"documents": len(texts), "source_bytes": attrs["source_bytes"], "tokens": counts}
 

@@ -50,8 +50,13 @@ def plot_throughput(steps: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-BREAKDOWN = (("data_s", "data loading"), ("compute_s", "compute"), ("dp_comm_s", "exposed DP comm"),
-             ("bubble_s", "pipeline bubble"), ("activation_s", "activation send/recv"))
+BREAKDOWN = (
+    ("data_s", "data loading"),
+    ("compute_s", "compute"),
+    ("dp_comm_s", "exposed DP comm"),
+    ("bubble_s", "pipeline bubble"),
+    ("activation_s", "activation send/recv"),
+)
 
 
 def breakdown(steps: list[dict]) -> dict[str, float]:
@@ -86,12 +91,21 @@ def checklist(nccl: dict, summary: dict, cfg: TrainflowConfig) -> list[list[str]
     swap = [h["node"]["no_swapping"] for h in nccl["hosts"]]
     gpu, gate = cfg.cluster.device == "cuda", cfg.cluster.min_busbw_gbps
     return [
-        [f"collective bandwidth >= {gate:g} GB/s (cluster.min_busbw_gbps)",
-         f"{best:.3f} GB/s" if best is not None else "world size 1",
-         "n/a" if best is None else ("pass" if best >= gate else "FAIL")],
-        ["GPU utilisation >= 90 %", f"MFU {summary['mfu']:.1%}", "n/a (CPU)" if not gpu else ("pass" if summary["mfu"] >= 0.9 else "check")],
-        ["no host swapping", f"swap used {[h['node']['swap_used_kb'] for h in nccl['hosts']]} kB",
-         "pass" if all(swap) else "FAIL"],
+        [
+            f"collective bandwidth >= {gate:g} GB/s (cluster.min_busbw_gbps)",
+            f"{best:.3f} GB/s" if best is not None else "world size 1",
+            "n/a" if best is None else ("pass" if best >= gate else "FAIL"),
+        ],
+        [
+            "GPU utilisation >= 90 %",
+            f"MFU {summary['mfu']:.1%}",
+            "n/a (CPU)" if not gpu else ("pass" if summary["mfu"] >= 0.9 else "check"),
+        ],
+        [
+            "no host swapping",
+            f"swap used {[h['node']['swap_used_kb'] for h in nccl['hosts']]} kB",
+            "pass" if all(swap) else "FAIL",
+        ],
         ["NVLink utilisation monitored", "-", "n/a (CPU)" if not gpu else "see NVML counters"],
         ["PyTorch profiler traces analysed", "-", "not written by trainflow yet"],
     ]
@@ -107,7 +121,11 @@ def run(cfg: TrainflowConfig) -> dict:
     segments = [read_json(p) for p in cfg.io.segment_reports]
     if not segments:
         raise StageError("io.segment_reports is empty: pass the train_segment outputs")
-    nccl, verify, energy = read_json(cfg.io.nccl_report), read_json(cfg.io.verify_report), read_json(cfg.io.energy_report)
+    nccl, verify, energy = (
+        read_json(cfg.io.nccl_report),
+        read_json(cfg.io.verify_report),
+        read_json(cfg.io.energy_report),
+    )
     steps = [r for s in segments for r in s["steps"]]
     evals = sorted({e["step"]: e for s in segments for e in s["evals"]}.values(), key=lambda e: e["step"])
     if len(cfg.io.plots) != len(PLOTS):
@@ -119,24 +137,48 @@ def run(cfg: TrainflowConfig) -> dict:
     last = segments[-1]
     first_val, final_val = evals[0]["val_loss"], evals[-1]["val_loss"]
     here = out.parent
-    seg_rows = [[s["segment"], f"{s['start_step']}-{s['end_step']}", f"{s['steps'][-1]['loss']:.4f}" if s["steps"] else "-",
-                 f"{s['evals'][-1]['val_loss']:.4f}", f"{s['tokens_per_s_per_device']:.0f}", f"{s['mfu']:.2%}",
-                 s["restart_count"], s["checkpoint_interval"]["interval_steps"],
-                 f"[json]({relative(p, here)})"] for s, p in zip(segments, cfg.io.segment_reports)]
+    seg_rows = [
+        [
+            s["segment"],
+            f"{s['start_step']}-{s['end_step']}",
+            f"{s['steps'][-1]['loss']:.4f}" if s["steps"] else "-",
+            f"{s['evals'][-1]['val_loss']:.4f}",
+            f"{s['tokens_per_s_per_device']:.0f}",
+            f"{s['mfu']:.2%}",
+            s["restart_count"],
+            s["checkpoint_interval"]["interval_steps"],
+            f"[json]({relative(p, here)})",
+        ]
+        for s, p in zip(segments, cfg.io.segment_reports)
+    ]
     ci = last["checkpoint_interval"]
     lines = [
         f"# trainflow report: run `{cfg.run}`",
         "",
         f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout dp{last['layout']['dp']} x "
         f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
-        f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), backend {cfg.cluster.backend}.",
+        f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), "
+        f"backend {cfg.cluster.backend}.",
         "",
         "## Training",
         "",
         f"Validation loss went from **{first_val:.4f}** at step 0 to **{final_val:.4f}** at step {evals[-1]['step']} "
         f"(ratio {final_val / first_val:.3f}).",
         "",
-        table(seg_rows, ["segment", "steps", "train loss", "val loss", "tokens/s/device", "MFU", "restarts", "ckpt interval", "report"]),
+        table(
+            seg_rows,
+            [
+                "segment",
+                "steps",
+                "train loss",
+                "val loss",
+                "tokens/s/device",
+                "MFU",
+                "restarts",
+                "ckpt interval",
+                "report",
+            ],
+        ),
         "",
         f"![loss]({relative(plots['loss'], here)})",
         "",
@@ -146,35 +188,61 @@ def run(cfg: TrainflowConfig) -> dict:
         "",
         table([[k, f"{v:.1%}"] for k, v in breakdown(steps).items()], ["part", "share"]),
         "",
-        *(["With torch's DDP (a pure data-parallel mesh) the wait for the last gradient bucket happens inside "
-           "backward and is counted as compute.", ""] if cfg.parallel.overlap and 1 < last["layout"]["dp"] == last["world_size"] else []),
+        *(
+            [
+                "With torch's DDP (a pure data-parallel mesh) the wait for the last gradient bucket happens inside "
+                "backward and is counted as compute.",
+                "",
+            ]
+            if cfg.parallel.overlap and 1 < last["layout"]["dp"] == last["world_size"]
+            else []
+        ),
         f"![breakdown]({relative(plots['breakdown'], here)})",
         "",
         "## Checkpoints",
         "",
         f"Interval policy **{ci['policy']}**: {ci['interval_steps']} steps (save {ci['save_s']:.2f} s measured, "
         f"step {ci['step_s']:.3f} s measured, MTBF {ci['mtbf_s'] / 3600:.1f} h"
-        + (f", Young/Daly interval {ci['interval_s']:.1f} s" if ci.get("interval_s") else "") + ").",
-        f"Verified {verify['files']} files in {len(verify['checkpoints'])} checkpoints ({verify['bytes'] / 1e6:.1f} MB, "
-        f"{verify['algorithm']}): {len(verify['failures'])} mismatches. [verify.json]({relative(cfg.io.verify_report, here)})",
+        + (f", Young/Daly interval {ci['interval_s']:.1f} s" if ci.get("interval_s") else "")
+        + ").",
+        f"Verified {verify['files']} files in {len(verify['checkpoints'])} checkpoints "
+        f"({verify['bytes'] / 1e6:.1f} MB, {verify['algorithm']}): {len(verify['failures'])} mismatches. "
+        f"[verify.json]({relative(cfg.io.verify_report, here)})",
         "",
         "## Collective network gate",
         "",
-        table([[r["bytes"], f"{r['time_s'] * 1e3:.3f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"] for r in nccl["sweep"]],
-              ["bytes", "ms", "algbw GB/s", "busbw GB/s"]),
+        table(
+            [
+                [r["bytes"], f"{r['time_s'] * 1e3:.3f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+                for r in nccl["sweep"]
+            ],
+            ["bytes", "ms", "algbw GB/s", "busbw GB/s"],
+        ),
         "",
         f"Threshold {nccl['threshold_gbps']} GB/s: {'passed' if nccl['passed'] else 'FAILED'}. Environment warnings: "
         f"{'; '.join(nccl['env_warnings']) or 'none'}. [nccl.json]({relative(cfg.io.nccl_report, here)})",
         "",
         "## Energy",
         "",
-        table([[f"{s['stage']}[{s['segment']}]", f"{s['wall_s']:.1f}", f"{s['it_j']:.1f}", s["cpu_source"], s["gpu_source"]]
-               for s in energy["stages"]], ["stage", "wall s", "IT J", "CPU source", "GPU source"]),
+        table(
+            [
+                [
+                    f"{s['stage']}[{s['segment']}]",
+                    f"{s['wall_s']:.1f}",
+                    f"{s['it_j']:.1f}",
+                    s["cpu_source"],
+                    s["gpu_source"],
+                ]
+                for s in energy["stages"]
+            ],
+            ["stage", "wall s", "IT J", "CPU source", "GPU source"],
+        ),
         "",
         f"IT {energy['total']['it_j']:.1f} J, facility {energy['total']['facility_j']:.1f} J at PUE {energy['pue']}, "
         f"{energy['total']['co2_g']:.4f} g CO2 at {energy['grid_gco2_per_kwh']} g/kWh; "
         f"{energy['tokens_per_joule'] or 0:.1f} training tokens per joule. DVFS: {energy['dvfs']['note']}, "
-        f"estimated saving {energy['dvfs']['estimated_saving_j']:.1f} J. [energy.json]({relative(cfg.io.energy_report, here)})",
+        f"estimated saving {energy['dvfs']['estimated_saving_j']:.1f} J. "
+        f"[energy.json]({relative(cfg.io.energy_report, here)})",
         "",
         "## Tuning checklist (seed)",
         "",

@@ -18,8 +18,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from trainflow.crc import file_crc
 from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.crc import file_crc
 from trainflow.data.record import check_file, recorded, write_record
 from trainflow.stage import StageError, run_stage
 

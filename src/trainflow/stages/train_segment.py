@@ -68,8 +68,9 @@ def resume_point(cfg: TrainflowConfig) -> str:
 
 
 def run(cfg: TrainflowConfig) -> dict:
-    executor = build_executor(cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit,
-                              name=f"{cfg.run}-train-{cfg.segment}")
+    executor = build_executor(
+        cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=f"{cfg.run}-train-{cfg.segment}"
+    )
     try:
         results = run_job(executor, TrainSegment(cfg))
     except LaunchError as err:
@@ -85,13 +86,22 @@ def run(cfg: TrainflowConfig) -> dict:
             f"{cfg.io.checkpoints} holds the checkpoint of step {summary['end_step']} but not the step records of "
             f"segment {cfg.segment} (steps.jsonl); delete {cfg.io.checkpoints} to retrain from scratch"
         )
-    log.info("Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
-             cfg.segment, summary["start_step"], summary["end_step"], summary["steps"][-1]["loss"],
-             summary["evals"][-1]["val_loss"], summary["tokens_per_s_per_device"])
+    log.info(
+        "Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
+        cfg.segment,
+        summary["start_step"],
+        summary["end_step"],
+        summary["steps"][-1]["loss"],
+        summary["evals"][-1]["val_loss"],
+        summary["tokens_per_s_per_device"],
+    )
     write_json(cfg.io.segment_report, summary)
-    return {"ranks": len(results), "rank_cpu_s": sum(r["energy"]["cpu_s"] for r in results),
-            "rank_gpu_j": sum(r["energy"]["gpu_j"] or 0 for r in results) or None,
-            "tokens": (summary["end_step"] - summary["start_step"]) * cfg.train.global_batch * cfg.model.seq_len}
+    return {
+        "ranks": len(results),
+        "rank_cpu_s": sum(r["energy"]["cpu_s"] for r in results),
+        "rank_gpu_j": sum(r["energy"]["gpu_j"] or 0 for r in results) or None,
+        "tokens": (summary["end_step"] - summary["start_step"]) * cfg.train.global_batch * cfg.model.seq_len,
+    }
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train_segment")

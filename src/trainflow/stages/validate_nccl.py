@@ -50,8 +50,9 @@ def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
             times.append(time.perf_counter() - start)
         t = sorted(times)[len(times) // 2]
         size = n * 4
-        rows.append({"bytes": size, "time_s": t, "algbw_gbps": size / t / 1e9,
-                     "busbw_gbps": size / t / 1e9 * bus_factor(world)})
+        rows.append(
+            {"bytes": size, "time_s": t, "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * bus_factor(world)}
+        )
         expected = float(world ** (cluster.sweep_iters + 1))  # all ones, summed once per all_reduce
         if not torch.allclose(buf[:1].cpu(), torch.tensor([expected])):
             raise StageError(
@@ -94,8 +95,9 @@ def gate(result: dict, cluster: ClusterConfig) -> list[str]:
 
 
 def run(cfg: TrainflowConfig) -> dict:
-    executor = build_executor(cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit,
-                              name=f"{cfg.run}-validate_nccl")
+    executor = build_executor(
+        cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=f"{cfg.run}-validate_nccl"
+    )
     try:
         result = run_job(executor, BandwidthJob(cfg.cluster))[0]
     except LaunchError as err:
@@ -103,8 +105,13 @@ def run(cfg: TrainflowConfig) -> dict:
     result["env_warnings"] = audit_env({**os.environ, **cfg.cluster.env})
     result["threshold_gbps"] = cfg.cluster.min_busbw_gbps
     for row in result["sweep"]:
-        log.info("all_reduce %10d bytes: %8.3f ms, algbw %.3f GB/s, busbw %.3f GB/s", row["bytes"], row["time_s"] * 1e3,
-                 row["algbw_gbps"], row["busbw_gbps"])
+        log.info(
+            "all_reduce %10d bytes: %8.3f ms, algbw %.3f GB/s, busbw %.3f GB/s",
+            row["bytes"],
+            row["time_s"] * 1e3,
+            row["algbw_gbps"],
+            row["busbw_gbps"],
+        )
     if not result["sweep"]:
         log.info("World size 1: no collective to measure; the gate passes")
     for warning in result["env_warnings"]:

@@ -26,12 +26,12 @@ from trainflow.checkpoint.interval import IntervalPlanner
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.state import build_state, load_state
 from trainflow.config import OptimConfig, TrainflowConfig
+from trainflow.config.layout import ParallelDims
 from trainflow.config.run_folder import evals_log, steps_log
-from trainflow.errors import TrainflowError
 from trainflow.data.sampler import TokenSampler
+from trainflow.errors import TrainflowError
 from trainflow.model import GPT, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
-from trainflow.config.layout import ParallelDims
 from trainflow.progress import Progress
 from trainflow.train.step_log import StepLog
 
@@ -47,7 +47,9 @@ def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
     if step < optim.warmup_steps:
         return optim.lr * (step + 1) / optim.warmup_steps
     progress = (step - optim.warmup_steps) / max(total_steps - optim.warmup_steps, 1)
-    return optim.lr * (optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    return optim.lr * (
+        optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    )
 
 
 def set_determinism(*, seed: int, deterministic: bool, threads: int) -> None:
@@ -86,21 +88,34 @@ class Trainer:
         t, m = cfg.train, cfg.model
         set_determinism(seed=t.seed, deterministic=t.deterministic, threads=t.threads_per_rank)
         self.dims = ParallelDims.from_config(
-            cfg.parallel, world_size=dist.get_world_size(), n_layers=m.n_layers, n_heads=m.n_heads,
-            ffn_dim=m.ffn_dim, global_batch=t.global_batch,
+            cfg.parallel,
+            world_size=dist.get_world_size(),
+            n_layers=m.n_layers,
+            n_heads=m.n_heads,
+            ffn_dim=m.ffn_dim,
+            global_batch=t.global_batch,
         )
         self.mesh = self.dims.build_mesh(self.device.type)
         full = GPT(m)
         self.n_params = full.num_params()
-        self.flops_per_token = flops_per_token(n_params=self.n_params, n_layers=m.n_layers, dim=m.dim, seq_len=m.seq_len)
+        self.flops_per_token = flops_per_token(
+            n_params=self.n_params, n_layers=m.n_layers, dim=m.dim, seq_len=m.seq_len
+        )
         self.model = parallelize_model(
-            full.to(self.device), self.dims, self.mesh, loss_fn=cross_entropy, device=self.device,
-            bucket_mb=cfg.parallel.bucket_mb, overlap=cfg.parallel.overlap,
+            full.to(self.device),
+            self.dims,
+            self.mesh,
+            loss_fn=cross_entropy,
+            device=self.device,
+            bucket_mb=cfg.parallel.bucket_mb,
+            overlap=cfg.parallel.overlap,
             activation_shape=(t.global_batch // (self.dims.dp * self.dims.microbatches), m.seq_len, m.dim),
         )
         o = cfg.optim
         self.optimizers = [
-            torch.optim.AdamW(part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay, foreach=False)
+            torch.optim.AdamW(
+                part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay, foreach=False
+            )
             for part in self.model.parts
         ]
         self.dp_rank = self.mesh["dp"].get_local_rank()
@@ -110,10 +125,12 @@ class Trainer:
         self.start_step = cfg.segment * t.segment_steps
         self.end_step = self.start_step + t.segment_steps
         ends = {(s + 1) * t.segment_steps for s in range(t.segments)}
-        self.checkpoints = CheckpointManager(cfg.io.checkpoints, keep=cfg.checkpoint.keep, pinned=ends,
-                                             io_threads=cfg.checkpoint.io_threads)
+        self.checkpoints = CheckpointManager(
+            cfg.io.checkpoints, keep=cfg.checkpoint.keep, pinned=ends, io_threads=cfg.checkpoint.io_threads
+        )
         self.planner = IntervalPlanner(
-            mtbf_s=cfg.cluster.mtbf_hours * 3600, fixed_steps=cfg.checkpoint.interval_steps,
+            mtbf_s=cfg.cluster.mtbf_hours * 3600,
+            fixed_steps=cfg.checkpoint.interval_steps,
             max_steps=cfg.checkpoint.max_interval_steps,
         )
         self.stop = StopFlag()
@@ -131,15 +148,16 @@ class Trainer:
         io.resume_from's, resharded to this layout); its step."""
         source, step = self.checkpoints, self.checkpoints.newest_valid(at_most=self.end_step)
         if step < 0 and self.cfg.io.resume_from:
-            source = CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set(),
-                                       io_threads=self.cfg.checkpoint.io_threads)
+            source = CheckpointManager(
+                self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads
+            )
             step = source.newest_valid(at_most=self.end_step)
         if step < 0:
             if self.start_step > 0:
                 raise ResumeError(
                     f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
-                    f"holds no valid checkpoint at or before step {self.end_step}; rerun segment {self.cfg.segment - 1} "
-                    "or set io.resume_from=<another run's checkpoint folder>"
+                    f"holds no valid checkpoint at or before step {self.end_step}; rerun segment "
+                    f"{self.cfg.segment - 1} or set io.resume_from=<another run's checkpoint folder>"
                 )
             return 0
         state = self.state()
@@ -152,23 +170,36 @@ class Trainer:
     def save(self, step: int) -> None:
         state = self.state(step)
         seconds = self.checkpoints.save(
-            step, state, before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
+            step,
+            state,
+            before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
             layout=self.cfg.parallel.name,
         )
         before = self.planner.interval_steps
         self.planner.observe_save(seconds)
         plan = self.planner.describe()
         if self.is_logger and plan["interval_steps"] != before:
-            log.info("Planned a checkpoint every %d steps (%s: save %.2f s, step %.3f s, MTBF %.1f h%s)",
-                     plan["interval_steps"], plan["policy"], plan["save_s"], plan["step_s"], plan["mtbf_s"] / 3600,
-                     f" -> sqrt(2 x save x MTBF) = {plan['interval_s']:.0f} s" if plan["interval_s"] else "")
+            log.info(
+                "Planned a checkpoint every %d steps (%s: save %.2f s, step %.3f s, MTBF %.1f h%s)",
+                plan["interval_steps"],
+                plan["policy"],
+                plan["save_s"],
+                plan["step_s"],
+                plan["mtbf_s"] / 3600,
+                f" -> sqrt(2 x save x MTBF) = {plan['interval_s']:.0f} s" if plan["interval_s"] else "",
+            )
 
     def maybe_inject_fault(self, step: int, *, during_save: bool) -> None:
         """The configured drill (cfg.fault): a signal at a step start, or death inside a checkpoint write."""
         f = self.cfg.fault
         if step != f.step or dist.get_rank() != f.rank or during_save != f.during_save:
             return
-        log.warning("Injected fault at step %d on rank %d: %s", step, f.rank, "death during save" if during_save else f"SIG{f.signal}")
+        log.warning(
+            "Injected fault at step %d on rank %d: %s",
+            step,
+            f.rank,
+            "death during save" if during_save else f"SIG{f.signal}",
+        )
         if during_save:
             os._exit(3)
         os.kill(os.getpid(), getattr(signal, f"SIG{f.signal}"))
@@ -191,9 +222,17 @@ class Trainer:
         seconds = time.perf_counter() - start
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
         return {
-            "step": step, "loss": float(loss), "lr": lr, "grad_norm": grad_norm, "step_s": seconds,
-            "tokens_per_s": tokens / seconds, "data_s": data_s, "compute_s": times.compute, "dp_comm_s": times.dp_comm,
-            "bubble_s": times.bubble, "activation_s": times.activation,
+            "step": step,
+            "loss": float(loss),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "step_s": seconds,
+            "tokens_per_s": tokens / seconds,
+            "data_s": data_s,
+            "compute_s": times.compute,
+            "dp_comm_s": times.dp_comm,
+            "bubble_s": times.bubble,
+            "activation_s": times.activation,
         }
 
     def evaluate(self, step: int) -> float:
@@ -228,8 +267,14 @@ class Trainer:
                 self.steps_log.append(record)
             self.planner.observe_step(record["step_s"])
             if self.is_logger and (step % t.log_every == 0 or step == self.end_step):
-                log.info("step %d loss %.4f lr %.2e grad_norm %.3f %.0f tokens/s", step, record["loss"], record["lr"],
-                         record["grad_norm"], record["tokens_per_s"])
+                log.info(
+                    "step %d loss %.4f lr %.2e grad_norm %.3f %.0f tokens/s",
+                    step,
+                    record["loss"],
+                    record["lr"],
+                    record["grad_norm"],
+                    record["tokens_per_s"],
+                )
                 progress.update(step - self.start_step)
             if step % t.eval_every == 0 or step == self.end_step:
                 self.evaluate(step)
@@ -272,8 +317,14 @@ class Trainer:
             "interrupted_by": signal.Signals(interrupted).name if interrupted else None,
             "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
             "world_size": self.dims.world_size,
-            "layout": {"dp": self.dims.dp, "tp": self.dims.tp, "pp": self.dims.pp, "v": self.dims.virtual_stages,
-                       "schedule": self.dims.schedule, "microbatches": self.dims.microbatches},
+            "layout": {
+                "dp": self.dims.dp,
+                "tp": self.dims.tp,
+                "pp": self.dims.pp,
+                "v": self.dims.virtual_stages,
+                "schedule": self.dims.schedule,
+                "microbatches": self.dims.microbatches,
+            },
             "n_params": self.n_params,
             "flops_per_token": self.flops_per_token,
             "median_step_s": step_s,
