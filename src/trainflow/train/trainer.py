@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import signal
 import time
@@ -25,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from trainflow.checkpoint.interval import IntervalPlanner
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.state import build_state, load_state
-from trainflow.config import OptimConfig, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.config.layout import ParallelDims
 from trainflow.config.run_folder import evals_log, steps_log
 from trainflow.data.sampler import TokenSampler
@@ -33,6 +32,7 @@ from trainflow.errors import TrainflowError
 from trainflow.model import GPT, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
 from trainflow.progress import Progress
+from trainflow.train.controls import StopFlag, lr_at, set_determinism
 from trainflow.train.step_log import StepLog
 
 log = logging.getLogger("trainflow.train")
@@ -40,40 +40,6 @@ log = logging.getLogger("trainflow.train")
 
 class ResumeError(TrainflowError):
     """No checkpoint to continue from."""
-
-
-def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
-    """Linear warmup, then cosine decay to lr * min_lr_ratio at the last step."""
-    if step < optim.warmup_steps:
-        return optim.lr * (step + 1) / optim.warmup_steps
-    progress = (step - optim.warmup_steps) / max(total_steps - optim.warmup_steps, 1)
-    return optim.lr * (
-        optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    )
-
-
-def set_determinism(*, seed: int, deterministic: bool, threads: int) -> None:
-    torch.manual_seed(seed)
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-
-@dataclass
-class StopFlag:
-    """Set by Slurm's pre-timeout / preemption signal on any rank; agreed on at step boundaries."""
-
-    signum: int = 0
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.signum = signum
-
-    def agreed(self) -> int:
-        """The signal any rank received (0: none), the same answer on every rank."""
-        flag = torch.tensor(self.signum)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag)
 
 
 @dataclass
