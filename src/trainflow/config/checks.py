@@ -23,18 +23,7 @@ def validate(cfg: TrainflowConfig) -> None:
     errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
     if errors:  # the cross-field rules below assume every field lies in its domain
         raise ConfigError("invalid config: " + "; ".join(errors))
-    errors = parallel_errors(
-        dp=p.dp,
-        tp=p.tp,
-        pp=p.pp,
-        virtual_stages=p.virtual_stages,
-        schedule=p.schedule,
-        microbatches=p.microbatches,
-        n_layers=m.n_layers,
-        n_heads=m.n_heads,
-        ffn_dim=m.ffn_dim,
-        global_batch=t.global_batch,
-    )
+    errors = parallel_errors(p, n_layers=m.n_layers, n_heads=m.n_heads, ffn_dim=m.ffn_dim, global_batch=t.global_batch)
     if m.dim % m.n_heads:
         errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
     if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:

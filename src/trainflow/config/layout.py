@@ -12,20 +12,10 @@ from trainflow.config.schema import SCHEDULES, ParallelConfig
 from trainflow.errors import ConfigError
 
 
-def parallel_errors(
-    *,
-    dp: int,
-    tp: int,
-    pp: int,
-    virtual_stages: int,
-    schedule: str,
-    microbatches: int,
-    n_layers: int,
-    n_heads: int,
-    ffn_dim: int,
-    global_batch: int,
-) -> list[str]:
+def parallel_errors(p: ParallelConfig, *, n_layers: int, n_heads: int, ffn_dim: int, global_batch: int) -> list[str]:
     """The layout rules of hybrid parallelism, one message per broken rule."""
+    dp, tp, pp = p.dp, p.tp, p.pp
+    virtual_stages, schedule, microbatches = p.virtual_stages, p.schedule, p.microbatches
     errors = []
     for name, value in (
         ("dp", dp),
@@ -86,18 +76,7 @@ class ParallelDims:
     def from_config(
         cls, p: ParallelConfig, *, world_size: int, n_layers: int, n_heads: int, ffn_dim: int, global_batch: int
     ) -> ParallelDims:
-        errors = parallel_errors(
-            dp=p.dp,
-            tp=p.tp,
-            pp=p.pp,
-            virtual_stages=p.virtual_stages,
-            schedule=p.schedule,
-            microbatches=p.microbatches,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            ffn_dim=ffn_dim,
-            global_batch=global_batch,
-        )
+        errors = parallel_errors(p, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, global_batch=global_batch)
         if errors:
             raise ConfigError("invalid parallel layout: " + "; ".join(errors))
         return cls(
