@@ -121,7 +121,7 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
 @pytest.mark.parametrize(
     "config",
     [
-        ["run=a", 'overrides=experiment=smoke "run=x|touch {marker}|y"'],
+        ["run=a", 'overrides=experiment=smoke "run=x|touch {marker}|y" optim.lr=1e-3'],  # ran touch before the fix
         ["run=..", "overrides=experiment=smoke"],
         ["overrides=experiment=smoke run=../x"],
         ["overrides=experiment=smoke storage.root=runs/../..", "site=cluster=local"],
