@@ -50,6 +50,16 @@ def edit_manifest(folder, edit) -> None:
     path.write_text(json.dumps(manifest))
 
 
+def unlist(folder, name: str) -> None:
+    """Drop a file from the manifest and its count, as someone hiding a shard would."""
+
+    def drop(manifest):
+        del manifest["files"][name]
+        manifest["file_count"] = len(manifest["files"])
+
+    edit_manifest(folder, drop)
+
+
 def test_manifest_detects_a_flipped_byte_and_names_the_file(tmp_path):
     dcp_folder(tmp_path, files_per_rank=1, world_size=3, step=3)
     assert json.loads((tmp_path / MANIFEST).read_text())["file_count"] == 4
@@ -79,12 +89,7 @@ def test_world_size_defaults_to_the_ranks_the_file_names_count(tmp_path):
 def test_an_omitted_shard_is_caught_even_when_corrupt_and_dropped_from_the_count(tmp_path):
     dcp_folder(tmp_path, world_size=3)
     (tmp_path / "__1_1.distcp").write_bytes(b"corrupt")
-
-    def omit(manifest):
-        del manifest["files"]["__1_1.distcp"]
-        manifest["file_count"] = len(manifest["files"])
-
-    edit_manifest(tmp_path, omit)
+    unlist(tmp_path, "__1_1.distcp")
     with pytest.raises(ChecksumError, match=r"holds '__1_1\.distcp', which manifest\.json does not list"):
         verify(tmp_path)
 
@@ -111,12 +116,7 @@ def test_a_rank_without_its_files_is_caught(tmp_path):
         verify(tmp_path)
     dcp_folder(tmp_path, world_size=3)
     (tmp_path / "__1_0.distcp").unlink()
-
-    def drop(manifest):
-        del manifest["files"]["__1_0.distcp"]
-        manifest["file_count"] = len(manifest["files"])
-
-    edit_manifest(tmp_path, drop)
+    unlist(tmp_path, "__1_0.distcp")
     with pytest.raises(ChecksumError, match=r"lists no __1_0\.distcp, which rank 1 of world_size 3 writes"):
         verify(tmp_path)
 
