@@ -148,7 +148,10 @@ def test_job_that_used_up_its_requeues_ends_the_stage_and_the_rerun_resumes(tmp_
     ), line
     assert ended_at - end_time(job) <= ENDED_WITHIN_S, line
 
-    rerun = make_config("train_segment", tmp_path, *work, "cluster=slurm_local", tokens=tokens)
+    # The same checkpoint series: the cluster settings are part of the training hash that names its folder.
+    rerun = make_config(
+        "train_segment", tmp_path, *work, "cluster=slurm_local", f"io.checkpoints={root}", tokens=tokens
+    )
     resumed = f"Resumed from the checkpoint of step {newest} in {root}"
     cancel_when(rerun, lambda again: resumed in job_log(rerun, again), besides=frozenset({job}))
     line, ended_at = run_bounded(rerun, bound_s=240)
