@@ -1,17 +1,26 @@
-"""A GPT-style decoder: plain single-device PyTorch, no torch.distributed anywhere in it.
+"""A Llama-style decoder: plain single-device PyTorch, no torch.distributed anywhere in it.
 
-    python -c "from trainflow.config import compose; from trainflow.model import GPT; \
-        print(GPT(compose('train_segment').model).num_params())"
+    python -c "from trainflow.config import compose; from trainflow.model import Llama; \
+        print(Llama(compose('train_segment').model).num_params())"
+
+RMSNorm before attention and MLP, rotary position embeddings, grouped-query attention (n_kv_heads
+key/value heads, each shared by n_heads / n_kv_heads query heads), a SwiGLU MLP and an untied
+output head: the architecture of Llama 2 and 3, with Hugging Face's LlamaForCausalLM parameter
+layout up to names (trainflow.export maps them). Rotary embeddings rotate the two halves of each
+head (HF's `rotate_half`), not interleaved pairs (Meta's complex form), so an exported q/k
+projection needs no permutation.
 
 Parallelism is applied afterwards (trainflow.parallel): tensor parallel shards the Linear layers
 named in its plan, so attention infers its local head count from the projection width (`-1` in
-the view below); pipeline parallel deletes layers and sets `tok_embeddings` / `norm` / `output`
-to None on the stages that do not own them, which `forward` allows for.
+the views below); pipeline parallel deletes layers and sets `tok_embeddings` / `norm` / `output`
+to None on the stages that do not own them, which `forward` allows for. How a block keeps what
+backward needs (trainflow.train.activations) goes through `run_block`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,80 +29,105 @@ from torch import nn
 from trainflow.config import ModelConfig
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, n_heads: int) -> None:
-        super().__init__()
-        self.head_dim = dim // n_heads
-        # Separate q/k/v (not one fused qkv) so column-parallel sharding splits whole heads.
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, (seq_len, head_dim), halves repeated."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of (B, heads, T, head_dim): each pair (i, i + head_dim/2) turned by its angle."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, m: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = m.head_dim
+        self.n_rep = m.n_heads // m.n_kv_heads
+        # Separate q/k/v (not one fused qkv) so column-parallel sharding splits whole heads.
+        self.wq = nn.Linear(m.dim, m.n_heads * m.head_dim, bias=False)
+        self.wk = nn.Linear(m.dim, m.n_kv_heads * m.head_dim, bias=False)
+        self.wv = nn.Linear(m.dim, m.n_kv_heads * m.head_dim, bias=False)
+        self.wo = nn.Linear(m.n_heads * m.head_dim, m.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = (
-            w(x).view(B, T, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
-        )  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        q, k, v = (w(x).view(B, T, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, heads, T, hd)
+        # Each key/value head serves n_rep consecutive query heads (as HF's repeat_kv).
+        k, v = k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, heads, T, hd)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)  # up: column-parallel under TP
+        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate: column-parallel under TP
+        self.w3 = nn.Linear(dim, hidden, bias=False)  # up: column-parallel under TP
         self.w2 = nn.Linear(hidden, dim, bias=False)  # down: row-parallel under TP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x)))
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, n_heads: int, ffn_dim: int, norm_eps: float) -> None:
+    def __init__(self, m: ModelConfig) -> None:
         super().__init__()
-        self.attention_norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.attention = Attention(dim, n_heads)
-        self.ffn_norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.feed_forward = FeedForward(dim, ffn_dim)
+        self.attention_norm = nn.RMSNorm(m.dim, eps=m.norm_eps)
+        self.attention = Attention(m)
+        self.ffn_norm = nn.RMSNorm(m.dim, eps=m.norm_eps)
+        self.feed_forward = FeedForward(m.dim, m.ffn_dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class GPT(nn.Module):
+def call_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return block(x, cos, sin)
+
+
+class Llama(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
         self.n_layers, self.init_std = m.n_layers, m.init_std
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(m.vocab_size, m.dim)
-        self.pos_embeddings: nn.Embedding | None = nn.Embedding(m.seq_len, m.dim)
         # A ModuleDict keyed by the global layer index: pipeline stages keep a subset, names stay stable
         # (so checkpoints of any layout share keys).
-        self.layers = nn.ModuleDict({str(i): Block(m.dim, m.n_heads, m.ffn_dim, m.norm_eps) for i in range(m.n_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(m.dim, eps=m.norm_eps)
+        self.layers = nn.ModuleDict({str(i): Block(m) for i in range(m.n_layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(m.dim, eps=m.norm_eps)
         self.output: nn.Linear | None = nn.Linear(m.dim, m.vocab_size, bias=False)
+        # Derived from the config, so not saved: checkpoint keys are the parameters only.
+        cos, sin = rope_tables(m.head_dim, m.seq_len, m.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.run_block: Callable[..., torch.Tensor] = call_block
+        """Runs one block; trainflow.train.activations swaps it to recompute or offload."""
         self.init_weights()
 
     def init_weights(self) -> None:
-        """GPT-2 init: N(0, std), residual projections scaled by 1/sqrt(2 * n_layers)."""
+        """N(0, init_std), residual projections (wo, w2) scaled by 1/sqrt(2 * n_layers) as in GPT-2; norms 1."""
         for name, p in self.named_parameters():
             if p.dim() == 1:
-                continue  # LayerNorm weight/bias keep 1 / 0
-            std = (
-                self.init_std / math.sqrt(2 * self.n_layers)
-                if name.endswith(("wo.weight", "w2.weight"))
-                else self.init_std
-            )
-            nn.init.normal_(p, mean=0.0, std=std)
+                continue  # RMSNorm weights keep 1
+            std = self.init_std / math.sqrt(2 * self.n_layers) if name.endswith(("wo.weight", "w2.weight")) else None
+            nn.init.normal_(p, mean=0.0, std=std or self.init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, vocab) logits; on a middle pipeline stage (B, T, C) -> (B, T, C)."""
         if self.tok_embeddings is not None:
-            T = x.shape[1]
-            x = self.tok_embeddings(x) + self.pos_embeddings(torch.arange(T, device=x.device))  # (B, T, C)
+            x = self.tok_embeddings(x)  # (B, T, C)
+        T = x.shape[1]
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         for layer in self.layers.values():
-            x = layer(x)
+            x = self.run_block(layer, x, cos, sin)
         if self.norm is not None:
             x = self.norm(x)
         if self.output is not None:
@@ -104,9 +138,21 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def flops_per_token(*, n_params: int, n_layers: int, dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus 12 * L * d * T for attention (PaLM, appendix B)."""
-    return 6 * n_params + 12 * n_layers * dim * seq_len
+def count_params(m: ModelConfig) -> int:
+    """Parameters of the model `m` describes, counted on the meta device (no memory, any size)."""
+    with torch.device("meta"):
+        return Llama(m).num_params()
+
+
+def flops_per_token(m: ModelConfig) -> float:
+    """Training FLOPs per token: 6 per weight of every matmul, plus attention's QK^T and AV.
+
+    The matmul weights exclude the embedding table (a lookup); with grouped-query attention wk/wv are
+    narrower, which counting parameters captures. Attention scores and their weighted sum cost
+    2 * 2 * T * dim per layer and token forward (full T x T, as PaLM's appendix B counts it), x3 with backward.
+    """
+    matmul_params = count_params(m) - m.vocab_size * m.dim - (2 * m.n_layers + 1) * m.dim
+    return 6 * matmul_params + 12 * m.n_layers * m.dim * m.seq_len
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -87,7 +87,9 @@ INVALID_LAYOUTS = [
     (["parallel=dp2", "train.global_batch=5"], "train.global_batch(5) is not divisible by dp(2) * microbatches(1)"),
     (["parallel=single", "parallel.microbatches=2"], "microbatches(2) > 1 needs pp > 1"),
     (["parallel.schedule=zero_bubble"], "parallel.schedule('zero_bubble') must be one of"),
-    (["parallel=tp2", "model.ffn_dim=511"], "model.ffn_dim(511) is not divisible by tp(2)"),
+    (["parallel=tp2", "model.multiple_of=1"], "the SwiGLU width 341"),
+    (["parallel=tp2", "model.n_kv_heads=1"], "model.n_kv_heads(1) is not divisible by tp(2)"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads(3) does not divide model.n_heads(4)"),
     (["cluster.nodes=3"], "is not divisible by cluster.nodes(3)"),
 ]
 

@@ -7,13 +7,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import fields, is_dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainflow.config.layout import parallel_errors
-from trainflow.config.schema import BYTE_VOCAB, TrainflowConfig
+from trainflow.config.schema import BYTE_VOCAB, ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
 
 
@@ -23,13 +25,14 @@ def validate(cfg: TrainflowConfig) -> None:
     errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
     if errors:  # the cross-field rules below assume every field lies in its domain
         raise ConfigError("invalid config: " + "; ".join(errors))
-    errors = parallel_errors(p, n_layers=m.n_layers, n_heads=m.n_heads, ffn_dim=m.ffn_dim, global_batch=t.global_batch)
-    if m.dim % m.n_heads:
-        errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
+    errors = parallel_errors(p, m, global_batch=t.global_batch) + model_errors(m) + train_errors(cfg)
     if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({cfg.data.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
-    if m.vocab_size != cfg.data.vocab_size:
-        errors.append(f"model.vocab_size({m.vocab_size}) != data.vocab_size({cfg.data.vocab_size})")
+    if m.vocab_size < cfg.data.vocab_size:
+        errors.append(
+            f"model.vocab_size({m.vocab_size}) < data.vocab_size({cfg.data.vocab_size}): the tokenizer's ids "
+            "would overflow the embedding; use a model with at least data.vocab_size rows"
+        )
     if cfg.fault.rank >= p.world_size:
         errors.append(f"fault.rank({cfg.fault.rank}) must be < the world size {p.world_size}")
     c = cfg.cluster
@@ -61,6 +64,56 @@ def domain_errors(node: Any, prefix: str = "") -> list[str]:
     return errors
 
 
+def model_errors(m: ModelConfig) -> list[str]:
+    errors = []
+    if m.dim % m.n_heads:
+        errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
+    elif m.head_dim % 2:
+        errors.append(
+            f"model.dim({m.dim}) / n_heads({m.n_heads}) = {m.head_dim} is odd; rotary embeddings need an even head dim"
+        )
+    if m.n_heads % m.n_kv_heads:
+        errors.append(
+            f"model.n_kv_heads({m.n_kv_heads}) does not divide model.n_heads({m.n_heads}): each key/value head serves "
+            f"a whole group of query heads; choose a divisor of {m.n_heads}"
+        )
+    return errors
+
+
+def train_errors(cfg: TrainflowConfig) -> list[str]:
+    """Precision, activation memory and compile settings that cannot work where the run will go."""
+    t, errors = cfg.train, []
+    if t.offload_dir and t.activations != "offload":
+        errors.append(
+            f"train.offload_dir({t.offload_dir!r}) is set but train.activations is {t.activations}; "
+            "set train.activations=offload or leave offload_dir empty"
+        )
+    elif t.offload_dir and (why := unwritable(t.offload_dir)):
+        errors.append(f"train.offload_dir({t.offload_dir!r}) {why}; give a writable folder on the fast tier")
+    if t.compile and cfg.cluster.device == "cpu" and (why := missing_compiler()):
+        errors.append(f"train.compile=true {why}")
+    return errors
+
+
+def unwritable(folder: str) -> str | None:
+    """Why activations cannot be written under `folder` (None: they can); it is created if missing."""
+    path = Path(folder)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"is not a folder ({existing} is a file)"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"is not writable ({existing} refuses writes)"
+    return None
+
+
+def missing_compiler() -> str | None:
+    """Why inductor cannot build CPU kernels here (None: it can): it compiles C++ with $CXX or g++."""
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        return f"needs a C++ compiler for inductor's CPU kernels and {cxx} is not on PATH: apt install g++ (or set CXX)"
+    return None
+
+
 def path_errors(cfg: TrainflowConfig) -> list[str]:
     """Storage and io paths, in order: none of UNSAFE_PATH_CHARS and no '..' (normalised, such a path
     can climb out of the folder it is declared in)."""
@@ -68,7 +121,7 @@ def path_errors(cfg: TrainflowConfig) -> list[str]:
         (f"{section}.{f.name}", getattr(node, f.name))
         for section, node in (("storage", cfg.storage), ("io", cfg.io))
         for f in fields(node)
-    ]
+    ] + [("train.offload_dir", cfg.train.offload_dir)]
     for key, value in paths:
         for path in value if isinstance(value, list) else [value]:
             if bad := re.search(UNSAFE_PATH_CHARS, path):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow.config.schema import SCHEDULES, ParallelConfig
+from trainflow.config.schema import SCHEDULES, ModelConfig, ParallelConfig
 from trainflow.errors import ConfigError
 
 
-def parallel_errors(p: ParallelConfig, *, n_layers: int, n_heads: int, ffn_dim: int, global_batch: int) -> list[str]:
+def parallel_errors(p: ParallelConfig, m: ModelConfig, *, global_batch: int) -> list[str]:
     """The layout rules of hybrid parallelism, one message per broken rule."""
     dp, tp, pp = p.dp, p.tp, p.pp
     virtual_stages, schedule, microbatches = p.virtual_stages, p.schedule, p.microbatches
@@ -30,15 +30,24 @@ def parallel_errors(p: ParallelConfig, *, n_layers: int, n_heads: int, ffn_dim: 
         return errors
     if schedule not in SCHEDULES:
         errors.append(f"parallel.schedule({schedule!r}) must be one of {', '.join(SCHEDULES)}")
-    if n_layers % (pp * virtual_stages):
+    if m.n_layers % (pp * virtual_stages):
         errors.append(
-            f"model.n_layers({n_layers}) is not divisible by pp({pp}) * virtual_stages({virtual_stages}) "
+            f"model.n_layers({m.n_layers}) is not divisible by pp({pp}) * virtual_stages({virtual_stages}) "
             f"= {pp * virtual_stages} pipeline chunks"
         )
-    if n_heads % tp:
-        errors.append(f"model.n_heads({n_heads}) is not divisible by tp({tp}); choose tp dividing {n_heads}")
-    if ffn_dim % tp:
-        errors.append(f"model.ffn_dim({ffn_dim}) is not divisible by tp({tp})")
+    # Tensor parallel splits whole query heads, whole key/value heads and the SwiGLU width.
+    if m.n_heads % tp:
+        errors.append(f"model.n_heads({m.n_heads}) is not divisible by tp({tp}); choose tp dividing {m.n_heads}")
+    if m.n_kv_heads % tp:
+        errors.append(
+            f"model.n_kv_heads({m.n_kv_heads}) is not divisible by tp({tp}); choose tp dividing {m.n_kv_heads} "
+            "(each rank needs whole key/value heads)"
+        )
+    if m.ffn_dim % tp:
+        errors.append(
+            f"the SwiGLU width {m.ffn_dim} (model.dim, ffn_dim_multiplier, multiple_of) is not divisible by tp({tp}); "
+            "make model.multiple_of a multiple of tp"
+        )
     if schedule == "interleaved_1f1b" and pp > 1 and virtual_stages < 2:
         errors.append(f"schedule interleaved_1f1b needs virtual_stages({virtual_stages}) >= 2")
     if schedule != "interleaved_1f1b" and virtual_stages != 1:
@@ -73,10 +82,8 @@ class ParallelDims:
             )
 
     @classmethod
-    def from_config(
-        cls, p: ParallelConfig, *, world_size: int, n_layers: int, n_heads: int, ffn_dim: int, global_batch: int
-    ) -> ParallelDims:
-        errors = parallel_errors(p, n_layers=n_layers, n_heads=n_heads, ffn_dim=ffn_dim, global_batch=global_batch)
+    def from_config(cls, p: ParallelConfig, m: ModelConfig, *, world_size: int, global_batch: int) -> ParallelDims:
+        errors = parallel_errors(p, m, global_batch=global_batch)
         if errors:
             raise ConfigError("invalid parallel layout: " + "; ".join(errors))
         return cls(

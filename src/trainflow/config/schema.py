@@ -27,6 +27,7 @@ STAGES = (
     "report",
 )
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+ACTIVATION_MODES = ("keep", "recompute", "offload")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
 
 
@@ -57,10 +58,11 @@ class Domain:
         for bound, sign, holds in bounds:
             if bound is not None and not holds(value, bound):
                 return f"must be {sign} {bound:g}"
+        fix = f" ({self.fix})" if self.fix else ""
         if self.one_of and value not in self.one_of:
-            return "must be one of " + ", ".join(self.one_of)
+            return "must be one of " + ", ".join(self.one_of) + fix
         if self.pattern and not re.fullmatch(self.pattern, value):
-            return f"must match {self.pattern}" + (f" ({self.fix})" if self.fix else "")
+            return f"must match {self.pattern}{fix}"
         return None
 
 
@@ -79,17 +81,34 @@ RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 
 @dataclass
 class ModelConfig:
+    """A Llama-style decoder (trainflow.model): RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention."""
+
     name: str = MISSING
     vocab_size: int = checked(ge=2)
-    """Tokens in the vocabulary; the presets take it from data.vocab_size."""
+    """Rows of the embedding and output head; at least data.vocab_size (the tiny preset takes it from there)."""
     n_layers: int = checked(ge=1)
     n_heads: int = checked(ge=1)
+    n_kv_heads: int = checked(ge=1)
+    """Key/value heads, each shared by n_heads / n_kv_heads query heads (grouped-query attention)."""
     dim: int = checked(ge=1)
-    ffn_dim: int = checked(ge=1)
-    """Hidden width of the MLP (column-parallel up, row-parallel down under TP)."""
+    ffn_dim_multiplier: float = checked(gt=0)
+    multiple_of: int = checked(ge=1)
+    """The SwiGLU hidden width is Llama's: 8/3 dim, times ffn_dim_multiplier, rounded up to multiple_of."""
+    rope_theta: float = checked(gt=0)
+    """Base of the rotary embedding's frequencies (Llama 2: 1e4, Llama 3: 5e5)."""
     seq_len: int = checked(ge=1)
     norm_eps: float = checked(1e-5, gt=0)
     init_std: float = checked(0.02, gt=0)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """The SwiGLU hidden width, as Llama's FeedForward computes it."""
+        hidden = int(self.ffn_dim_multiplier * int(2 * 4 * self.dim / 3))
+        return self.multiple_of * -(-hidden // self.multiple_of)
 
 
 @dataclass
@@ -156,6 +175,17 @@ class TrainConfig:
     deterministic: bool = True
     """Bitwise reproducible steps: deterministic algorithms, fixed threads."""
     threads_per_rank: int = checked(1, ge=1)
+    precision: str = checked(
+        "fp32", one_of=("fp32", "bf16"), fix="fp16 needs loss scaling, which trainflow does not offer: use bf16"
+    )
+    """bf16: bf16 compute under autocast, fp32 master weights, optimizer state and gradient reduction."""
+    activations: str = checked("keep", one_of=ACTIVATION_MODES)
+    """What each block keeps for backward: keep (all), recompute (its input; the rest is recomputed),
+    offload (all, moved to host memory, or to train.offload_dir when set)."""
+    offload_dir: str = ""
+    """A folder on the fast tier (e.g. node SSD) for offloaded activations; empty: host memory."""
+    compile: bool = False
+    """torch.compile each block (regional compilation, as torchtitan does)."""
 
     @property
     def total_steps(self) -> int:

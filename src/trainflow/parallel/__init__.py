@@ -1,4 +1,4 @@
-"""Hybrid parallelism applied to the single-device GPT, torchtitan style.
+"""Hybrid parallelism applied to the single-device Llama decoder, torchtitan style.
 
     parallelize_model(model, dims, mesh, ...) -> Parallelized
 

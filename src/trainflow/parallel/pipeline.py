@@ -1,4 +1,4 @@
-"""Pipeline parallel: split the GPT by layer into stages and drive them with torch's schedules.
+"""Pipeline parallel: split the decoder by layer into stages and drive them with torch's schedules.
 
 Stage s of n = pp * virtual_stages owns layers [s * L/n, (s+1) * L/n). With virtual stages, rank r
 owns stages r, r + pp, r + 2 pp, ... (the loop placement ScheduleInterleaved1F1B expects), which
@@ -42,7 +42,7 @@ def split_model(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
         if name not in keep:
             del chunk.layers[name]
     if stage != 0:
-        chunk.tok_embeddings = chunk.pos_embeddings = None
+        chunk.tok_embeddings = None
     if stage != n_stages - 1:
         chunk.norm = chunk.output = None
     return chunk

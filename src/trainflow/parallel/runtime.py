@@ -39,6 +39,8 @@ class Parallelized:
     has_last: bool = True
     clock: PipelineClock = field(default_factory=PipelineClock)
     """The pipeline stages' compute time and probed exchange cost; unused without a pipeline."""
+    compute_dtype: torch.dtype = torch.float32
+    """bf16: forward and backward under autocast; parameters, gradients and their reduction stay fp32."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -71,16 +73,19 @@ class Parallelized:
         Under a pipeline only the first stage takes the inputs and only the last the targets and
         computes a loss; the other ranks return zero, which global_loss's sum over pp relies on.
         """
-        if self.schedule is None:
-            loss = self.loss_fn(self.parts[0](inputs), targets)
-            if backward:
-                loss.backward()
-            return loss
-        losses: list[torch.Tensor] = []
-        args = (inputs,) if self.has_first else ()
-        run = self.schedule.step if backward else self.schedule.eval
-        run(*args, target=targets if self.has_last else None, losses=losses)
-        return torch.stack(losses).mean() if self.has_last else torch.zeros(())
+        device_type = inputs.device.type
+        with torch.autocast(device_type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+            if self.schedule is None:
+                loss = self.loss_fn(self.parts[0](inputs), targets)
+            else:
+                losses: list[torch.Tensor] = []
+                args = (inputs,) if self.has_first else ()
+                run = self.schedule.step if backward else self.schedule.eval
+                run(*args, target=targets if self.has_last else None, losses=losses)
+                loss = torch.stack(losses).mean() if self.has_last else torch.zeros(())
+        if backward and self.schedule is None:
+            loss.backward()  # outside autocast, as torch's AMP recipe says: backward ops take their forward's dtype
+        return loss
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss of the whole global batch on every rank: from the last stage, averaged over dp."""
@@ -133,12 +138,13 @@ def parallelize_model(
     bucket_mb: float,
     overlap: bool,
     activation_shape: tuple[int, ...] = (),
+    compute_dtype: torch.dtype = torch.float32,
 ) -> Parallelized:
     """Apply the layout in torchtitan's fixed order: pipeline split, tensor parallel per chunk, data parallel.
 
     activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
     """
-    result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn)
+    result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn, compute_dtype=compute_dtype)
     if dims.pp > 1:
         exchange_s = probe_exchange_seconds(mesh["pp"], activation_shape, device=device)
         result.clock = PipelineClock(exchange_s=exchange_s, exchanges=2 * dims.virtual_stages * dims.microbatches)

@@ -9,14 +9,17 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-# Megatron's layout: the first linear of each pair column-parallel, the second row-parallel, so a
-# block needs one all-reduce in attention and one in the MLP, forward and backward.
+# Megatron's layout: the linears into attention heads / the SwiGLU width column-parallel, the ones out
+# row-parallel, so a block needs one all-reduce in attention and one in the MLP, forward and backward.
+# wk / wv shard whole key/value heads (config.layout checks tp divides n_kv_heads), so each rank's
+# query heads find their shared key/value head locally.
 TP_PLAN = {
     "attention.wq": ColwiseParallel(),
     "attention.wk": ColwiseParallel(),
     "attention.wv": ColwiseParallel(),
     "attention.wo": RowwiseParallel(),
     "feed_forward.w1": ColwiseParallel(),
+    "feed_forward.w3": ColwiseParallel(),
     "feed_forward.w2": RowwiseParallel(),
 }
 

@@ -1,5 +1,5 @@
-"""What steers a training step besides the model: the learning-rate schedule, determinism, and the stop
-all ranks agree on.
+"""What steers a training step besides the model: the optimizer, the learning-rate schedule,
+determinism, and the stop all ranks agree on.
 
     python -c "from trainflow.config import compose; from trainflow.train.controls import lr_at; \
         print(lr_at(100, compose('train_segment').optim, total_steps=300))"
@@ -13,8 +13,32 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from trainflow.config import OptimConfig
+
+
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW on torch's multi-tensor path (fused kernels on CUDA), one param group per tensor type.
+
+    foreach and fused kernels take lists of one tensor type, so DTensor (tensor-parallel) and plain
+    parameters go in separate groups; each group gets the same lr and decay.
+    """
+    params = list(model.parameters())
+    groups = [
+        {"params": ps}
+        for ps in ([p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)])
+        if ps
+    ]
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(
+        groups,
+        lr=optim.lr,
+        betas=(optim.beta1, optim.beta2),
+        weight_decay=optim.weight_decay,
+        foreach=not fused,
+        fused=fused,
+    )
 
 
 def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,13 +30,18 @@ from trainflow.config.layout import ParallelDims
 from trainflow.config.run_folder import evals_log, steps_log
 from trainflow.data.sampler import TokenSampler
 from trainflow.errors import TrainflowError
-from trainflow.model import GPT, cross_entropy, flops_per_token
+from trainflow.model import Llama, cross_entropy, flops_per_token
 from trainflow.parallel import Parallelized, parallelize_model
 from trainflow.progress import Progress
-from trainflow.train.controls import StopFlag, lr_at, set_determinism
+from trainflow.train.activations import apply_activations
+from trainflow.train.compile import apply_compile
+from trainflow.train.controls import StopFlag, build_optimizer, lr_at, set_determinism
 from trainflow.train.step_log import StepLog
 
 log = logging.getLogger("trainflow.train")
+
+
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class ResumeError(TrainflowError):
@@ -54,19 +60,12 @@ class Trainer:
         t, m = cfg.train, cfg.model
         set_determinism(seed=t.seed, deterministic=t.deterministic, threads=t.threads_per_rank)
         self.dims = ParallelDims.from_config(
-            cfg.parallel,
-            world_size=dist.get_world_size(),
-            n_layers=m.n_layers,
-            n_heads=m.n_heads,
-            ffn_dim=m.ffn_dim,
-            global_batch=t.global_batch,
+            cfg.parallel, m, world_size=dist.get_world_size(), global_batch=t.global_batch
         )
         self.mesh = self.dims.build_mesh(self.device.type)
-        full = GPT(m)
+        full = Llama(m)
         self.n_params = full.num_params()
-        self.flops_per_token = flops_per_token(
-            n_params=self.n_params, n_layers=m.n_layers, dim=m.dim, seq_len=m.seq_len
-        )
+        self.flops_per_token = flops_per_token(m)
         self.model = parallelize_model(
             full.to(self.device),
             self.dims,
@@ -76,14 +75,13 @@ class Trainer:
             bucket_mb=cfg.parallel.bucket_mb,
             overlap=cfg.parallel.overlap,
             activation_shape=(t.global_batch // (self.dims.dp * self.dims.microbatches), m.seq_len, m.dim),
+            compute_dtype=COMPUTE_DTYPES[t.precision],
         )
-        o = cfg.optim
-        self.optimizers = [
-            torch.optim.AdamW(
-                part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay, foreach=False
-            )
-            for part in self.model.parts
-        ]
+        offload = Path(t.offload_dir) / f"rank{dist.get_rank()}" if t.offload_dir else None
+        self.offloader = apply_activations(self.model.named_parts(), t.activations, offload)
+        if t.compile:
+            apply_compile(self.model.named_parts(), self.device)
+        self.optimizers = [build_optimizer(part, cfg.optim, self.device) for part in self.model.parts]
         self.dp_rank = self.mesh["dp"].get_local_rank()
         rows = t.global_batch // self.dims.dp
         self.rows = slice(self.dp_rank * rows, (self.dp_rank + 1) * rows)
@@ -254,6 +252,8 @@ class Trainer:
             signal.signal(sig, handler)
         self.sampler.close()
         self.checkpoints.close()
+        if self.offloader is not None:
+            self.offloader.close()
         return self.summary(step, interrupted)
 
     def state_digest(self) -> list[str]:
