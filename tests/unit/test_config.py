@@ -132,3 +132,26 @@ def test_each_default_lives_once_a_preset_value_or_a_schema_default(group):
     for name, values in presets.items():
         assert set(values) == keys, f"conf/{group}/{name}.yaml lacks {sorted(keys - set(values))}"
         compose("train_segment", [f"{group}={name}"] + (["experiment=llama70b_alps"] if name in ALPS_ONLY else []))
+
+
+def test_train_settings_that_cannot_work_are_refused_in_one_line(tmp_path, monkeypatch):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    cases = [
+        (["train.precision=fp16"], "train.precision('fp16') must be one of fp32, bf16 (fp16 needs loss scaling"),
+        (["train.activations=swap"], "train.activations('swap') must be one of keep, recompute, offload"),
+        (
+            ["train.activations=offload", f"train.offload_dir={a_file}/acts"],
+            f"train.offload_dir('{a_file}/acts') is not a folder ({a_file} is a file)",
+        ),
+        ([f"train.offload_dir={tmp_path}"], "is set but train.activations is keep; set train.activations=offload"),
+        (["train.activations=offload", "train.offload_dir=/x/../etc"], "climbs out of its folder through '..'"),
+    ]
+    for overrides, fragment in cases:
+        with pytest.raises(ConfigError) as err:
+            compose("train_segment", overrides)
+        assert fragment in str(err.value) and "\n" not in str(err.value), (overrides, str(err.value))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(ConfigError, match=r"train.compile=true needs a C\+\+ compiler .* apt install g\+\+"):
+        compose("train_segment", ["train.compile=true"])
+    compose("train_segment", ["train.activations=offload", f"train.offload_dir={tmp_path}/new/acts"])  # created later

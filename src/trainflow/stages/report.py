@@ -158,7 +158,8 @@ def run(cfg: TrainflowConfig) -> dict:
         f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout dp{last['layout']['dp']} x "
         f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
         f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), "
-        f"backend {cfg.cluster.backend}.",
+        f"backend {cfg.cluster.backend}. Precision **{last['precision']}**, activations **{last['activations']}**, "
+        f"torch.compile **{'on' if last['compile'] else 'off'}**.",
         "",
         "## Training",
         "",
