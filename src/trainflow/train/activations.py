@@ -64,28 +64,46 @@ class OffloadToFolder:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
     def pack(self, t: torch.Tensor) -> object:
-        if type(t) is not torch.Tensor or t.nbytes < MIN_OFFLOAD_BYTES or _storage(t) in self.weights:
+        if not self.offloads(t):
             return t
         path = self.folder / f"{next(self.counter)}.act"
         try:
             with open(path, "xb") as f:
-                t.detach().contiguous().view(torch.uint8).cpu().numpy().tofile(f)
+                storage_bytes(t).cpu().numpy().tofile(f)
         except OSError as e:
             raise OffloadError(f"cannot write an activation to {path}: {e}; free space or set train.offload_dir") from e
-        return path, t.dtype, t.shape, t.device, t.nbytes
+        return path, t.dtype, t.shape, t.stride(), t.device, t.nbytes
+
+    def offloads(self, t: torch.Tensor) -> bool:
+        """Large plain tensors that fill their storage exactly (so its bytes are the tensor, whatever its
+        strides: compiled backward kernels expect the strides they saved); not the weights."""
+        return (
+            type(t) is torch.Tensor
+            and t.nbytes >= MIN_OFFLOAD_BYTES
+            and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.nbytes
+            and _storage(t) not in self.weights
+        )
 
     def unpack(self, packed: object) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        path, dtype, shape, device, nbytes = packed
-        data = np.fromfile(path, dtype=np.uint8)
+        path, dtype, shape, stride, device, nbytes = packed
+        data = torch.from_numpy(np.fromfile(path, dtype=np.uint8))
         path.unlink()
-        if data.size != nbytes:
-            raise OffloadError(f"{path} holds {data.size} bytes, not the {nbytes} written: the offload folder changed")
-        return torch.from_numpy(data).view(dtype).reshape(shape).to(device)
+        if data.numel() != nbytes:
+            raise OffloadError(
+                f"{path} holds {data.numel()} bytes, not the {nbytes} written: the offload folder changed"
+            )
+        return torch.empty(0, dtype=dtype).set_(data.untyped_storage(), 0, shape, stride).to(device)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of `t`'s whole storage, in memory order, as a flat uint8 tensor."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -10,6 +10,7 @@ model, optimizer and step are all a resumed run needs to continue bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -138,6 +139,7 @@ class Trainer:
             state,
             before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
             layout=self.cfg.parallel.name,
+            model=dataclasses.asdict(self.cfg.model),  # what trainflow.export rebuilds the model from
         )
         before = self.planner.interval_steps
         self.planner.observe_save(seconds)
