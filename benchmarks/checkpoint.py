@@ -8,9 +8,9 @@ file) >= 0.9x a plain read of the same files.
 
 Two states, ~300 MB each, are what Trainer.state() saves for a single-device run after one AdamW
 step (model, both moments, a step scalar per parameter), as flattened DCP state dicts:
-- `shard`: 2 layers of d=1024 (102 tensors of up to 16 MB). A Llama-70B rank under tp8 x pp8 holds
+- `shard`: 2 layers of d=1024 (86 tensors of up to 12 MB). A Llama-70B rank under tp8 x pp8 holds
   tensors of 32-117 MB, so this is the smaller side of a real shard; the goals are judged here.
-- `small_tensors`: 8 layers of d=512 (342 tensors, a quarter of them scalars). DCP writes every
+- `small_tensors`: 8 layers of d=512 (302 tensors, a quarter of them scalars). DCP writes every
   tensor as its own torch.save record, so this exposes the fixed cost per tensor, reported as
   `per_tensor_overhead_ms` (the extra save time over raw, less the shard's, per extra tensor).
 
@@ -57,13 +57,17 @@ from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.manifest import verify
 from trainflow.checkpoint.state import build_state as trainflow_state
-from trainflow.config import ModelConfig
+from trainflow.config import ModelConfig, OptimConfig
 from trainflow.crc import BLOCK
-from trainflow.model import GPT
+from trainflow.model import Llama
+from trainflow.train.controls import build_optimizer
 
+LLAMA = dict(
+    vocab_size=256, n_heads=8, n_kv_heads=8, ffn_dim_multiplier=1.0, multiple_of=256, rope_theta=1e4, seq_len=128
+)
 MODELS = {
-    "shard": dict(vocab_size=256, n_layers=2, n_heads=8, dim=1024, ffn_dim=4096, seq_len=128),
-    "small_tensors": dict(vocab_size=256, n_layers=8, n_heads=8, dim=512, ffn_dim=2048, seq_len=128),
+    "shard": dict(LLAMA, n_layers=2, dim=1024),
+    "small_tensors": dict(LLAMA, n_layers=8, dim=512),
 }
 VERIFY_PAIRS = 4  # cold verify / plain-read pairs per round
 WARMUP_ROUNDS = 2  # this VM's first few 300 MB writes in a process run at a fraction of the later speed
@@ -72,8 +76,9 @@ WARMUP_ROUNDS = 2  # this VM's first few 300 MB writes in a process run at a fra
 def build_state(model_args: dict) -> dict:
     """Trainer.state() of a single-device run after one optimizer step (so AdamW's moments exist)."""
     torch.manual_seed(0)
-    model = GPT(ModelConfig(name="bench", **model_args))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    model = Llama(ModelConfig(name="bench", **model_args))
+    optim = OptimConfig(name="bench", lr=1e-4, warmup_steps=0, weight_decay=0.1, grad_clip=1.0)
+    opt = build_optimizer(model, optim, torch.device("cpu"))
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     opt.step()

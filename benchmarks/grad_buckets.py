@@ -6,15 +6,16 @@ Goal: at dp=4, GradReducer's buckets >= 1.5x faster than per-parameter all-reduc
 step(per-parameter) / step(bucketed) >= 1.5 at equal overlap. Judged at the config default (25 MB) and
 at the best size; every size is reported, at dp=2 too.
 
-Ranks are spawned gloo processes on 127.0.0.1, one thread each. The model is a trainflow GPT of 12
-layers, d=256 (9.6 M parameters, 125 tensors, 37 MiB of fp32 gradients) on a small batch (1 x 64
-tokens per rank), so the gradient exchange is a large part of the step, as it is at scale. A step is
-zero_grad + forward + backward + `GradReducer.finish()` (the optimizer is the same for every variant and
-left out); its time is the slowest rank's. Medians judge the goal; minima are reported beside them, since
-other work on the machine only ever adds time. Every variant has its own model (GradReducer's overlap hooks
-stay on the parameters) and the variants take turns within each repeat, so load drift on this shared
-machine hits them alike. torch's DDP (`bucket_cap_mb`, always overlapped) is the reference row; its
-0 MB row is DDP's own per-parameter baseline.
+Ranks are spawned gloo processes on 127.0.0.1, one thread each. The model is a trainflow Llama of 12
+layers, d=256, 4 heads (no grouping), SwiGLU 704 (9.8 M parameters, 111 tensors, 37 MiB of fp32
+gradients) on a small batch (1 x 64 tokens per rank), so the gradient exchange is a large part of the
+step, as it is at scale. A step is zero_grad + forward + backward + `GradReducer.finish()` (the
+optimizer is the same for every variant and left out); its time is the slowest rank's. Medians judge
+the goal; minima are reported beside them, since other work on the machine only ever adds time. Every
+variant has its own model (GradReducer's overlap hooks stay on the parameters) and the variants take
+turns within each repeat, so load drift on this shared machine hits them alike. torch's DDP
+(`bucket_cap_mb`, always overlapped) is the reference row; its 0 MB row is DDP's own per-parameter
+baseline.
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ from _common import emit, log, median, run_ranks
 from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.config import ModelConfig
-from trainflow.model import GPT, cross_entropy
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.grad_reducer import GradReducer
 
-MODEL = dict(vocab_size=256, n_layers=12, n_heads=4, dim=256, ffn_dim=1024, seq_len=64)
+MODEL = dict(
+    vocab_size=256,
+    n_layers=12,
+    n_heads=4,
+    n_kv_heads=4,
+    dim=256,
+    ffn_dim_multiplier=1.0,
+    multiple_of=64,
+    rope_theta=1e4,
+    seq_len=64,
+)
 SIZES_MB = (0.25, 1.0, 4.0, 25.0)
 
 
@@ -54,7 +65,7 @@ def rank_fn(rank: int, world: int, repeats: int) -> dict:
     runs = []
     for kind, mb, overlap in variants():
         torch.manual_seed(0)  # identical replicas, as after the broadcast of a real run
-        model = GPT(ModelConfig(name="bench", **MODEL))
+        model = Llama(ModelConfig(name="bench", **MODEL))
         if kind == "ddp":
             runs.append((name(kind, mb, overlap), DistributedDataParallel(model, bucket_cap_mb=mb), None))
         else:
@@ -119,13 +130,15 @@ def main() -> None:
                 "met_at_25mb": min(at_default) >= 1.5,
                 "met_best": best["per_param_over_this"] >= 1.5,
             }
-    n_params = GPT(ModelConfig(name="bench", **MODEL)).num_params()
+    model = Llama(ModelConfig(name="bench", **MODEL))
+    n_params, n_tensors = model.num_params(), len(list(model.parameters()))
     emit(
         {
             "benchmark": "grad_buckets",
             "model": {
                 **MODEL,
                 "params": n_params,
+                "tensors": n_tensors,
                 "grad_mb": round(n_params * 4 / 2**20, 1),
                 "tokens_per_rank": MODEL["seq_len"],
             },

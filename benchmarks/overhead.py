@@ -6,15 +6,16 @@ Goal: trainflow step / plain step <= 1.05 (median over interleaved repeats).
 
 trainflow's step is Trainer.train_step's, less data loading: set the lr on every param group,
 `Parallelized.forward_backward` (built by `parallelize_model` at world size 1: a 1-rank gloo group and
-ParallelDims(1, 1, 1)), `Parallelized.clip_grad_norm`, AdamW step (foreach=False, as the Trainer
-builds it), zero_grad. The plain loop is model(x), F.cross_entropy, backward, clip_grad_norm_,
-opt.step, zero_grad, with the same AdamW settings. Both start from the same weights and see the same
-batches; one thread (what the Trainer sets per rank). Each repeat times a block of 4 steps of each, in
-alternating order (AB, BA, ...), and the ratio of the pair is taken, so load drift on this shared
-machine cancels; the ratio of the two fastest blocks is reported beside the median (other work
-only ever adds time). The model is a 0.87 M-parameter GPT (4 layers, d=128, T=128, vocab 256: the
-size notes/stack.md times), batch 8, where a fixed per-step cost shows most; `--large` adds a 12-layer
-d=256 row.
+ParallelDims(1, 1, 1)), `Parallelized.clip_grad_norm`, the AdamW step of `build_optimizer` (foreach on
+CPU, as the Trainer builds it), zero_grad. The plain loop is what a user writes: model(x),
+F.cross_entropy, backward, clip_grad_norm_, `torch.optim.AdamW(model.parameters(), lr=..., betas=...,
+weight_decay=...)` with torch's default implementation (on CPU the per-tensor loop), zero_grad. Same
+hyperparameters, same starting weights, same batches; one thread (what the Trainer sets per rank).
+Each repeat times a block of 4 steps of each, in alternating order (AB, BA, ...), and the ratio of the
+pair is taken, so load drift on this shared machine cancels; the ratio of the two fastest blocks is
+reported beside the median (other work only ever adds time). The model is the tiny preset's Llama
+(4 layers, d=128, 4 query / 2 key-value heads, SwiGLU 384, T=128; vocab 256: 0.85 M parameters),
+batch 8, where a fixed per-step cost shows most; `--large` adds a 12-layer d=256 row.
 """
 
 from __future__ import annotations
@@ -28,21 +29,33 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from _common import emit, log, median, single_rank_group
 
-from trainflow.config import ModelConfig
+from trainflow.config import ModelConfig, OptimConfig
 from trainflow.config.layout import ParallelDims
-from trainflow.model import GPT, cross_entropy
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import parallelize_model
+from trainflow.train.controls import build_optimizer
 
-SMALL = dict(vocab_size=256, n_layers=4, n_heads=4, dim=128, ffn_dim=512, seq_len=128)
-LARGE = dict(vocab_size=256, n_layers=12, n_heads=4, dim=256, ffn_dim=1024, seq_len=128)
-ADAMW = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
-CLIP = 1.0
+LLAMA = dict(
+    vocab_size=256, n_heads=4, n_kv_heads=2, ffn_dim_multiplier=1.0, multiple_of=64, rope_theta=1e4, seq_len=128
+)
+SMALL = dict(LLAMA, n_layers=4, dim=128)
+LARGE = dict(LLAMA, n_layers=12, dim=256)
+OPTIM = OptimConfig(name="bench", lr=3e-4, warmup_steps=0, weight_decay=0.1, grad_clip=1.0)
 STEPS = 4  # steps per timed block
+
+
+def adamw_impl(opt: torch.optim.Optimizer) -> str:
+    """Which AdamW implementation a step runs: fused, foreach, or the per-tensor loop."""
+    d = opt.defaults
+    if d["fused"] or d["foreach"]:
+        return "fused" if d["fused"] else "foreach"
+    return "per-tensor loop" if d["foreach"] is False else "torch's default (on CPU the per-tensor loop)"
 
 
 def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
     torch.manual_seed(0)
-    base = GPT(ModelConfig(name="bench", **cfg))
+    model_cfg = ModelConfig(name="bench", **cfg)
+    base = Llama(model_cfg)
     dims = ParallelDims(dp=1, tp=1, pp=1, world_size=1)
     par = parallelize_model(
         copy.deepcopy(base),
@@ -53,9 +66,12 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
         bucket_mb=25.0,
         overlap=True,
     )
-    tf_opts = [torch.optim.AdamW(part.parameters(), **ADAMW) for part in par.parts]
+    tf_opts = [build_optimizer(part, OPTIM, torch.device("cpu")) for part in par.parts]
     plain = copy.deepcopy(base)
-    plain_opt = torch.optim.AdamW(plain.parameters(), **ADAMW)
+    # What a user writes: torch picks the implementation (foreach/fused left at None).
+    plain_opt = torch.optim.AdamW(
+        plain.parameters(), lr=OPTIM.lr, betas=(OPTIM.beta1, OPTIM.beta2), weight_decay=OPTIM.weight_decay
+    )
     batches = [
         (
             torch.randint(0, cfg["vocab_size"], (batch, cfg["seq_len"])),
@@ -72,10 +88,10 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
             t0 = time.perf_counter()
             for opt in tf_opts:
                 for group in opt.param_groups:
-                    group["lr"] = ADAMW["lr"]
+                    group["lr"] = OPTIM.lr
             par.forward_backward(x, y)
             t1 = time.perf_counter()
-            par.clip_grad_norm(CLIP)
+            par.clip_grad_norm(OPTIM.grad_clip)
             t2 = time.perf_counter()
             for opt in tf_opts:
                 opt.step()
@@ -94,7 +110,7 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1))
             loss.backward()
             t1 = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(plain.parameters(), CLIP)
+            torch.nn.utils.clip_grad_norm_(plain.parameters(), OPTIM.grad_clip)
             t2 = time.perf_counter()
             plain_opt.step()
             plain_opt.zero_grad(set_to_none=True)
@@ -116,12 +132,14 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
         ratios.append(a / b)
         tf_s.append(a / steps)
         plain_s.append(b / steps)
-    # Not bit-identical: trainflow sums squares in float64 and scales only above max_norm.
+    # Not bit-identical: trainflow sums squares in float64 and scales only above max_norm, and foreach AdamW
+    # rounds differently from the per-tensor loop.
     with torch.no_grad():
         drift = max(float((p - q).abs().max()) for p, q in zip(par.parts[0].parameters(), plain.parameters()))
     n = repeats * steps
     return {
-        "model": {**cfg, "params": base.num_params(), "batch": batch},
+        "model": {**cfg, "ffn_dim": model_cfg.ffn_dim, "params": base.num_params(), "batch": batch},
+        "adamw": {"trainflow": adamw_impl(tf_opts[0]), "plain": adamw_impl(plain_opt)},
         "trainflow_step_s": round(median(tf_s), 5),
         "plain_step_s": round(median(plain_s), 5),
         "ratio_median": round(median(ratios), 4),
@@ -135,7 +153,7 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="11 repeats instead of 25")
-    ap.add_argument("--large", action="store_true", help="also a 12-layer d=256 GPT")
+    ap.add_argument("--large", action="store_true", help="also a 12-layer d=256 Llama")
     args = ap.parse_args()
     torch.set_num_threads(1)
     single_rank_group()

@@ -8,7 +8,7 @@ Interleaving uses v = p chunks per rank by default (--virtual-stages 0): with v 
 (3/11) / (3/7) = 0.64 at p=4, m=4 and 0.58 at p=4, m=8, so v = 2 cannot meet the second goal at p=4.
 
 The pipeline is trainflow's own: `parallelize_model` (pipeline_model -> build_schedule, torch's
-schedules) on a trainflow GPT whose blocks are swapped for fixed-cost blocks, driven by
+schedules) on a trainflow Llama whose blocks are swapped for fixed-cost blocks, driven by
 `Parallelized.forward_backward`. Every rank holds v blocks (one per chunk under interleaving), so all
 schedules do the same work per rank. The bubble of a rank is 1 - compute / makespan, where compute is
 the time spent inside the fixed-cost blocks and makespan the slowest rank's schedule wall time of that
@@ -46,7 +46,7 @@ from torch import nn
 
 from trainflow.config import ModelConfig
 from trainflow.config.layout import ParallelDims
-from trainflow.model import GPT, cross_entropy
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import parallelize_model
 
 V = [2]  # virtual stages under interleaved 1F1B (--virtual-stages); every rank holds V blocks under every schedule
@@ -81,13 +81,28 @@ class FixedCost(torch.autograd.Function):
 
 
 class FixedCostBlock(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Takes a Block's arguments (the rotary tables too) and ignores all but x."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return FixedCost.apply(x)
 
 
-def build_model(n_layers: int) -> GPT:
-    """A trainflow GPT (embeddings, head, ModuleDict of layers: what pipeline_model splits) of fixed-cost blocks."""
-    model = GPT(ModelConfig(name="bubble", vocab_size=32, n_layers=n_layers, n_heads=1, dim=8, ffn_dim=8, seq_len=4))
+def build_model(n_layers: int) -> Llama:
+    """A trainflow Llama (embeddings, head, ModuleDict of layers: what pipeline_model splits) of fixed-cost blocks."""
+    model = Llama(
+        ModelConfig(
+            name="bubble",
+            vocab_size=32,
+            n_layers=n_layers,
+            n_heads=1,
+            n_kv_heads=1,
+            dim=8,
+            ffn_dim_multiplier=1.0,
+            multiple_of=8,
+            rope_theta=1e4,
+            seq_len=4,
+        )
+    )
     for name in list(model.layers):
         model.layers[name] = FixedCostBlock()
     return model
