@@ -4,7 +4,7 @@ Keys are the fully qualified names of the unwrapped model (no DDP prefix, the gl
 under pipeline parallelism), and DTensor shards stay DTensors, so DCP can reshard a checkpoint into
 another layout. The optimizer's param_groups (lr, betas, ...) are left out: they come from the
 config and the learning-rate schedule, and DCP would pickle each of them separately per parameter
-(935 items for a small GPT, which tripled save time in benchmarks/checkpoint.py).
+(935 items for a small decoder, which tripled save time in benchmarks/checkpoint.py).
 """
 
 from __future__ import annotations

@@ -106,14 +106,15 @@ class Parallelized:
         in one call, nor sum over pipeline stages. Replicated gradients count once, sharded ones are
         summed over tp, and every stage's share is summed over pp.
         """
-        sharded, replicated = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if isinstance(p.grad, DTensor):
-                sharded += torch.linalg.vector_norm(p.grad.to_local(), dtype=torch.float64) ** 2
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        device = grads[0].device if grads else None  # where the gradients are: the norms stay on the GPU
+        sharded = torch.zeros((), dtype=torch.float64, device=device)
+        replicated = torch.zeros((), dtype=torch.float64, device=device)
+        for g in grads:
+            if isinstance(g, DTensor):
+                sharded += torch.linalg.vector_norm(g.to_local(), dtype=torch.float64) ** 2
             else:
-                replicated += torch.linalg.vector_norm(p.grad, dtype=torch.float64) ** 2
+                replicated += torch.linalg.vector_norm(g, dtype=torch.float64) ** 2
         if self.dims.tp > 1:
             dist.all_reduce(sharded, group=self.mesh["tp"].get_group())
         total = sharded + replicated
@@ -122,9 +123,8 @@ class Parallelized:
         norm = float(total.sqrt())
         if max_norm > 0 and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
-            for p in self.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(scale)
+            for g in grads:
+                g.mul_(scale)
         return norm
 
 
