@@ -148,3 +148,11 @@ def test_a_listed_file_replaced_by_a_symbolic_link_is_caught(tmp_path):
     (folder / "__0_0.distcp").symlink_to(outside)
     with pytest.raises(ChecksumError, match="__0_0.distcp is listed in manifest.json but missing or no regular file"):
         verify(folder)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, b"\xff\xfe{".decode("latin-1")], ids=["deeply-nested", "not-utf8"])
+def test_a_manifest_that_is_not_json_is_one_line(tmp_path, text):
+    dcp_folder(tmp_path)
+    (tmp_path / "manifest.json").write_text(text, encoding="latin-1")
+    with pytest.raises(ChecksumError, match=r"manifest.json is not valid JSON .*the checkpoint is damaged"):
+        verify(tmp_path)

@@ -82,7 +82,7 @@ def read_manifest(directory: Path) -> dict:
         )
     try:
         manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
         raise ChecksumError(f"{path} is not valid JSON ({err}); the checkpoint is damaged, delete {directory}") from err
     files = manifest.get("files") if isinstance(manifest, dict) else None
     whole = isinstance(files, dict) and all(

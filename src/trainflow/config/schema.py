@@ -83,7 +83,7 @@ RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 class ModelConfig:
     """A Llama-style decoder (trainflow.model): RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention."""
 
-    name: str = MISSING
+    name: str = checked(pattern=RUN_NAME, fix="letters, digits, _ . - and no leading dot")
     vocab_size: int = checked(ge=2)
     """Rows of the embedding and output head; at least data.vocab_size (the tiny preset takes it from there)."""
     n_layers: int = checked(ge=1)
