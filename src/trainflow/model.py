@@ -39,9 +39,9 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of (B, heads, T, head_dim): each pair (i, i + head_dim/2) turned by its angle."""
-    first, second = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # under bf16 autocast q and k stay bf16, as in HF's Llama
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
+    # In fp32 whatever x's dtype (as torchtitan does): bf16 angles would blur positions; q and k return in x's dtype.
+    first, second = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):

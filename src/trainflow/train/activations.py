@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainflow.errors import TrainflowError
+from trainflow.model import call_block
 
 MIN_OFFLOAD_BYTES = 64 * 1024
 """Smaller saved tensors (norm statistics, scalars) stay in memory: a file each would cost more than they hold."""
@@ -114,6 +115,8 @@ def _storage(t: torch.Tensor) -> int:
 def apply_activations(parts: list[nn.Module], mode: str, folder: Path | None = None) -> OffloadToFolder | None:
     """Set how every block of these model chunks keeps activations; the folder offloader to close, if any."""
     if mode == "keep":
+        for part in parts:
+            part.run_block = call_block
         return None
     if mode == "recompute":
         for part in parts:

@@ -1,0 +1,236 @@
+"""Bytes one device holds at the peak of a training step, from the model's shape alone (no torch).
+
+    python -c "from trainflow.config import compose, ParallelDims; from trainflow.plan.memory import device_memory; \
+        print(device_memory(compose('train_segment', ['model=llama3_8b']).model, ParallelDims(1, 8, 4, 32, \
+        microbatches=8), micro_batch=1, precision='bf16', activations='recompute'))"
+
+Design note. The state is fp32 in both precisions: master weights, gradients and AdamW's two moments
+(bf16 is autocast: compute in bf16, nothing stored in it but what autograd saves). Data parallel
+replicates all of it (no ZeRO), so dp changes nothing here; tensor parallel splits the block linears
+(Megatron's column/row plan) and nothing else; pipeline parallel gives each rank n_layers / pp layers,
+the embedding to the first rank, the final norm and output head to the last, and the estimate is the
+worst rank's.
+
+Activations are the tensors autograd saves for backward, per token, as THIS model saves them: listed
+with saved_tensors_hooks on the tiny model (torch 2.13, CPU; tests/unit/test_memory.py compares the
+step's peak with torch's profiler). Per block, under fp32 (bytes per token, d = dim, q = the query width
+n_heads * head_dim / tp, f = ffn_dim / tp, h = n_heads / tp):
+
+    each RMSNorm     input x, x / rms (before the weight), 1 / rms       2 * (2d + 1) * 4
+    wq / wk / wv     their input, the norm's output (one tensor)         d * 4
+    attention        SDPA's q, k, v (k, v after repeat_interleave, so     4 * q * 4 + h * 4
+                     full query width), output (= wo's input), logsumexp
+    w1 / w3          their input, the MLP norm's output                   d * 4
+    SwiGLU           w1 x, silu(w1 x), w3 x, their product (w2's input)   4 * f * 4
+
+RoPE's multiplications save only the cos / sin tables (buffers); repeat_interleave and the residual
+adds save nothing. Under bf16 autocast the norms, the residual stream and logsumexp stay fp32; the
+attention and SwiGLU tensors are bf16; and each matmul saves its own bf16 cast of its input, because
+autocast caches casts of weights only: 3 copies of the attention norm's output, 2 of the MLP norm's.
+Each matmul also saves the bf16 cast of its weight, which autocast keeps in its cache anyway for as long
+as its context lasts (the whole forward; a pipeline's whole schedule): `weight_copies`, 2 bytes per
+matmul weight of the rank, in every activation mode.
+
+The ends: the first stage's embedding saves the token ids (int64); the last stage's final norm saves
+as a block's norm does, the output head its input, and cross_entropy the log-softmax of the logits
+(fp32, it upcasts them) and the targets. Beyond what is saved, the step's peak holds transients: at the
+loss, cross-entropy's backward holds the gradients of the log-softmax and of the logits (2 x vocab fp32
+per token) beside the saved log-softmax; in a block, the backward of SwiGLU's product holds the
+incoming gradient and both operands' gradients (the product's own input already freed: 2 f net) and
+the residual stream's gradient (d fp32). Attention's backward (at most 4 q) comes after the MLP's 4 f
+are freed, so it never tops that for Llama's widths.
+
+Without sequence parallelism (trainflow has none) the norms' and residual stream's tensors are whole on
+every tensor-parallel rank: 26 d of a bf16 block's 26 d + 8 q + 8 f bytes per token, ~85 % of it for
+Llama 3 70B at tp = 8. That, not attention or the MLP, is what tp leaves to recompute or offload.
+
+Activation modes (trainflow.train.activations):
+- keep: every layer's saved tensors.
+- recompute: each layer keeps its input (d fp32 per token); during its backward one block's saved
+  tensors are rebuilt and live beside the transients.
+- offload to a folder (or to host memory from a CUDA device): the layers keep next to nothing in device
+  memory (tensors under 64 KiB stay, ignored here); the running block's working set is live.
+- offload to host memory on a CPU device: host memory is the device's memory, so nothing falls:
+  save_on_cpu's `tensor.cpu()` returns a CPU tensor itself, and the estimate is keep's.
+
+Pipeline parallel multiplies the stored activations by the microbatches a rank holds at once, per
+torch's schedules (torch.distributed.pipelining; Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", and Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", section 4.2.3):
+- GPipe: all m microbatches' forwards run before any backward: m.
+- 1F1B: rank r runs min(m, pp - r) warm-up forwards, then each backward before the next forward:
+  the first rank holds min(m, pp), i.e. n_layers layers' worth of one microbatch.
+- interleaved 1F1B: rank r runs w = (v - 1) * k + 2 * (pp - 1 - r) warm-up chunk forwards (k =
+  microbatches per round, m // max(1, m // pp)), then a forward before each backward: min(w + 1, v * m)
+  chunks of n_layers / (pp * v) layers. For rank 0 and m a multiple of pp that is n_layers * (1 +
+  (pp - 1) / (pp * v)) layers' worth, Korthikanti et al.'s formula.
+The last rank's output head holds m microbatches under GPipe, one otherwise.
+
+Not counted: buffers (RoPE tables), the data-parallel reducer's flat gradient buckets (they fill at
+the end of backward, when activations are gone), the optimizer step's temporaries (smaller than the
+activations they follow), and allocator fragmentation. Gradients are counted whole although the step
+frees them between steps (zero_grad(set_to_none=True)): with a pipeline's later microbatches they do
+coexist with activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainflow.config.layout import ParallelDims
+from trainflow.config.schema import ACTIVATION_MODES, ModelConfig
+from trainflow.errors import ConfigError
+
+FP32, BF16 = 4, 2
+INDEX = 8
+"""Bytes of an int64 token id or target."""
+COMPUTE_BYTES = {"fp32": FP32, "bf16": BF16}
+"""train.precision -> bytes of an element of what autograd saves in the compute dtype."""
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one device holds at the peak of a training step, by kind: the worst pipeline rank's."""
+
+    parameters: int
+    """fp32 master weights."""
+    gradients: int
+    """fp32, one per parameter."""
+    optimizer_state: int
+    """AdamW's two fp32 moments per parameter."""
+    weight_copies: int
+    """bf16 casts of the matmul weights that autocast caches and autograd saves (0 under fp32)."""
+    activations: int
+    """Saved tensors of the microbatches in flight, plus the transients at the step's peak."""
+    pp_rank: int
+    """The pipeline rank these figures are for (0 without a pipeline)."""
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state + self.weight_copies + self.activations
+
+
+def layer_params(m: ModelConfig, *, tp: int = 1) -> int:
+    """One block's parameters on one tensor-parallel rank: its two norms and the sharded linears."""
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    attention = m.dim * (q + 2 * kv) + q * m.dim  # wq, wk, wv, wo
+    mlp = 3 * m.dim * m.ffn_dim  # w1, w3, w2
+    return 2 * m.dim + (attention + mlp) // tp
+
+
+def block_saved(m: ModelConfig, *, tp: int, compute: int) -> int:
+    """Bytes per token that autograd saves in one block (the table in the module docstring)."""
+    d, q, f, heads = m.dim, m.n_heads * m.head_dim // tp, m.ffn_dim // tp, m.n_heads // tp
+    norms = 2 * (2 * d + 1) * FP32
+    norm_outputs = 2 * d * FP32 if compute == FP32 else 5 * d * compute  # bf16: one cast per matmul
+    attention = 4 * q * compute + heads * FP32
+    mlp = 4 * f * compute
+    return norms + norm_outputs + attention + mlp
+
+
+def block_transient(m: ModelConfig, *, tp: int, compute: int) -> int:
+    """Bytes per token a block's backward holds beyond its saved tensors at its peak (SwiGLU's product)."""
+    return m.dim * FP32 + 2 * (m.ffn_dim // tp) * compute
+
+
+def offloaded_block_live(m: ModelConfig, *, tp: int, compute: int) -> int:
+    """Bytes per token a block holds while it runs with its saved tensors offloaded (measured on the tiny model).
+
+    Forward, at SwiGLU's product: the block's input, the residual and the MLP norm's output (fp32) beside
+    silu(w1 x), w3 x and the product; backward unpacks a node's tensors only when it runs, and holds at
+    most the incoming gradient and four SwiGLU-width tensors (the product's gradient, two unpacked
+    operands, one operand's gradient).
+    """
+    d, f = m.dim, m.ffn_dim // tp
+    return max(3 * d * FP32 + 3 * f * compute, d * FP32 + 4 * f * compute)
+
+
+def head_saved(m: ModelConfig, *, compute: int) -> int:
+    """Bytes per token the final norm, output head and cross-entropy save."""
+    return (2 * m.dim + 1) * FP32 + m.dim * compute + m.vocab_size * FP32 + INDEX
+
+
+def head_transient(m: ModelConfig) -> int:
+    """Bytes per token cross-entropy's backward holds beside the saved log-softmax."""
+    return 2 * m.vocab_size * FP32
+
+
+def chunks_in_flight(dims: ParallelDims, pp_rank: int) -> int:
+    """Chunk-microbatches whose activations pp rank `pp_rank` holds at once (the module docstring's list)."""
+    m, pp, v = dims.microbatches, dims.pp, dims.virtual_stages
+    if pp == 1 or dims.schedule == "gpipe":
+        return m
+    if dims.schedule == "1f1b":
+        return min(m, pp - pp_rank)
+    per_round = m // max(1, m // pp)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), v * m)
+    return min(warmup + 1, v * m)
+
+
+def device_memory(
+    m: ModelConfig,
+    dims: ParallelDims,
+    *,
+    micro_batch: int,
+    precision: str,
+    activations: str,
+    offload_to_disk: bool = False,
+    device: str = "cuda",
+) -> MemoryEstimate:
+    """The memory of the worst pipeline rank of a training step with sequences of m.seq_len tokens.
+
+    micro_batch is sequences per microbatch (train.global_batch / (dp * microbatches)); offload_to_disk
+    is whether train.offload_dir is set; device is cluster.device (it decides where host offload lands).
+    dims is a checked layout (ParallelDims.from_config holds it against the model's shape).
+    """
+    errors = _input_errors(micro_batch=micro_batch, precision=precision, activations=activations, device=device)
+    if errors:
+        raise ConfigError("cannot estimate memory: " + "; ".join(errors))
+    compute = COMPUTE_BYTES[precision]
+    tp, pp = dims.tp, dims.pp
+    tokens = micro_batch * m.seq_len
+    layers = m.n_layers // pp
+    chunk_layers = m.n_layers // dims.n_stages
+    saved, transient = block_saved(m, tp=tp, compute=compute), block_transient(m, tp=tp, compute=compute)
+    if activations == "keep" or (activations == "offload" and not offload_to_disk and device == "cpu"):
+        kept, live = saved, transient
+    elif activations == "recompute":
+        kept, live = m.dim * FP32, saved - m.dim * FP32 + transient  # the rebuilt block, less its kept input
+    else:
+        kept, live = 0, offloaded_block_live(m, tp=tp, compute=compute)
+
+    embedding, head = m.vocab_size * m.dim, m.dim + m.vocab_size * m.dim
+    linears = layer_params(m, tp=tp) - 2 * m.dim
+
+    def on_rank(rank: int) -> MemoryEstimate:
+        first, last = rank == 0, rank == pp - 1
+        params = layers * layer_params(m, tp=tp) + first * embedding + last * head
+        heads_held = (dims.microbatches if dims.schedule == "gpipe" else 1) * last
+        stored = chunks_in_flight(dims, rank) * (chunk_layers * kept + first * INDEX)
+        stored += heads_held * head_saved(m, compute=compute)
+        # The microbatch in backward has released its head's tensors by the time it reaches a block.
+        peak = max(last * head_transient(m), live - last * head_saved(m, compute=compute))
+        return MemoryEstimate(
+            parameters=params * FP32,
+            gradients=params * FP32,
+            optimizer_state=2 * params * FP32,
+            weight_copies=(layers * linears + last * m.vocab_size * m.dim) * BF16 if precision == "bf16" else 0,
+            activations=tokens * (stored + peak),
+            pp_rank=rank,
+        )
+
+    return max((on_rank(rank) for rank in range(pp)), key=lambda e: e.total)
+
+
+def _input_errors(*, micro_batch: int, precision: str, activations: str, device: str) -> list[str]:
+    errors = []
+    if precision not in COMPUTE_BYTES:
+        errors.append(f"precision({precision!r}) must be one of {', '.join(COMPUTE_BYTES)} (train.precision)")
+    if activations not in ACTIVATION_MODES:
+        errors.append(f"activations({activations!r}) must be one of {', '.join(ACTIVATION_MODES)} (train.activations)")
+    if device not in DEVICES:
+        errors.append(f"device({device!r}) must be one of {', '.join(DEVICES)} (cluster.device)")
+    if micro_batch < 1:
+        errors.append(f"micro_batch({micro_batch}) must be >= 1: train.global_batch / (dp * microbatches) sequences")
+    return errors
