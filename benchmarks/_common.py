@@ -24,6 +24,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trainflow.config import ModelConfig
+
+
+def bench_model(**shape: object) -> ModelConfig:
+    """A Llama config named `bench` of `shape` (vocab_size, n_layers, n_heads, dim, seq_len, ...); what a
+    benchmark leaves out takes plain values: a key/value head per query head, SwiGLU 8/3 dim rounded up to 64,
+    rotary base 1e4."""
+    plain = {"n_kv_heads": shape["n_heads"], "ffn_dim_multiplier": 1.0, "multiple_of": 64, "rope_theta": 1e4}
+    return ModelConfig(name="bench", **(plain | shape))
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""

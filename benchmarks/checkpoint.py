@@ -51,20 +51,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _common import emit, log, median, single_rank_group
+from _common import bench_model, emit, log, median, single_rank_group
 
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.manifest import verify
 from trainflow.checkpoint.state import build_state as trainflow_state
-from trainflow.config import ModelConfig, OptimConfig
+from trainflow.config import OptimConfig
 from trainflow.crc import BLOCK
 from trainflow.model import Llama
 from trainflow.train.controls import build_optimizer
 
-LLAMA = dict(
-    vocab_size=256, n_heads=8, n_kv_heads=8, ffn_dim_multiplier=1.0, multiple_of=256, rope_theta=1e4, seq_len=128
-)
+LLAMA = dict(vocab_size=256, n_heads=8, multiple_of=256, seq_len=128)
 MODELS = {
     "shard": dict(LLAMA, n_layers=2, dim=1024),
     "small_tensors": dict(LLAMA, n_layers=8, dim=512),
@@ -76,7 +74,7 @@ WARMUP_ROUNDS = 2  # this VM's first few 300 MB writes in a process run at a fra
 def build_state(model_args: dict) -> dict:
     """Trainer.state() of a single-device run after one optimizer step (so AdamW's moments exist)."""
     torch.manual_seed(0)
-    model = Llama(ModelConfig(name="bench", **model_args))
+    model = Llama(bench_model(**model_args))
     optim = OptimConfig(name="bench", lr=1e-4, warmup_steps=0, weight_decay=0.1, grad_clip=1.0)
     opt = build_optimizer(model, optim, torch.device("cpu"))
     for p in model.parameters():

@@ -25,24 +25,13 @@ import time
 
 import torch
 import torch.distributed as dist
-from _common import emit, log, median, run_ranks
+from _common import bench_model, emit, log, median, run_ranks
 from torch.nn.parallel import DistributedDataParallel
 
-from trainflow.config import ModelConfig
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.grad_reducer import GradReducer
 
-MODEL = dict(
-    vocab_size=256,
-    n_layers=12,
-    n_heads=4,
-    n_kv_heads=4,
-    dim=256,
-    ffn_dim_multiplier=1.0,
-    multiple_of=64,
-    rope_theta=1e4,
-    seq_len=64,
-)
+MODEL = dict(vocab_size=256, n_layers=12, n_heads=4, dim=256, seq_len=64)
 SIZES_MB = (0.25, 1.0, 4.0, 25.0)
 
 
@@ -65,7 +54,7 @@ def rank_fn(rank: int, world: int, repeats: int) -> dict:
     runs = []
     for kind, mb, overlap in variants():
         torch.manual_seed(0)  # identical replicas, as after the broadcast of a real run
-        model = Llama(ModelConfig(name="bench", **MODEL))
+        model = Llama(bench_model(**MODEL))
         if kind == "ddp":
             runs.append((name(kind, mb, overlap), DistributedDataParallel(model, bucket_cap_mb=mb), None))
         else:
@@ -130,7 +119,7 @@ def main() -> None:
                 "met_at_25mb": min(at_default) >= 1.5,
                 "met_best": best["per_param_over_this"] >= 1.5,
             }
-    model = Llama(ModelConfig(name="bench", **MODEL))
+    model = Llama(bench_model(**MODEL))
     n_params, n_tensors = model.num_params(), len(list(model.parameters()))
     emit(
         {

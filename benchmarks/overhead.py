@@ -27,17 +27,15 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _common import emit, log, median, single_rank_group
+from _common import bench_model, emit, log, median, single_rank_group
 
-from trainflow.config import ModelConfig, OptimConfig
+from trainflow.config import OptimConfig
 from trainflow.config.layout import ParallelDims
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import parallelize_model
 from trainflow.train.controls import build_optimizer
 
-LLAMA = dict(
-    vocab_size=256, n_heads=4, n_kv_heads=2, ffn_dim_multiplier=1.0, multiple_of=64, rope_theta=1e4, seq_len=128
-)
+LLAMA = dict(vocab_size=256, n_heads=4, n_kv_heads=2, seq_len=128)
 SMALL = dict(LLAMA, n_layers=4, dim=128)
 LARGE = dict(LLAMA, n_layers=12, dim=256)
 OPTIM = OptimConfig(name="bench", lr=3e-4, warmup_steps=0, weight_decay=0.1, grad_clip=1.0)
@@ -54,7 +52,7 @@ def adamw_impl(opt: torch.optim.Optimizer) -> str:
 
 def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
     torch.manual_seed(0)
-    model_cfg = ModelConfig(name="bench", **cfg)
+    model_cfg = bench_model(**cfg)
     base = Llama(model_cfg)
     dims = ParallelDims(dp=1, tp=1, pp=1, world_size=1)
     par = parallelize_model(

@@ -41,10 +41,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from _common import emit, log, median, run_ranks
+from _common import bench_model, emit, log, median, run_ranks
 from torch import nn
 
-from trainflow.config import ModelConfig
 from trainflow.config.layout import ParallelDims
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import parallelize_model
@@ -89,20 +88,7 @@ class FixedCostBlock(nn.Module):
 
 def build_model(n_layers: int) -> Llama:
     """A trainflow Llama (embeddings, head, ModuleDict of layers: what pipeline_model splits) of fixed-cost blocks."""
-    model = Llama(
-        ModelConfig(
-            name="bubble",
-            vocab_size=32,
-            n_layers=n_layers,
-            n_heads=1,
-            n_kv_heads=1,
-            dim=8,
-            ffn_dim_multiplier=1.0,
-            multiple_of=8,
-            rope_theta=1e4,
-            seq_len=4,
-        )
-    )
+    model = Llama(bench_model(vocab_size=32, n_layers=n_layers, n_heads=1, dim=8, multiple_of=8, seq_len=4))
     for name in list(model.layers):
         model.layers[name] = FixedCostBlock()
     return model
