@@ -2,6 +2,14 @@
 
 par = parallelize_model(model, dims, mesh, loss_fn=..., device=..., bucket_mb=..., overlap=...)
 loss, times = par.forward_backward(inputs, targets); norm = par.clip_grad_norm(1.0)
+
+Mixed precision (train.precision=bf16) is torch's autocast around forward and loss, pipeline schedules
+included: matmuls and attention run in bf16, while the parameters (the master weights), their gradients,
+the gradient all-reduce and AdamW's state stay fp32, as do the residual stream between blocks and
+pipeline stages, the norms and the loss. That is torchtitan's choice outside FSDP and Megatron's
+(bf16 compute, fp32 main params and grads reduced in fp32); it needs no loss scaling, keeps
+checkpoints in fp32 (so any run resumes in either precision), and costs autocast's bf16 weight copies,
+held for one forward.
 """
 
 from __future__ import annotations
