@@ -1,0 +1,93 @@
+"""Export a trainflow checkpoint as a Hugging Face LlamaForCausalLM folder.
+
+    python -m trainflow.export CHECKPOINT OUT [OVERRIDE ...]
+    python -m trainflow.export runs/default/capacity/checkpoints/<hash> hf/default
+
+CHECKPOINT is one checkpoint (`.../checkpoints/<hash>/step-N/`) or a series (`.../checkpoints/<hash>/`, whose
+newest checkpoint is taken), written by any layout. The model is the one its manifest records (the trainer
+writes ModelConfig's fields there). The manifest is read as untrusted input: its CRCs cover the shards, not
+itself, so its model must hold exactly ModelConfig's fields, each of its type, within the schema's domains
+and model rules (config.checks), and the tensor shapes must be the ones that model has. OVERRIDEs are
+optional: the run's Hydra overrides (e.g. model=tiny data.vocab_size=257), composed as train_segment composes
+them. A checkpoint whose manifest records no model (trainflow before manifests held it) or one this version
+cannot read needs them; otherwise they must describe the model the manifest records.
+
+OUT gets config.json, model.safetensors (fp32, Hugging Face's parameter names) and, for a BPE run,
+tokenizer.json and tokenizer_config.json from the token file in the checkpoint's run folder
+(<capacity>/data/tokens.h5); a byte-tokenised run has no tokenizer file to export. Everything is written
+into a temporary folder beside OUT and renamed into place, so a failure leaves OUT as it was. OUT must
+be new or empty. The model's name is never part of a path.
+
+Loading goes through the checkpoint's own guards: the manifest is verified (every file's CRC-32C)
+before anything is read, `.metadata` is unpickled through trainflow's allow-list, tensors are read
+with torch.load(weights_only=True) (checkpoint.reader). One process with no process group reads the
+`model.*` tensors into full-size tensors: DCP reassembles tensor-parallel shards and gathers pipeline
+stages; the optimizer state is never read. Trainflow's rotary embedding rotates halves (HF's
+rotate_half), so q/k projections are copied as they are. The whole model is held in memory once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from trainflow.config import ModelConfig
+from trainflow.data.tokens import EOT_TEXT
+from trainflow.export.hf_format import check_out, hf_config, hf_name, write_folder
+from trainflow.export.source import (
+    OVERRIDES_FIX,
+    ExportError,
+    choose_model,
+    find_checkpoint,
+    read_model,
+    read_tokenizer,
+    run_tokens,
+)
+
+__all__ = ["ExportError", "choose_model", "export", "read_model"]
+
+log = logging.getLogger("trainflow.export")
+
+
+def export(checkpoint: Path, out: Path, given: ModelConfig | None = None) -> Path:
+    """Export the checkpoint `checkpoint` names to the folder `out`; the checkpoint exported. `given` is the
+    model the run's overrides compose (None: take the manifest's, see choose_model)."""
+    checkpoint = find_checkpoint(checkpoint)
+    series = checkpoint.parent
+    check_out(out, series)
+    m = choose_model(checkpoint, given)
+    altered = "its manifest records another model: the checkpoint was altered, export another one of the series"
+    model = read_model(checkpoint, m, fix=altered if m is not given else OVERRIDES_FIX)
+    tensors = {hf_name(name): t.contiguous() for name, t in model.items()}
+    tokens, files, eot_id = run_tokens(series), {}, None
+    if tokens is None or not tokens.is_file():
+        log.warning(
+            "Found no token file in the run folder of %s (<capacity>/data/tokens.h5): wrote no tokenizer and no "
+            "eos_token_id",
+            series,
+        )
+    else:
+        kind, text, eot_id = read_tokenizer(tokens, m)
+        if kind == "bpe":
+            files["tokenizer.json"] = text
+            tokenizer_config = {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": EOT_TEXT,
+                "eos_token": EOT_TEXT,
+                "model_max_length": m.seq_len,
+            }
+            files["tokenizer_config.json"] = json.dumps(tokenizer_config, indent=2) + "\n"
+        else:
+            log.info("Wrote no tokenizer file: %s was tokenised by %r, which has none", tokens, kind)
+    files["config.json"] = json.dumps(hf_config(m, eot_id), indent=2) + "\n"
+    write_folder(out, files, tensors)
+    log.info(
+        "Exported %s (%d tensors, %.1f MB) to %s: %s",
+        checkpoint,
+        len(tensors),
+        sum(t.nbytes for t in tensors.values()) / 1e6,
+        out,
+        ", ".join(sorted([*files, "model.safetensors"])),
+    )
+    return checkpoint

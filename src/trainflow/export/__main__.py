@@ -1,0 +1,35 @@
+"""python -m trainflow.export CHECKPOINT OUT [OVERRIDE ...]: see trainflow.export."""
+
+from __future__ import annotations
+
+import argparse
+import logging.config
+import sys
+from pathlib import Path
+
+import yaml
+
+from trainflow.config import CONF_DIR, TrainflowError, compose
+from trainflow.export import __doc__ as DOC
+from trainflow.export import export
+
+log = logging.getLogger("trainflow.export")
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.config.dictConfig(yaml.safe_load((CONF_DIR / "hydra/job_logging/trainflow.yaml").read_text()))
+    parser = argparse.ArgumentParser(prog="python -m trainflow.export", description=DOC.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint (step-N/) or a series of them")
+    parser.add_argument("out", type=Path, help="the Hugging Face folder to write (new or empty)")
+    parser.add_argument("overrides", nargs="*", help="the run's Hydra overrides, e.g. model=tiny (optional)")
+    args = parser.parse_args(argv)
+    try:
+        given = compose("train_segment", args.overrides).model if args.overrides else None
+        export(args.checkpoint, args.out, given)
+    except TrainflowError as err:
+        log.error("%s: %s", type(err).__name__, err)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""What an export reads, all of it untrusted: the checkpoint's manifest (its model), its tensors, the run's
+token file (its tokenizer). Each check fails as one ExportError, ChecksumError or DataError line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import reprlib
+import warnings
+from pathlib import Path
+from typing import get_type_hints
+
+import h5py
+import torch
+import torch.distributed.checkpoint as dcp
+from tokenizers import Tokenizer
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from trainflow.checkpoint.folders import STEP, list_steps, step_dir
+from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, read_manifest
+from trainflow.checkpoint.manifest import verify as verify_manifest
+from trainflow.checkpoint.reader import InPlaceReader
+from trainflow.config import ModelConfig, TrainflowError
+from trainflow.config.checks import domain_errors, model_errors
+from trainflow.config.run_folder import RunFolder
+from trainflow.data.record import DataError, check_size
+from trainflow.model import Llama
+
+log = logging.getLogger("trainflow.export")
+
+MODEL_TYPES = get_type_hints(ModelConfig)  # field name -> int, float or str
+
+OVERRIDES_FIX = "give the run's model overrides (e.g. model=tiny data.vocab_size=257)"
+
+
+class ExportError(TrainflowError):
+    """A checkpoint, configuration or output folder that cannot be exported."""
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The checkpoint folder `path` names: itself (step-N/) or the newest of a series; absolute, so its
+    series and run folder are its parents."""
+    path = Path(os.path.abspath(path))
+    if STEP.fullmatch(path.name) and path.is_dir():
+        return path
+    if steps := list_steps(path):
+        return step_dir(path, steps[-1])
+    raise ExportError(
+        f"{path} is neither a checkpoint (step-N/) nor a folder of them; give <capacity>/checkpoints/<hash> or "
+        "one of its step-N folders"
+    )
+
+
+def recorded_model(checkpoint: Path) -> ModelConfig:
+    """The model the checkpoint's manifest records (CheckpointManager.save writes ModelConfig's fields), checked
+    as a config is; ExportError names the first field that is missing, unknown, mistyped or out of its domain."""
+    path, values = checkpoint / MANIFEST, read_manifest(checkpoint).get("model")
+    if values is None:
+        raise ExportError(f"{path} records no model")
+    if not isinstance(values, dict):
+        raise ExportError(f"{path} records the model as {reprlib.repr(values)}, not an object of ModelConfig's fields")
+    if odd := sorted(set(values) ^ set(MODEL_TYPES)):
+        why = "lacks ModelConfig's field" if odd[0] in MODEL_TYPES else "holds a field ModelConfig has not,"
+        raise ExportError(f"{path}'s model {why} {reprlib.repr(odd[0])}")
+    # bool is an int to isinstance; JSON's true is no layer count.
+    if wrong := next((k for k, kind in MODEL_TYPES.items() if type(values[k]) is not kind), None):
+        raise ExportError(
+            f"{path} records model.{wrong}({reprlib.repr(values[wrong])}), which is no {MODEL_TYPES[wrong].__name__}"
+        )
+    m = ModelConfig(**values)
+    if errors := domain_errors(m, "model.") or model_errors(m):  # the model rules assume the domains hold
+        raise ExportError(f"{path} records a model outside the schema: {'; '.join(errors)}")
+    return m
+
+
+def choose_model(checkpoint: Path, given: ModelConfig | None) -> ModelConfig:
+    """The model to export: the manifest's, which overrides `given` (None: none) must repeat; `given` where
+    the manifest's is missing or unreadable."""
+    try:
+        recorded = recorded_model(checkpoint)
+    except ExportError as err:
+        if given is None:
+            raise ExportError(f"{err}: it was not written by this trainflow version; {OVERRIDES_FIX}") from None
+        log.warning("Took the overrides' model, whose tensor shapes are checked: %s", err)
+        return given
+    if given is None or given == recorded:
+        return recorded
+    diff = next(k for k in MODEL_TYPES if getattr(given, k) != getattr(recorded, k))
+    raise ExportError(
+        f"the overrides give model.{diff}({getattr(given, diff)!r}) but {checkpoint / MANIFEST} records "
+        f"{getattr(recorded, diff)!r}; drop the overrides (the manifest says which model the checkpoint holds)"
+    )
+
+
+def read_model(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, torch.Tensor]:
+    """The full fp32 model tensors of a verified checkpoint, keyed by trainflow's parameter names; `fix` ends
+    the error of tensors that are not the model `m`."""
+    verify_manifest(checkpoint)
+    reader = InPlaceReader(checkpoint)
+    saved = {
+        k.removeprefix("model."): v.size
+        for k, v in reader.read_metadata().state_dict_metadata.items()
+        if k.startswith("model.")
+    }
+    # Building the meta model takes time per layer and fails past int64 sizes: a forged model must not get there.
+    widest = max((max(size, default=1) for size in saved.values()), default=0)
+    if m.n_layers > len(saved) or max(m.vocab_size, m.dim, m.ffn_dim) > widest:
+        raise ExportError(
+            f"{checkpoint} holds {len(saved)} model tensors, none wider than {widest}: too few or too narrow for "
+            f"n_layers({m.n_layers}), vocab_size({m.vocab_size}), dim({m.dim}), ffn_dim({m.ffn_dim}); {fix}"
+        )
+    with torch.device("meta"):
+        shapes = {name: p.shape for name, p in Llama(m).state_dict().items()}
+    if odd := sorted(set(shapes) ^ set(saved)):
+        side = "holds" if odd[0] in saved else "lacks"
+        raise ExportError(
+            f"{checkpoint} {side} the tensor model.{odd[0]}, unlike a model of {m.n_layers} layers; {fix}"
+        )
+    if wrong := next((k for k in shapes if tuple(shapes[k]) != tuple(saved[k])), None):
+        raise ExportError(
+            f"{checkpoint} holds model.{wrong} of shape {tuple(saved[wrong])} where the model has "
+            f"{tuple(shapes[wrong])}; {fix}"
+        )
+    state = {"model": {name: torch.empty(shape) for name, shape in shapes.items()}}
+    try:
+        with warnings.catch_warnings():  # DCP's notice that it loads in one process, which is the intent here
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            # No process group: DCP's single-process path reads every chunk, whichever rank wrote it.
+            dcp.load(state, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+    except CheckpointException as err:
+        _, (cause, _) = next(iter(err.failures.items()))
+        raise ChecksumError(f"loading {checkpoint} failed: {' '.join(str(cause).split())}") from err
+    return state["model"]
+
+
+def read_tokenizer(tokens: Path, m: ModelConfig) -> tuple[str, str, int]:
+    """(tokenizer kind, its JSON, end-of-document id) recorded in a token file (data.tokens' attributes)."""
+    rerun = "prepare_data (snakemake --forcerun prepare_data)"
+    check_size(tokens, rerun=rerun)
+    try:
+        with h5py.File(tokens, "r") as f:
+            kind, text, eot_id, vocab = (f.attrs[k] for k in ("tokenizer", "tokenizer_json", "eot_id", "vocab_size"))
+    except (OSError, KeyError) as err:
+        raise DataError(f"{tokens} lacks its tokenizer attributes or is no HDF5 file ({err}); rerun {rerun}") from err
+    if kind == "bpe":
+        try:
+            Tokenizer.from_str(str(text))
+        except Exception as err:  # tokenizers raises plain Exceptions
+            raise DataError(f"{tokens} records a BPE tokenizer that does not parse ({err}); rerun {rerun}") from err
+    if not 0 <= int(eot_id) < int(vocab) <= m.vocab_size:
+        raise DataError(
+            f"{tokens} records a tokenizer of {vocab} tokens (end of document {eot_id}) for a model of "
+            f"{m.vocab_size}: it is not this run's token file; rerun {rerun}"
+        )
+    return str(kind), str(text), int(eot_id)
+
+
+def run_tokens(series: Path) -> Path | None:
+    """The token file of the run folder holding the checkpoint series `series` (config.run_folder's layout
+    puts both on the capacity tier); None where `series` lies in no run folder."""
+    run = RunFolder(root="", capacity=str(series.parent.parent), fast="", train_hash=series.name)
+    return Path(run.tokens) if Path(run.checkpoints) == series else None
