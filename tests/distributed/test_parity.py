@@ -26,10 +26,19 @@ LAYOUTS = [
     ("pp2_interleaved", 1),
     ("tp2_pp2", 1),
     ("dp2_tp2_pp2", 2),
+    # Sharded data parallel (FSDP2): alone, with TP, with PP, and all three resuming from its own checkpoint.
+    ("dp2_shard", 1),
+    pytest.param("dp2_shard_tp2", 1, marks=pytest.mark.slow),
+    pytest.param("dp2_shard_pp2", 1, marks=pytest.mark.slow),
+    ("dp2_shard_tp2_pp2", 2),
 ]
 
 
-@pytest.mark.parametrize(("layout", "segments"), LAYOUTS, ids=[name for name, _ in LAYOUTS])
+def layout_name(entry) -> str:
+    return getattr(entry, "values", entry)[0]  # a pytest.param or a plain (name, segments)
+
+
+@pytest.mark.parametrize(("layout", "segments"), LAYOUTS, ids=[layout_name(e) for e in LAYOUTS])
 def test_losses_match_one_process(layout, segments, tmp_path, fixed_tokens):
     summaries = [
         run_segment(
@@ -50,3 +59,17 @@ def test_losses_match_one_process(layout, segments, tmp_path, fixed_tokens):
         GOLDEN.write_text("".join(f"{step} {loss!r}\n" for step, loss in enumerate(losses)))
     assert_matches_golden(losses, layout)
     assert losses[-1] < losses[0]  # and it learns
+
+
+def test_sharded_data_parallel_resumes_bitwise(tmp_path, fixed_tokens):
+    """FSDP2 on 2 ranks: two segments of 3 steps end where one segment of 6 ends, in every rank's state bytes."""
+    run = ("parallel=dp2_shard", "train.global_batch=8", "checkpoint.interval_steps=100")
+    whole = run_segment(tmp_path / "whole", fixed_tokens, *run, "train.segments=1", "train.segment_steps=6")
+    halves = [
+        run_segment(
+            tmp_path / "halves", fixed_tokens, *run, "train.segments=2", "train.segment_steps=3", f"segment={s}"
+        )
+        for s in (0, 1)
+    ]
+    assert step_losses(*halves) == step_losses(whole)
+    assert halves[1]["state_digest"] == whole["state_digest"]

@@ -56,6 +56,13 @@ def parallel_errors(p: ParallelConfig, m: ModelConfig, *, global_batch: int) -> 
         errors.append(f"schedule {schedule} needs microbatches({microbatches}) >= pp({pp})")
     if pp == 1 and microbatches != 1:
         errors.append(f"microbatches({microbatches}) > 1 needs pp > 1 (they feed the pipeline)")
+    if p.dp_mode == "shard" and dp == 1:
+        errors.append("parallel.dp_mode=shard needs dp > 1 (it shards over the data-parallel ranks); use replicate")
+    if p.dp_mode == "shard" and not p.overlap:
+        errors.append(
+            "parallel.overlap=false applies to dp_mode=replicate only: FSDP2 always overlaps its gathers and "
+            "reduce-scatters with compute; drop it"
+        )
     if global_batch % (dp * microbatches):
         errors.append(
             f"train.global_batch({global_batch}) is not divisible by dp({dp}) * microbatches({microbatches}) "
@@ -73,6 +80,7 @@ class ParallelDims:
     virtual_stages: int = 1
     schedule: str = "1f1b"
     microbatches: int = 1
+    dp_mode: str = "replicate"
 
     def __post_init__(self) -> None:
         if self.dp * self.tp * self.pp != self.world_size:
@@ -94,6 +102,7 @@ class ParallelDims:
             virtual_stages=p.virtual_stages,
             schedule=p.schedule,
             microbatches=p.microbatches,
+            dp_mode=p.dp_mode,
         )
 
     @property

@@ -28,6 +28,7 @@ STAGES = (
 )
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 ACTIVATION_MODES = ("keep", "recompute", "offload")
+DP_MODES = ("replicate", "shard")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
 
 
@@ -142,6 +143,10 @@ class ParallelConfig:
     """Gradient all-reduce bucket size; the seed uses 128 MB-1 GB on GPU clusters."""
     overlap: bool = True
     """Overlap gradient communication with the backward pass."""
+    dp_mode: str = checked(one_of=DP_MODES)
+    """replicate: every data-parallel rank holds the whole model, gradients and AdamW state (DDP, or
+    GradReducer beside tp / pp); shard: FSDP2 shards all three over dp (ZeRO-3), gathering each block's
+    parameters for its forward and backward."""
 
     @property
     def world_size(self) -> int:

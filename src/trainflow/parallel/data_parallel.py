@@ -1,12 +1,16 @@
-"""Data parallel: torch's DDP on a pure-dp mesh, else trainflow's bucketed GradReducer.
+"""Data parallel: replicated (torch's DDP on a pure-dp mesh, else trainflow's bucketed GradReducer) or
+sharded (torch's FSDP2, `fully_shard`).
 
 parts, reducer = apply_dp(parts, dims, mesh["dp"], bucket_mb=25, overlap=True)
+apply_fsdp(parts, mesh["dp"], compute_dtype=torch.bfloat16, pipelined=False)
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.config.layout import ParallelDims
@@ -33,3 +37,19 @@ def apply_dp(
     # Under a pipeline schedule backward runs once per microbatch: all-reduce after the last one.
     params = [p for part in parts for p in part.parameters()]
     return parts, GradReducer(params, dp_mesh.get_group(), bucket_mb=bucket_mb, overlap=overlap and dims.pp == 1)
+
+
+def apply_fsdp(parts: list[nn.Module], dp_mesh: DeviceMesh, *, compute_dtype: torch.dtype, pipelined: bool) -> None:
+    """FSDP2 over the dp mesh, torchtitan's way: each block a unit, then the chunk's root (embedding, norm, head).
+
+    Parameters are gathered in `compute_dtype` and gradients reduce-scattered in fp32, so bf16 here is
+    FSDP's mixed precision, not autocast (Parallelized runs these chunks without it). Blocks are resharded
+    after forward (ZeRO-3) except under a pipeline, whose schedule runs several microbatches' forwards
+    before their backwards and would gather every block again for each one. torch's PipelineStage
+    tells FSDP which backward is a step's last, where the reduce-scatter happens.
+    """
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for part in parts:
+        for block in part.layers.values():
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not pipelined)
+        fully_shard(part, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not pipelined)

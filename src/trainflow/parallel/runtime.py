@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.config.layout import ParallelDims
-from trainflow.parallel.data_parallel import apply_dp
-from trainflow.parallel.grad_reducer import GradReducer
+from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
+from trainflow.parallel.grad_reducer import GradReducer, local
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
@@ -47,8 +47,8 @@ class Parallelized:
     has_last: bool = True
     clock: PipelineClock = field(default_factory=PipelineClock)
     """The pipeline stages' compute time and probed exchange cost; unused without a pipeline."""
-    compute_dtype: torch.dtype = torch.float32
-    """bf16: forward and backward under autocast; parameters, gradients and their reduction stay fp32."""
+    autocast: torch.dtype | None = None
+    """bf16: forward under autocast (parameters, gradients and their reduction stay fp32); None: none."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -82,7 +82,7 @@ class Parallelized:
         computes a loss; the other ranks return zero, which global_loss's sum over pp relies on.
         """
         device_type = inputs.device.type
-        with torch.autocast(device_type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+        with torch.autocast(device_type, dtype=self.autocast, enabled=self.autocast is not None):
             if self.schedule is None:
                 loss = self.loss_fn(self.parts[0](inputs), targets)
             else:
@@ -110,22 +110,23 @@ class Parallelized:
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the global gradient norm over every shard and stage; returns the norm before clipping.
 
-        Hand-written: torch's clip_grad_norm_ cannot mix DTensor (TP) and plain (replicated) gradients
-        in one call, nor sum over pipeline stages. Replicated gradients count once, sharded ones are
-        summed over tp, and every stage's share is summed over pp.
+        Hand-written: torch's clip_grad_norm_ cannot mix gradients of different meshes (FSDP's dp x tp, TP's
+        tp, plain replicated ones) in one call, nor sum over pipeline stages. Each gradient's squared local
+        norm is summed over the mesh dimensions it is sharded on (Shard placements) and counted once over
+        those it is replicated on; every stage's share is then summed over pp.
         """
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         device = grads[0].device if grads else None  # where the gradients are: the norms stay on the GPU
-        sharded = torch.zeros((), dtype=torch.float64, device=device)
-        replicated = torch.zeros((), dtype=torch.float64, device=device)
+        by_sharding: dict[tuple[str, ...], torch.Tensor] = {}
         for g in grads:
-            if isinstance(g, DTensor):
-                sharded += torch.linalg.vector_norm(g.to_local(), dtype=torch.float64) ** 2
-            else:
-                replicated += torch.linalg.vector_norm(g, dtype=torch.float64) ** 2
-        if self.dims.tp > 1:
-            dist.all_reduce(sharded, group=self.mesh["tp"].get_group())
-        total = sharded + replicated
+            dims = sharded_dims(g)
+            square = torch.linalg.vector_norm(local(g), dtype=torch.float64) ** 2
+            by_sharding[dims] = by_sharding.get(dims, torch.zeros((), dtype=torch.float64, device=device)) + square
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for dims, square in by_sharding.items():
+            for name in dims:
+                dist.all_reduce(square, group=self.mesh[name].get_group())
+            total += square
         if self.dims.pp > 1:
             dist.all_reduce(total, group=self.mesh["pp"].get_group())
         norm = float(total.sqrt())
@@ -134,6 +135,14 @@ class Parallelized:
             for g in grads:
                 g.mul_(scale)
         return norm
+
+
+def sharded_dims(t: torch.Tensor) -> tuple[str, ...]:
+    """The mesh dimensions a DTensor is sharded over (by name); () for a plain tensor. FSDP over TP's
+    column-parallel shards places a _StridedShard, which is_shard() does not count: so not replicated."""
+    if not isinstance(t, DTensor):
+        return ()
+    return tuple(n for n, p in zip(t.device_mesh.mesh_dim_names, t.placements) if not p.is_replicate())
 
 
 def parallelize_model(
@@ -152,7 +161,8 @@ def parallelize_model(
 
     activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
     """
-    result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn, compute_dtype=compute_dtype)
+    autocast = compute_dtype if compute_dtype != torch.float32 else None
+    result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn, autocast=autocast)
     if dims.pp > 1:
         exchange_s = probe_exchange_seconds(mesh["pp"], activation_shape, device=device)
         result.clock = PipelineClock(exchange_s=exchange_s, exchanges=2 * dims.virtual_stages * dims.microbatches)
@@ -163,7 +173,10 @@ def parallelize_model(
     if dims.tp > 1:
         for part in result.parts:
             apply_tp(part, mesh["tp"])
-    if dims.dp > 1:
+    if dims.dp > 1 and dims.dp_mode == "shard":
+        apply_fsdp(result.parts, mesh["dp"], compute_dtype=compute_dtype, pipelined=dims.pp > 1)
+        result.autocast = None  # FSDP gathers the parameters in the compute dtype
+    elif dims.dp > 1:
         result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)
     if dims.pp > 1:
         result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)

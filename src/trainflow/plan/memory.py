@@ -5,8 +5,12 @@
         microbatches=8), micro_batch=1, precision='bf16', activations='recompute'))"
 
 Design note. The state is fp32 in both precisions: master weights, gradients and AdamW's two moments
-(bf16 is autocast: compute in bf16, nothing stored in it but what autograd saves). Data parallel
-replicates all of it (no ZeRO), so dp changes nothing here; tensor parallel splits the block linears
+(bf16 is autocast: compute in bf16, nothing stored in it but what autograd saves). Replicated data
+parallel keeps all of it on every rank; sharded (FSDP2, parallel.dp_mode=shard) keeps 1/dp of it, plus
+the parameters it gathers in the compute dtype for the blocks at work (two blocks, the running one and
+the one prefetched, or the whole stage under a pipeline, which does not reshard after forward) and one
+block's unsharded fp32 gradients before their reduce-scatter; FSDP's mixed precision replaces autocast,
+so no weight copies. Tensor parallel splits the block linears
 (Megatron's column/row plan) and nothing else; pipeline parallel gives each rank n_layers / pp layers,
 the embedding to the first rank, the final norm and output head to the last, and the estimate is the
 worst rank's.
@@ -103,12 +107,21 @@ class MemoryEstimate:
     """bf16 casts of the matmul weights that autocast caches and autograd saves (0 under fp32)."""
     activations: int
     """Saved tensors of the microbatches in flight, plus the transients at the step's peak."""
+    gathered: int
+    """FSDP's unsharded parameters (compute dtype) and one block's unsharded gradients (0 when replicated)."""
     pp_rank: int
     """The pipeline rank these figures are for (0 without a pipeline)."""
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_state + self.weight_copies + self.activations
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer_state
+            + self.weight_copies
+            + self.activations
+            + self.gathered
+        )
 
 
 def layer_params(m: ModelConfig, *, tp: int = 1) -> int:
@@ -211,12 +224,21 @@ def device_memory(
         stored += heads_held * head_saved(m, compute=compute)
         # The microbatch in backward has released its head's tensors by the time it reaches a block.
         peak = max(last * head_transient(m), live - last * head_saved(m, compute=compute))
+        shard = dims.dp if dims.dp_mode == "shard" else 1
+        held = -(-params // shard)  # FSDP pads every shard to the same size
+        copies = (layers * linears + last * m.vocab_size * m.dim) * BF16 if precision == "bf16" else 0
+        gathered = 0
+        if shard > 1:
+            blocks = layers if pp > 1 else min(2, layers)
+            gathered = blocks * layer_params(m, tp=tp) * compute + layer_params(m, tp=tp) * FP32
+            copies = 0
         return MemoryEstimate(
-            parameters=params * FP32,
-            gradients=params * FP32,
-            optimizer_state=2 * params * FP32,
-            weight_copies=(layers * linears + last * m.vocab_size * m.dim) * BF16 if precision == "bf16" else 0,
+            parameters=held * FP32,
+            gradients=held * FP32,
+            optimizer_state=2 * held * FP32,
+            weight_copies=copies,
             activations=tokens * (stored + peak),
+            gathered=gathered,
             pp_rank=rank,
         )
 

@@ -19,20 +19,18 @@ from trainflow.config import OptimConfig
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW on torch's multi-tensor path (fused kernels on CUDA), one param group per tensor type.
+    """AdamW on torch's multi-tensor path (fused kernels on CUDA), one param group per kind of tensor.
 
-    foreach and fused kernels take lists of one tensor type, so DTensor (tensor-parallel) and plain
-    parameters go in separate groups; each group gets the same lr and decay.
+    foreach and fused kernels take lists of one kind: plain tensors, or DTensors of one mesh and placement
+    (TP shards, FSDP shards, both). Each group gets the same lr and decay.
     """
-    params = list(model.parameters())
-    groups = [
-        {"params": ps}
-        for ps in ([p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)])
-        if ps
-    ]
+    groups: dict[object, list[torch.nn.Parameter]] = {}
+    for p in model.parameters():
+        kind = (p.device_mesh, tuple(p.placements)) if isinstance(p, DTensor) else None
+        groups.setdefault(kind, []).append(p)
     fused = device.type == "cuda"
     return torch.optim.AdamW(
-        groups,
+        [{"params": ps} for ps in groups.values()],
         lr=optim.lr,
         betas=(optim.beta1, optim.beta2),
         weight_decay=optim.weight_decay,
