@@ -44,7 +44,7 @@ def moving_means(losses: list[float], k: int = 10) -> list[float]:
     [
         ("single", ["train.activations=recompute"]),
         ("single", ["train.activations=offload", "train.offload_dir={tmp}/offload"]),
-        ("tp2", ["train.activations=offload"]),
+        pytest.param("tp2", ["train.activations=offload"], marks=pytest.mark.slow),
         ("pp2_1f1b", ["train.activations=recompute"]),
     ],
     ids=["single-recompute", "single-offload-folder", "tp2-offload-host", "pp2_1f1b-recompute"],

@@ -250,8 +250,11 @@ class Trainer:
             if step == self.end_step or self.planner.due(since_save):
                 self.save(step)
                 since_save = 0
+        # After the last step a pre-timeout USR2 stays with the stop flag, unread: submitit's handler would requeue a
+        # finished segment (seen when the signal came while the last checkpoint was closing).
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if interrupted or sig != signal.SIGUSR2:
+                signal.signal(sig, handler)
         self.sampler.close()
         self.checkpoints.close()
         if self.offloader is not None:
