@@ -91,6 +91,9 @@ INVALID_LAYOUTS = [
     (["parallel=tp2", "model.n_kv_heads=1"], "model.n_kv_heads(1) is not divisible by tp(2)"),
     (["model.n_kv_heads=3"], "model.n_kv_heads(3) does not divide model.n_heads(4)"),
     (["cluster.nodes=3"], "is not divisible by cluster.nodes(3)"),
+    (["parallel=single", "parallel.dp_mode=shard"], "parallel.dp_mode=shard needs dp > 1"),
+    (["parallel=dp2_shard", "parallel.overlap=false"], "parallel.overlap=false applies to dp_mode=replicate only"),
+    (["parallel.dp_mode=zero2"], "parallel.dp_mode('zero2') must be one of replicate, shard"),
 ]
 
 
