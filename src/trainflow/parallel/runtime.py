@@ -61,6 +61,8 @@ class Parallelized:
         """One step's gradients, synchronised across dp; the loss (mean over this dp rank's rows)."""
         start = time.perf_counter()
         self.clock.compute_s = 0.0
+        if self.reducer is not None:
+            self.reducer.zero_grad()  # .grad back into the buckets (the optimizer's set_to_none dropped them), zeroed
         loss = self.local_loss(inputs, targets, backward=True)
         mid = time.perf_counter()
         if self.reducer is not None:
