@@ -6,14 +6,29 @@
 
 Design note. The state is fp32 in both precisions: master weights, gradients and AdamW's two moments
 (bf16 is autocast: compute in bf16, nothing stored in it but what autograd saves). Replicated data
-parallel keeps all of it on every rank; sharded (FSDP2, parallel.dp_mode=shard) keeps 1/dp of it, plus
-the parameters it gathers in the compute dtype for the blocks at work (two blocks, the running one and
-the one prefetched, or the whole stage under a pipeline, which does not reshard after forward) and one
-block's unsharded fp32 gradients before their reduce-scatter; FSDP's mixed precision replaces autocast,
-so no weight copies. Tensor parallel splits the block linears
-(Megatron's column/row plan) and nothing else; pipeline parallel gives each rank n_layers / pp layers,
-the embedding to the first rank, the final norm and output head to the last, and the estimate is the
-worst rank's.
+parallel keeps all of it on every rank, sharded 1/dp of it (below). Tensor parallel splits the block
+linears (Megatron's column/row plan) and nothing else; pipeline parallel gives each rank n_layers / pp
+layers, the embedding to the first rank, the final norm and output head to the last, and the estimate
+is the worst rank's.
+
+Sharded data parallel (FSDP2, parallel.dp_mode=shard, trainflow.parallel.data_parallel.apply_fsdp):
+each rank keeps a 1/dp shard of every parameter (FSDP pads each to whole rows of dim 0; rounded here
+on the total), its gradients and its AdamW state. `gathered` is what FSDP holds unsharded beside that,
+in the compute dtype unless said otherwise (read from torch 2.13's fully_shard and PipelineStage, and
+measured on CPU with a fake process group of 2 and 4 ranks, where no collective runs on another thread):
+- Without a pipeline every block and the root unit (embedding, final norm, output head) are resharded
+  after forward. The root is gathered through forward and again through backward, where its gradients
+  gather beside it. At the peak, either the root's all-gather output is still there beside it (as
+  backward begins: the root twice), or, in a block's backward, the running block's parameters and
+  gradients, the next block's all-gather output, the previous block's fp32 reduce-scatter input and
+  the output head's gradient: root + max(root, 3 blocks + 1 fp32 block + head).
+- Under a pipeline nothing is resharded until the schedule's last backward (apply_fsdp's `pipelined`;
+  torch's PipelineStage turns gradient sync off until then): the whole stage stays unsharded, its
+  gradients accumulate unsharded in fp32 (the reduce dtype) over the microbatches, and the final
+  reduce-scatter adds the largest unit's fp32 input.
+FSDP's mixed precision replaces autocast (Parallelized runs the chunks without it), so there are no
+weight copies. The activations are still autocast's below, although under FSDP the whole model computes
+in bf16, residual stream and norms included, which saves fewer bytes: an overestimate.
 
 Activations are the tensors autograd saves for backward, per token, as THIS model saves them: listed
 with saved_tensors_hooks on the tiny model (torch 2.13, CPU; tests/unit/test_memory.py compares the
@@ -70,11 +85,13 @@ Activation Recomputation in Large Transformer Models", section 4.2.3):
   (pp - 1) / (pp * v)) layers' worth, Korthikanti et al.'s formula.
 The last rank's output head holds m microbatches under GPipe, one otherwise.
 
-Not counted: buffers (RoPE tables), the data-parallel reducer's flat gradient buckets (they fill at
-the end of backward, when activations are gone), the optimizer step's temporaries (smaller than the
-activations they follow), and allocator fragmentation. Gradients are counted whole although the step
-frees them between steps (zero_grad(set_to_none=True)): with a pipeline's later microbatches they do
-coexist with activations.
+Not counted: buffers (RoPE tables); allocator fragmentation; the optimizer step's temporaries (none in
+CUDA's fused AdamW; on a CPU, foreach AdamW's one fp32 copy of the rank's parameters, which sets the
+peak when the activations are smaller than that); and torch's DDP's buckets (a pure-dp mesh), which
+apply_ddp keeps beside the gradients: one more fp32 copy of them (trainflow's GradReducer makes the
+gradients views of its buckets). Gradients are counted whole although the step frees them between
+steps (zero_grad(set_to_none=True)): with a pipeline's later microbatches they do coexist with
+activations.
 """
 
 from __future__ import annotations
@@ -108,7 +125,7 @@ class MemoryEstimate:
     activations: int
     """Saved tensors of the microbatches in flight, plus the transients at the step's peak."""
     gathered: int
-    """FSDP's unsharded parameters (compute dtype) and one block's unsharded gradients (0 when replicated)."""
+    """What FSDP holds unsharded at the peak: parameters, gradients, collective buffers (0 when replicated)."""
     pp_rank: int
     """The pipeline rank these figures are for (0 without a pipeline)."""
 
@@ -228,9 +245,13 @@ def device_memory(
         held = -(-params // shard)  # FSDP pads every shard to the same size
         copies = (layers * linears + last * m.vocab_size * m.dim) * BF16 if precision == "bf16" else 0
         gathered = 0
-        if shard > 1:
-            blocks = layers if pp > 1 else min(2, layers)
-            gathered = blocks * layer_params(m, tp=tp) * compute + layer_params(m, tp=tp) * FP32
+        if shard > 1:  # the module docstring's paragraph on sharded data parallel
+            block, ends = layer_params(m, tp=tp), first * embedding + last * head
+            if pp > 1:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
+                gathered = params * (compute + FP32) + max(block, ends) * FP32
+            else:  # the root throughout, beside its all-gather output or the blocks at work
+                at_work = (3 * block + head) * compute + block * FP32
+                gathered = ends * compute + max(ends * compute, at_work)
             copies = 0
         return MemoryEstimate(
             parameters=held * FP32,
