@@ -155,7 +155,8 @@ def run(cfg: TrainflowConfig) -> dict:
     lines = [
         f"# trainflow report: run `{cfg.run}`",
         "",
-        f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout dp{last['layout']['dp']} x "
+        f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout "
+        f"dp{last['layout']['dp']} ({last['layout'].get('dp_mode', 'replicate')}) x "
         f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
         f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), "
         f"backend {cfg.cluster.backend}. Precision **{last['precision']}**, activations **{last['activations']}**, "

@@ -295,6 +295,7 @@ class Trainer:
                 "v": self.dims.virtual_stages,
                 "schedule": self.dims.schedule,
                 "microbatches": self.dims.microbatches,
+                "dp_mode": self.dims.dp_mode,
             },
             "n_params": self.n_params,
             "precision": self.cfg.train.precision,
