@@ -50,6 +50,18 @@ def run_segment(root: Path, tokens: Path, *overrides: str) -> dict:
     return read_json(cfg.io.segment_report)
 
 
+def assert_resumes_bitwise(root: Path, tokens: Path, *run: str) -> None:
+    """Two segments of 3 steps (the second resumed from the first's checkpoint) end where one segment of 6
+    ends: the same losses and the same SHA-256 of every rank's model and optimizer state."""
+    whole = run_segment(root / "whole", tokens, *run, "train.segments=1", "train.segment_steps=6")
+    halves = [
+        run_segment(root / "halves", tokens, *run, "train.segments=2", "train.segment_steps=3", f"segment={s}")
+        for s in (0, 1)
+    ]
+    assert step_losses(*halves) == step_losses(whole)
+    assert halves[1]["state_digest"] == whole["state_digest"]
+
+
 def step_losses(*summaries: dict) -> list[float]:
     return [r["loss"] for s in summaries for r in s["steps"]]
 

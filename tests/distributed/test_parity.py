@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.conftest import GOLDEN, assert_matches_golden, run_segment, step_losses
+from tests.conftest import GOLDEN, assert_matches_golden, assert_resumes_bitwise, run_segment, step_losses
 
 STEPS = 10
 # (preset, segments): the 3-D layout trains 2 segments of 5 steps, so its second half resumes
@@ -62,14 +62,7 @@ def test_losses_match_one_process(layout, segments, tmp_path, fixed_tokens):
 
 
 def test_sharded_data_parallel_resumes_bitwise(tmp_path, fixed_tokens):
-    """FSDP2 on 2 ranks: two segments of 3 steps end where one segment of 6 ends, in every rank's state bytes."""
-    run = ("parallel=dp2_shard", "train.global_batch=8", "checkpoint.interval_steps=100")
-    whole = run_segment(tmp_path / "whole", fixed_tokens, *run, "train.segments=1", "train.segment_steps=6")
-    halves = [
-        run_segment(
-            tmp_path / "halves", fixed_tokens, *run, "train.segments=2", "train.segment_steps=3", f"segment={s}"
-        )
-        for s in (0, 1)
-    ]
-    assert step_losses(*halves) == step_losses(whole)
-    assert halves[1]["state_digest"] == whole["state_digest"]
+    """FSDP2 on 2 ranks: every rank's shards of the model and AdamW state survive a checkpoint bit for bit."""
+    assert_resumes_bitwise(
+        tmp_path, fixed_tokens, "parallel=dp2_shard", "train.global_batch=8", "checkpoint.interval_steps=100"
+    )
