@@ -25,6 +25,7 @@ LAYOUTS = [
     ("pp2_1f1b", 1),
     ("pp2_interleaved", 1),
     ("tp2_pp2", 1),
+    ("dp2_tp2", 1),  # GradReducer overlapped with backward, on DTensor gradients
     ("dp2_tp2_pp2", 2),
     # Sharded data parallel (FSDP2): alone, with TP, with PP, and all three resuming from its own checkpoint.
     ("dp2_shard", 1),
