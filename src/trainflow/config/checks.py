@@ -124,13 +124,18 @@ def path_errors(cfg: TrainflowConfig) -> list[str]:
     ] + [("train.offload_dir", cfg.train.offload_dir)]
     for key, value in paths:
         for path in value if isinstance(value, list) else [value]:
-            if bad := re.search(UNSAFE_PATH_CHARS, path):
-                return [
-                    f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"
-                ]
-            if ".." in PurePosixPath(path).parts:
-                return [f"{key}({path!r}) climbs out of its folder through '..'; give the path without '..'"]
+            if why := unsafe_path(key, path):
+                return [why]
     return []  # one error at most: the paths derive from each other, so the first names the cause
+
+
+def unsafe_path(key: str, path: str) -> str | None:
+    """Why trainflow refuses to read or write `path` (None: it does not): UNSAFE_PATH_CHARS or '..'."""
+    if bad := re.search(UNSAFE_PATH_CHARS, path):
+        return f"{key}({path!r}) holds {bad[0]!r}, which trainflow does not pass to a shell or Hydra; rename it"
+    if ".." in PurePosixPath(path).parts:
+        return f"{key}({path!r}) climbs out of its folder through '..'; give the path without '..'"
+    return None
 
 
 # Quotes, backslashes and `$` would need escaping twice (shell, then Hydra's quoted strings); control

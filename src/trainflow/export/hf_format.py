@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from trainflow.atomic import fsync_path
 from trainflow.config import ModelConfig
-from trainflow.config.checks import UNSAFE_PATH_CHARS
+from trainflow.config.checks import unsafe_path
 from trainflow.export.source import ExportError
 
 # trainflow's module names -> Hugging Face's: inside each block, then outside the blocks.
@@ -72,10 +72,8 @@ def hf_config(m: ModelConfig, eot_id: int | None) -> dict:
 def check_out(out: Path, series: Path) -> None:
     """OUT is a path trainflow writes (the rules of config.checks.path_errors), new or empty, and outside
     the checkpoint series (a file there would make its checkpoints incomplete)."""
-    if bad := re.search(UNSAFE_PATH_CHARS, str(out)):
-        raise ExportError(f"OUT({str(out)!r}) holds {bad[0]!r}, which trainflow does not write to; rename it")
-    if ".." in PurePosixPath(out).parts:
-        raise ExportError(f"OUT({str(out)!r}) climbs out of its folder through '..'; give the path without '..'")
+    if why := unsafe_path("OUT", str(out)):
+        raise ExportError(why)
     if out.exists() and not out.is_dir():
         raise ExportError(f"OUT({out}) is a file; give a new or empty folder")
     if out.is_dir() and any(out.iterdir()):

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainflow.errors import TrainflowError
 from trainflow.model import call_block
+from trainflow.parallel.grad_reducer import local
 
 MIN_OFFLOAD_BYTES = 64 * 1024
 """Smaller saved tensors (norm statistics, scalars) stay in memory: a file each would cost more than they hold."""
@@ -72,7 +73,8 @@ class OffloadToFolder:
             with open(path, "xb") as f:
                 storage_bytes(t).cpu().numpy().tofile(f)
         except OSError as e:
-            raise OffloadError(f"cannot write an activation to {path}: {e}; free space or set train.offload_dir") from e
+            why = f"cannot write an activation to {path}: {e}; free space there or choose another train.offload_dir"
+            raise OffloadError(why) from e
         return path, t.dtype, t.shape, t.stride(), t.device, t.nbytes
 
     def offloads(self, t: torch.Tensor) -> bool:
@@ -108,8 +110,7 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _storage(t: torch.Tensor) -> int:
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return local.untyped_storage().data_ptr()
+    return local(t).untyped_storage().data_ptr()
 
 
 def apply_activations(parts: list[nn.Module], mode: str, folder: Path | None = None) -> OffloadToFolder | None:

@@ -10,7 +10,6 @@ model, optimizer and step are all a resumed run needs to continue bit for bit.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -26,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from trainflow.checkpoint.interval import IntervalPlanner
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.state import build_state, load_state
-from trainflow.config import TrainflowConfig
+from trainflow.config import TrainflowConfig, as_dict
 from trainflow.config.layout import ParallelDims
 from trainflow.config.run_folder import evals_log, steps_log
 from trainflow.data.sampler import TokenSampler
@@ -139,7 +138,7 @@ class Trainer:
             state,
             before_commit=lambda: self.maybe_inject_fault(step, during_save=True),
             layout=self.cfg.parallel.name,
-            model=dataclasses.asdict(self.cfg.model),  # what trainflow.export rebuilds the model from
+            model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
         )
         before = self.planner.interval_steps
         self.planner.observe_save(seconds)
