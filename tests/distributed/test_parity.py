@@ -32,6 +32,8 @@ LAYOUTS = [
     pytest.param("dp2_shard_tp2", 1, marks=pytest.mark.slow),
     pytest.param("dp2_shard_pp2", 1, marks=pytest.mark.slow),
     ("dp2_shard_tp2_pp2", 2),
+    # HSDP with TP (8 ranks); HSDP alone is checked below, with its placement of the state.
+    pytest.param("dp4_hsdp2_tp2", 1, marks=pytest.mark.slow),
 ]
 
 
@@ -41,6 +43,11 @@ def layout_name(entry) -> str:
 
 @pytest.mark.parametrize(("layout", "segments"), LAYOUTS, ids=[layout_name(e) for e in LAYOUTS])
 def test_losses_match_one_process(layout, segments, tmp_path, fixed_tokens):
+    assert_layout_matches_golden(layout, segments, tmp_path, fixed_tokens)
+
+
+def assert_layout_matches_golden(layout: str, segments: int, tmp_path, fixed_tokens) -> dict:
+    """Train STEPS steps of `layout` in `segments` segments and compare with the golden losses; the last summary."""
     summaries = [
         run_segment(
             tmp_path,
@@ -60,6 +67,15 @@ def test_losses_match_one_process(layout, segments, tmp_path, fixed_tokens):
         GOLDEN.write_text("".join(f"{step} {loss!r}\n" for step, loss in enumerate(losses)))
     assert_matches_golden(losses, layout)
     assert losses[-1] < losses[0]  # and it learns
+    return summaries[-1]
+
+
+def test_hybrid_sharding_shards_within_groups_and_replicates_across(tmp_path, fixed_tokens):
+    """HSDP (dp4_hsdp2: 2 replicas of 2-way shard groups) matches the golden losses, and its state lies as HSDP
+    places it: ranks 0 and 2 (shard 0 of each replica) hold the same bytes, as do 1 and 3; 0 and 1 differ."""
+    digests = assert_layout_matches_golden("dp4_hsdp2", 1, tmp_path, fixed_tokens)["state_digest"]
+    assert digests[0] == digests[2] and digests[1] == digests[3]
+    assert digests[0] != digests[1]
 
 
 def test_sharded_data_parallel_resumes_bitwise(tmp_path, fixed_tokens):

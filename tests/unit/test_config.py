@@ -94,6 +94,13 @@ INVALID_LAYOUTS = [
     (["parallel=single", "parallel.dp_mode=shard"], "parallel.dp_mode=shard needs dp > 1"),
     (["parallel=dp2_shard", "parallel.overlap=false"], "parallel.overlap=false applies to dp_mode=replicate only"),
     (["parallel.dp_mode=zero2"], "parallel.dp_mode('zero2') must be one of replicate, shard"),
+    (["parallel=dp4_hsdp2", "parallel.dp_shard=3", "train.global_batch=8"], "dp_shard(3) does not divide dp(4)"),
+    (["parallel=dp4_hsdp2", "parallel.dp_shard=1", "train.global_batch=8"], "dp_shard=1 shards nothing"),
+    (["parallel=dp2", "parallel.dp_shard=2"], "parallel.dp_shard(2) applies to dp_mode=shard"),
+    (
+        ["parallel=dp2_shard_tp2", "parallel.dp=64", "train.global_batch=64", "cluster.nodes=1"],
+        "sharding over 64 ranks splits wk and wv into fewer rows (32) than ranks",
+    ),
 ]
 
 

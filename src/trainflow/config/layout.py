@@ -56,17 +56,40 @@ def parallel_errors(p: ParallelConfig, m: ModelConfig, *, global_batch: int) -> 
         errors.append(f"schedule {schedule} needs microbatches({microbatches}) >= pp({pp})")
     if pp == 1 and microbatches != 1:
         errors.append(f"microbatches({microbatches}) > 1 needs pp > 1 (they feed the pipeline)")
-    if p.dp_mode == "shard" and dp == 1:
-        errors.append("parallel.dp_mode=shard needs dp > 1 (it shards over the data-parallel ranks); use replicate")
-    if p.dp_mode == "shard" and not p.overlap:
-        errors.append(
-            "parallel.overlap=false applies to dp_mode=replicate only: FSDP2 always overlaps its gathers and "
-            "reduce-scatters with compute; drop it"
-        )
+    errors += shard_errors(p, m)
     if global_batch % (dp * microbatches):
         errors.append(
             f"train.global_batch({global_batch}) is not divisible by dp({dp}) * microbatches({microbatches}) "
             f"= {dp * microbatches}"
+        )
+    return errors
+
+
+def shard_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
+    """The rules of sharded data parallel (FSDP2, and HSDP when parallel.dp_shard < dp)."""
+    if p.dp_mode != "shard":
+        return [f"parallel.dp_shard({p.dp_shard}) applies to dp_mode=shard; drop it"] if p.dp_shard else []
+    dp, shard = p.dp, p.dp_shard or p.dp
+    divisors = ", ".join(str(d) for d in range(2, dp + 1) if dp % d == 0)
+    errors = []
+    if dp == 1:
+        errors.append("parallel.dp_mode=shard needs dp > 1 (it shards over the data-parallel ranks); use replicate")
+    elif dp % shard:
+        errors.append(f"parallel.dp_shard({shard}) does not divide dp({dp}); choose one of {divisors}")
+    elif shard == 1:
+        errors.append("parallel.dp_shard=1 shards nothing (every rank a replica); use dp_mode=replicate")
+    if not p.overlap:
+        errors.append(
+            "parallel.overlap=false applies to dp_mode=replicate only: FSDP2 always overlaps its gathers and "
+            "reduce-scatters with compute; drop it"
+        )
+    # FSDP splits each parameter's rows (after tensor parallel's split) over the shard group; with fewer rows
+    # than ranks some ranks would hold padding only, and every gather would move mostly padding.
+    rows, name = min((m.dim, "the norms' weights (model.dim)"), (m.n_kv_heads * m.head_dim // p.tp, "wk and wv"))
+    if shard > rows:
+        errors.append(
+            f"sharding over {shard} ranks splits {name} into fewer rows ({rows}) than ranks; "
+            f"shard over fewer ranks (HSDP: parallel.dp_shard dividing dp, at most {rows}) or use a larger model"
         )
     return errors
 
@@ -81,6 +104,8 @@ class ParallelDims:
     schedule: str = "1f1b"
     microbatches: int = 1
     dp_mode: str = "replicate"
+    dp_shard: int = 1
+    """Ranks one FSDP shard group spans (dp under plain FSDP, fewer under HSDP, 1 when replicated)."""
 
     def __post_init__(self) -> None:
         if self.dp * self.tp * self.pp != self.world_size:
@@ -103,14 +128,33 @@ class ParallelDims:
             schedule=p.schedule,
             microbatches=p.microbatches,
             dp_mode=p.dp_mode,
+            dp_shard=(p.dp_shard or p.dp) if p.dp_mode == "shard" else 1,
         )
 
     @property
     def n_stages(self) -> int:
         return self.pp * self.virtual_stages
 
+    @property
+    def hsdp(self) -> bool:
+        """Hybrid sharded data parallel: dp_replicate replicas of groups that each shard dp_shard ways."""
+        return self.dp_mode == "shard" and 1 < self.dp_shard < self.dp
+
     def build_mesh(self, device_type: str):
-        """One named mesh, outermost first: pp (slowest links), dp, tp (inside a node's NVLink)."""
+        """One named mesh, outermost first: pp (slowest links), dp, tp (inside a node's NVLink).
+
+        Under HSDP dp is split into dp_replicate (outer) x dp_shard (inner), and "dp" names the two flattened:
+        data-parallel rank r * dp_shard + s is the same process as under plain dp, so batches do not move.
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))
+        if not self.hsdp:
+            return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))
+        shape = (self.pp, self.dp // self.dp_shard, self.dp_shard, self.tp)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private but torchtitan's way to name the product
+        return mesh
+
+    def fsdp_mesh(self, mesh):
+        """The mesh FSDP2 shards over: 1-D dp, or 2-D (dp_replicate, dp_shard), which fully_shard takes as HSDP."""
+        return mesh["dp_replicate", "dp_shard"] if self.hsdp else mesh["dp"]

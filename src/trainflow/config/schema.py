@@ -147,6 +147,10 @@ class ParallelConfig:
     """replicate: every data-parallel rank holds the whole model, gradients and AdamW state (DDP, or
     GradReducer beside tp / pp); shard: FSDP2 shards all three over dp (ZeRO-3), gathering each block's
     parameters for its forward and backward."""
+    dp_shard: int = checked(ge=0)
+    """Under dp_mode=shard, how many data-parallel ranks one shard group spans: 0 (or dp) shards over all of
+    dp (FSDP); a divisor of dp between 2 and dp/2 is HSDP: dp/dp_shard replicas, each sharded dp_shard ways
+    (keep a group inside a node or a fast network island, as torchtitan's data_parallel_shard_degree)."""
 
     @property
     def world_size(self) -> int:

@@ -1,5 +1,5 @@
 """Data parallel: replicated (torch's DDP on a pure-dp mesh, else trainflow's bucketed GradReducer) or
-sharded (torch's FSDP2, `fully_shard`).
+sharded (torch's FSDP2, `fully_shard`; HSDP on a 2-D dp mesh).
 
 parts, reducer = apply_dp(parts, dims, mesh["dp"], bucket_mb=25, overlap=True)
 apply_fsdp(parts, mesh["dp"], compute_dtype=torch.bfloat16, pipelined=False)
@@ -41,6 +41,8 @@ def apply_dp(
 
 def apply_fsdp(parts: list[nn.Module], dp_mesh: DeviceMesh, *, compute_dtype: torch.dtype, pipelined: bool) -> None:
     """FSDP2 over the dp mesh, torchtitan's way: each block a unit, then the chunk's root (embedding, norm, head).
+    A 2-D mesh (dp_replicate, dp_shard) makes it HSDP: shards within a group, replicas across groups, where
+    gradients are reduce-scattered in the group and then all-reduced across the replicas.
 
     Parameters are gathered in `compute_dtype` and gradients reduce-scattered in fp32, so bf16 here is
     FSDP's mixed precision, not autocast (Parallelized runs these chunks without it). Blocks are resharded

@@ -176,7 +176,7 @@ def parallelize_model(
         for part in result.parts:
             apply_tp(part, mesh["tp"])
     if dims.dp > 1 and dims.dp_mode == "shard":
-        apply_fsdp(result.parts, mesh["dp"], compute_dtype=compute_dtype, pipelined=dims.pp > 1)
+        apply_fsdp(result.parts, dims.fsdp_mesh(mesh), compute_dtype=compute_dtype, pipelined=dims.pp > 1)
         result.autocast = None  # FSDP gathers the parameters in the compute dtype
     elif dims.dp > 1:
         result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)

@@ -111,6 +111,14 @@ def checklist(nccl: dict, summary: dict, cfg: TrainflowConfig) -> list[list[str]
     ]
 
 
+def data_parallel(layout: dict) -> str:
+    """dp4 (replicate), dp4 (shard), or dp4 (HSDP: 2 replicas x shard 2)."""
+    dp, mode, shard = layout["dp"], layout.get("dp_mode", "replicate"), layout.get("dp_shard", layout["dp"])
+    if mode == "shard" and 1 < shard < dp:
+        return f"dp{dp} (HSDP: {dp // shard} replicas x shard {shard})"
+    return f"dp{dp} ({mode})"
+
+
 def relative(path: str, start: Path) -> str:
     return os.path.relpath(Path(path).resolve(), start.resolve())
 
@@ -156,7 +164,7 @@ def run(cfg: TrainflowConfig) -> dict:
         f"# trainflow report: run `{cfg.run}`",
         "",
         f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout "
-        f"dp{last['layout']['dp']} ({last['layout'].get('dp_mode', 'replicate')}) x "
+        f"{data_parallel(last['layout'])} x "
         f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
         f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), "
         f"backend {cfg.cluster.backend}. Precision **{last['precision']}**, activations **{last['activations']}**, "

@@ -295,6 +295,7 @@ class Trainer:
                 "schedule": self.dims.schedule,
                 "microbatches": self.dims.microbatches,
                 "dp_mode": self.dims.dp_mode,
+                "dp_shard": self.dims.dp_shard,
             },
             "n_params": self.n_params,
             "precision": self.cfg.train.precision,
