@@ -25,8 +25,9 @@ BASE = (
         # Sharded (FSDP2) and replicated data parallel save the same keys; DCP moves between them both ways.
         (["parallel=dp2_shard"], ["parallel=dp2"]),
         pytest.param(["parallel=dp2"], ["parallel=dp2_shard_tp2"], marks=pytest.mark.slow),
+        pytest.param(["parallel=dp4_hsdp2"], ["parallel=dp2"], marks=pytest.mark.slow),
     ],
-    ids=["tp2-to-pp2", "dp2_tp2_pp2-to-dp4_tp2", "dp2_shard-to-dp2", "dp2-to-dp2_shard_tp2"],
+    ids=["tp2-to-pp2", "dp2_tp2_pp2-to-dp4_tp2", "dp2_shard-to-dp2", "dp2-to-dp2_shard_tp2", "dp4_hsdp2-to-dp2"],
 )
 def test_resume_in_another_layout(tmp_path, fixed_tokens, first, second):
     a = run_segment(tmp_path / "a", fixed_tokens, *BASE, "segment=0", *first)
