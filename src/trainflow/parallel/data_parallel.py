@@ -18,8 +18,13 @@ from trainflow.parallel.grad_reducer import GradReducer
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, bucket_mb: float) -> nn.Module:
-    """torch's DDP: bucketed all-reduce overlapped with backward. Only on a 1-D (pure dp) mesh."""
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), bucket_cap_mb=bucket_mb)
+    """torch's DDP: bucketed all-reduce overlapped with backward. Only on a 1-D (pure dp) mesh.
+
+    Gradients are views into DDP's buckets, so no second fp32 copy of them exists (as in GradReducer).
+    """
+    return DistributedDataParallel(
+        model, process_group=dp_mesh.get_group(), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True
+    )
 
 
 def apply_dp(
