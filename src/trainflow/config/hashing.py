@@ -22,7 +22,7 @@ STAGE_READS: dict[str, tuple[str, ...]] = {
     "train_segment": ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster"),
     "verify_checkpoint": (),
     "account_energy": ("energy", "cluster"),
-    "report": ("model", "parallel", "train", "cluster", "energy"),
+    "report": ("model", "parallel", "train", "cluster", "energy", "observe"),
 }
 
 

@@ -289,6 +289,23 @@ class FaultConfig:
 
 
 @dataclass
+class ObserveConfig:
+    """What training records about itself beyond its step log. Read by no stage's config hash: turning it on
+    for a rerun (snakemake -R train_segment) keeps the checkpoint series."""
+
+    tensorboard: bool = True
+    """TensorBoard event files of every step's metrics and evaluation, written by rank 0 under the run's
+    train folder (tensorboard --logdir runs/<run>/train)."""
+    profile: bool = False
+    """A torch.profiler trace of profile_steps steps per segment (after one to wait and one to warm up),
+    one Chrome/Perfetto JSON per rank; the report lists the top operators by self time."""
+    profile_steps: int = checked(3, ge=1)
+    leak_mb: float = checked(64.0, gt=0)
+    """The report flags a leak when a rank's memory (the allocator's on GPU, the resident set on CPU) grows by
+    more than this from a segment's second step to its last."""
+
+
+@dataclass
 class IOConfig:
     """Paths. Snakemake passes every one it owns as an override; one left empty is filled in from the
     run folder's layout (config.run_folder), so a stage run alone writes where the workflow would."""
@@ -329,6 +346,7 @@ class TrainflowConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
 
 
 ConfigStore.instance().store(name="trainflow_schema", node=TrainflowConfig)

@@ -85,8 +85,9 @@ def table(rows: list[list[object]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def checklist(nccl: dict, summary: dict, cfg: TrainflowConfig) -> list[list[str]]:
+def checklist(nccl: dict, segments: list[dict], cfg: TrainflowConfig) -> list[list[str]]:
     """The seed's tuning checklist, each item measured here or marked not applicable, never assumed."""
+    summary = segments[-1]
     best = nccl["sweep"][-1]["busbw_gbps"] if nccl["sweep"] else None
     swap = [h["node"]["no_swapping"] for h in nccl["hosts"]]
     gpu, gate = cfg.cluster.device == "cuda", cfg.cluster.min_busbw_gbps
@@ -97,18 +98,51 @@ def checklist(nccl: dict, summary: dict, cfg: TrainflowConfig) -> list[list[str]
             "n/a" if best is None else ("pass" if best >= gate else "FAIL"),
         ],
         [
-            "GPU utilisation >= 90 %",
-            f"MFU {summary['mfu']:.1%}",
-            "n/a (CPU)" if not gpu else ("pass" if summary["mfu"] >= 0.9 else "check"),
+            "GPU utilisation >= 90 % (NVML's busy time, not MFU)",
+            "-",
+            "n/a (CPU)" if not gpu else "not sampled by trainflow yet",
         ],
+        ["model FLOPs utilisation (MFU)", f"{summary['mfu']:.1%} of cluster.peak_tflops", "info"],
         [
             "no host swapping",
             f"swap used {[h['node']['swap_used_kb'] for h in nccl['hosts']]} kB",
             "pass" if all(swap) else "FAIL",
         ],
         ["NVLink utilisation monitored", "-", "n/a (CPU)" if not gpu else "see NVML counters"],
-        ["PyTorch profiler traces analysed", "-", "not written by trainflow yet"],
+        profiled(summary),
+        leak_check(segments, cfg.observe.leak_mb),
     ]
+
+
+def profiled(summary: dict) -> list[str]:
+    if not summary.get("profile"):
+        return ["PyTorch profiler trace analysed", "-", "off (observe.profile=false)"]
+    top = summary["profile"]["top"][0]
+    return ["PyTorch profiler trace analysed", f"top operator {top['name']} ({top['share']:.0%} of self time)", "pass"]
+
+
+def top_operators(profile: dict | None, here: Path) -> list[str]:
+    """The profiled steps' operators by self time on rank 0 (observe.profile=true), as report lines."""
+    if not profile:
+        return []
+    rows = [[f"`{op['name']}`", f"{op['self_ms']:.2f}", f"{op['share']:.1%}", op["calls"]] for op in profile["top"]]
+    return [
+        f"### Top operators by {profile['clock']} self time (rank 0, [trace]({relative(profile['trace'], here)}))",
+        "",
+        table(rows, ["operator", "self ms", "share", "calls"]),
+        "",
+    ]
+
+
+def leak_check(segments: list[dict], leak_mb: float) -> list[str]:
+    """Rank 0's memory growth from each segment's second step to its last (the first allocates for good)."""
+    measured = [s["steps"] for s in segments if len(s["steps"]) > 2 and "memory_mb" in s["steps"][1]]
+    growth = [steps[-1]["memory_mb"] - steps[1]["memory_mb"] for steps in measured]
+    item = f"no memory leak (growth <= observe.leak_mb = {leak_mb:g} MB per segment)"
+    if not growth:
+        return [item, "-", "n/a (segments of 2 steps or fewer)"]
+    worst = max(growth)
+    return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else "FAIL: see torch.cuda.memory_summary()"]
 
 
 def data_parallel(layout: dict) -> str:
@@ -209,6 +243,7 @@ def run(cfg: TrainflowConfig) -> dict:
         ),
         f"![breakdown]({relative(plots['breakdown'], here)})",
         "",
+        *top_operators(last.get("profile"), here),
         "## Checkpoints",
         "",
         f"Interval policy **{ci['policy']}**: {ci['interval_steps']} steps (save {ci['save_s']:.2f} s measured, "
@@ -256,7 +291,7 @@ def run(cfg: TrainflowConfig) -> dict:
         "",
         "## Tuning checklist (seed)",
         "",
-        table(checklist(nccl, last, cfg), ["item", "measured", "status"]),
+        table(checklist(nccl, segments, cfg), ["item", "measured", "status"]),
         "",
         "## Stage outputs",
         "",

@@ -36,7 +36,9 @@ from trainflow.progress import Progress
 from trainflow.train.activations import apply_activations
 from trainflow.train.compile import apply_compile
 from trainflow.train.controls import StopFlag, build_optimizer, lr_at, set_determinism
+from trainflow.train.profile import StepProfiler, memory_mb
 from trainflow.train.step_log import StepLog
+from trainflow.train.tensorboard import TensorBoardLog
 
 log = logging.getLogger("trainflow.train")
 
@@ -101,6 +103,14 @@ class Trainer:
         self.is_logger = dist.get_rank() == 0
         self.steps_log = StepLog(steps_log(cfg.io.checkpoints))
         self.evals_log = StepLog(evals_log(cfg.io.checkpoints))
+        train_dir, o = Path(cfg.io.segment_report).parent, cfg.observe
+        self.tensorboard = TensorBoardLog(train_dir / "tensorboard" if self.is_logger and o.tensorboard else None)
+        self.profiler = StepProfiler(
+            train_dir / "profile" / f"segment-{cfg.segment}" if o.profile else None,
+            rank=dist.get_rank(),
+            steps=o.profile_steps,
+            device=self.device,
+        )
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -193,6 +203,8 @@ class Trainer:
             "grad_norm": grad_norm,
             "step_s": seconds,
             "tokens_per_s": tokens / seconds,
+            "mfu": self.mfu(tokens / seconds / self.dims.world_size),
+            "memory_mb": memory_mb(self.device),
             "data_s": data_s,
             "compute_s": times.compute,
             "dp_comm_s": times.dp_comm,
@@ -208,6 +220,7 @@ class Trainer:
         val = sum(losses) / len(losses)
         if self.is_logger:
             self.evals_log.append({"step": step, "val_loss": val})
+            self.tensorboard.evaluation(step, val)
             log.info("Evaluated step %d: validation loss %.4f", step, val)
         return val
 
@@ -228,8 +241,10 @@ class Trainer:
             record = self.train_step(step)
             step += 1
             since_save += 1
+            self.profiler.step()
             if self.is_logger:
                 self.steps_log.append(record)
+                self.tensorboard.step(record)
             self.planner.observe_step(record["step_s"])
             if self.is_logger and (step % t.log_every == 0 or step == self.end_step):
                 log.info(
@@ -258,7 +273,12 @@ class Trainer:
         self.checkpoints.close()
         if self.offloader is not None:
             self.offloader.close()
-        return self.summary(step, interrupted)
+        self.tensorboard.close()
+        return self.summary(step, interrupted, profile=self.profiler.close())
+
+    def mfu(self, tokens_per_s_per_device: float) -> float:
+        """Model FLOPs utilisation: the model's FLOPs per second per device over the device's dense peak."""
+        return tokens_per_s_per_device * self.flops_per_token / (self.cfg.cluster.peak_tflops * 1e12)
 
     def state_digest(self) -> list[str]:
         """SHA-256 of every rank's local model and optimizer tensors, gathered: equal lists = bitwise equal runs."""
@@ -273,7 +293,7 @@ class Trainer:
         dist.all_gather_object(digests, h.hexdigest())
         return digests
 
-    def summary(self, step: int, interrupted: int) -> dict:
+    def summary(self, step: int, interrupted: int, *, profile: dict | None) -> dict:
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
         steps = self.steps_log.between(self.start_step, self.end_step - 1) if self.is_logger else []
         steady = sorted(r["step_s"] for r in steps[1:] or steps) or [float("nan")]
@@ -304,9 +324,10 @@ class Trainer:
             "flops_per_token": self.flops_per_token,
             "median_step_s": step_s,
             "tokens_per_s_per_device": tokens_per_device,
-            "mfu": tokens_per_device * self.flops_per_token / (self.cfg.cluster.peak_tflops * 1e12),
+            "mfu": self.mfu(tokens_per_device),
             "checkpoint_interval": self.planner.describe(),
             "state_digest": self.state_digest(),
+            "profile": profile,
             "steps": steps,
             "evals": self.evals_log.between(self.start_step, self.end_step) if self.is_logger else [],
         }

@@ -1,0 +1,36 @@
+"""Training metrics as TensorBoard event files, where torchtitan and Megatron users look first.
+
+    tensorboard --logdir runs/default/train
+
+Rank 0 writes one event file per segment run (observe.tensorboard) under the run's train folder: every
+number of a step record (loss, lr, grad_norm, tokens_per_s, mfu, the step split in seconds, memory) as
+`train/<key>` and every evaluation as `eval/val_loss`, at the step it describes. A rerun of a segment
+adds a file; TensorBoard shows the newest value of a step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+
+class TensorBoardLog:
+    def __init__(self, folder: str | Path | None) -> None:
+        """folder None: write nothing (other ranks, or observe.tensorboard=false)."""
+        self.writer = SummaryWriter(str(folder)) if folder is not None else None
+
+    def step(self, record: dict) -> None:
+        if self.writer is None:
+            return
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float):
+                self.writer.add_scalar(f"train/{key}", value, record["step"])
+
+    def evaluation(self, step: int, val_loss: float) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar("eval/val_loss", val_loss, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
