@@ -6,6 +6,9 @@
 configfile: f"{workflow.basedir}/workflow/config.yaml"
 
 
+report: "workflow/report/workflow.rst"  # snakemake --report run.html: the DAG, run times and the flagged outputs
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/stage_data.smk"

@@ -92,6 +92,10 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     logs = {p.relative_to(run / "logs").as_posix() for p in (run / "logs").rglob("*.log")}
     assert {"prepare_data/prepare_data.log", "train_segment/segment-1.log", "report/report.log"} <= logs
 
+    snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke", "--report", "run.html")
+    html = (tmp_path / "run.html").read_text()  # Snakemake's self-contained report of the report()-flagged outputs
+    assert all(name in html for name in ("report.md", "loss.png", "throughput.png", "breakdown.png"))
+
     again = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke", "-n")
     assert "Nothing to be done" in again.output
 

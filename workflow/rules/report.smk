@@ -6,8 +6,9 @@ rule report:
         energy=ENERGY_REPORT,
         metrics=ALL_METRICS,
     output:
-        report=REPORT,
-        plots=RUN.plots,
+        # report(): also in Snakemake's self-contained HTML report (snakemake --report run.html)
+        report=report(REPORT, category="Report", caption="../report/report.rst"),
+        plots=[report(plot, category="Training") for plot in RUN.plots],
         metrics=RUN.stage_metrics("report"),
     log:
         RUN.log("report"),
