@@ -99,6 +99,7 @@ def test_metadata_naming_anything_else_is_refused_in_one_line(tmp_path):
     ) as err:
         manager.load(3, blank_like(state))
     assert "\n" not in str(err.value)
+    assert f"verify_checkpoint io.checkpoints={tmp_path}" in str(err.value) and "lfs getstripe" in str(err.value)
 
 
 def test_manifest_refuses_a_file_whose_size_is_not_what_was_checksummed(tmp_path):

@@ -188,5 +188,10 @@ class CheckpointManager:
         except CheckpointException as err:  # its text holds every failing rank's traceback
             rank, (cause, _) = next(iter(err.failures.items()))
             cause = " ".join(str(cause).split())  # one line, whatever the cause's own text looks like
-            raise ChecksumError(f"loading {step_dir(self.root, step)} failed on rank {rank}: {cause}") from err
+            raise ChecksumError(
+                f"loading {step_dir(self.root, step)} failed on rank {rank}: {cause}; the seed's remedy: check its "
+                f"CRCs (python -m trainflow.stages.verify_checkpoint io.checkpoints={self.root}) and, on Lustre, "
+                "the folder's stripe count "
+                "(lfs getstripe -c, seed: >= 4)"
+            ) from err
         log.info("Loaded checkpoint step %d in %.2f s", step, time.perf_counter() - start)

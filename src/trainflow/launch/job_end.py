@@ -51,6 +51,22 @@ TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+
 SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsignal(s))}
 """srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
 
+REMEDIES = (
+    (
+        re.compile(r"timed out|timeout|watchdog", re.IGNORECASE),
+        "the seed's remedy for collective timeouts: check the network's RDMA / transport configuration "
+        "(libfabric, aws-ofi-nccl, NCCL_IB_* / FI_* in cluster.env), rerun with NCCL_DEBUG=INFO in cluster.env, "
+        "and raise cluster.collective_timeout_s (seed: 300 s) if the links are only slow",
+    ),
+    (
+        re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE),
+        "the seed's remedy for device memory: rerun with CUDA_LAUNCH_BLOCKING=1 in cluster.env to find the kernel "
+        "and read the caching allocator's state (torch.cuda.memory_summary()); python -m trainflow.plan shows "
+        "which term overflows (train.activations=recompute, parallel.dp_mode=shard, more tp / pp)",
+    ),
+)
+"""(what a failed rank's last line matches, what to do about it): the seed's troubleshooting guide (section 4.1)."""
+
 
 class LaunchError(TrainflowError):
     """A distributed job that ended without every task's result; the message names the cause and a log file."""
@@ -117,7 +133,8 @@ def failure_line(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: l
     if state not in STOPPED and (failed := first_failed_rank(job, outcomes)):
         rank, host, what = failed
         where = f" on host {host}" if host else ""
-        return f"rank {rank}{where} {what} ({kind} job {job.job_id}{ended}, full log: {job.task(rank).paths.stderr})"
+        log_file = job.task(rank).paths.stderr
+        return f"rank {rank}{where} {what} ({kind} job {job.job_id}{ended}, full log: {log_file}){remedy(what)}"
     unfinished = ranks([k for k, outcome in enumerate(outcomes) if not outcome or outcome[0] != "success"])
     return f"{kind} job {job.job_id} ended{ended} without the results of {unfinished} (full log: {job.paths.stderr})"
 
@@ -163,6 +180,11 @@ def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:
                 ends.pop(rank, None)
                 ends[rank] = (host, what)
     return ends
+
+
+def remedy(what: str) -> str:
+    """'; <the seed's remedy>' for a failure it names one for, else ''."""
+    return next((f"; {text}" for pattern, text in REMEDIES if pattern.search(what)), "")
 
 
 def last_line(trace: str) -> str:
