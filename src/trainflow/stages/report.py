@@ -142,7 +142,7 @@ def leak_check(segments: list[dict], leak_mb: float) -> list[str]:
     if not growth:
         return [item, "-", "n/a (segments of 2 steps or fewer)"]
     worst = max(growth)
-    return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else "FAIL: see torch.cuda.memory_summary()"]
+    return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else "FAIL: find the kernel with CUDA_LAUNCH_BLOCKING=1, read torch.cuda.memory_summary()"]
 
 
 def data_parallel(layout: dict) -> str:
