@@ -18,7 +18,7 @@ from trainflow.config.schema import TrainflowConfig
 STAGE_READS: dict[str, tuple[str, ...]] = {
     "prepare_data": ("data",),
     "stage_data": ("data",),
-    "validate_nccl": ("parallel", "cluster"),
+    "validate_nccl": ("parallel", "cluster", "model", "train", "checkpoint", "energy"),  # and the plan
     "train_segment": ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster"),
     "verify_checkpoint": (),
     "account_energy": ("energy", "cluster"),

@@ -104,8 +104,8 @@ class ParallelDims:
     schedule: str = "1f1b"
     microbatches: int = 1
     dp_mode: str = "replicate"
-    dp_shard: int = 1
-    """Ranks one FSDP shard group spans (dp under plain FSDP, fewer under HSDP, 1 when replicated)."""
+    dp_shard: int = 0
+    """parallel.dp_shard: ranks one FSDP shard group spans under dp_mode=shard (0: all of dp)."""
 
     def __post_init__(self) -> None:
         if self.dp * self.tp * self.pp != self.world_size:
@@ -128,7 +128,7 @@ class ParallelDims:
             schedule=p.schedule,
             microbatches=p.microbatches,
             dp_mode=p.dp_mode,
-            dp_shard=(p.dp_shard or p.dp) if p.dp_mode == "shard" else 1,
+            dp_shard=p.dp_shard,
         )
 
     @property
@@ -136,9 +136,14 @@ class ParallelDims:
         return self.pp * self.virtual_stages
 
     @property
+    def shard_size(self) -> int:
+        """Ranks the state is sharded over: 1 when replicated, dp under FSDP, dp_shard under HSDP."""
+        return (self.dp_shard or self.dp) if self.dp_mode == "shard" else 1
+
+    @property
     def hsdp(self) -> bool:
-        """Hybrid sharded data parallel: dp_replicate replicas of groups that each shard dp_shard ways."""
-        return self.dp_mode == "shard" and 1 < self.dp_shard < self.dp
+        """Hybrid sharded data parallel: dp / shard_size replicas of groups that each shard shard_size ways."""
+        return 1 < self.shard_size < self.dp
 
     def build_mesh(self, device_type: str):
         """One named mesh, outermost first: pp (slowest links), dp, tp (inside a node's NVLink).
@@ -150,7 +155,7 @@ class ParallelDims:
 
         if not self.hsdp:
             return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))
-        shape = (self.pp, self.dp // self.dp_shard, self.dp_shard, self.tp)
+        shape = (self.pp, self.dp // self.shard_size, self.shard_size, self.tp)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
         mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private but torchtitan's way to name the product
         return mesh

@@ -241,6 +241,30 @@ class ClusterConfig:
     """Environment for every rank (NCCL_* tuning lives here)."""
     peak_tflops: float = checked(gt=0)
     """Dense peak per device, for MFU; the CPU default is a stated rough figure."""
+    # The planner's assumptions (trainflow.plan); each yaml in conf/cluster/ states its source beside the value.
+    device_memory_gb: float = checked(gt=0)
+    """Memory of one device the plan must fit in (GH200: 96 GB HBM3); on a CPU device the node's host memory,
+    which the plan shares among the node's ranks."""
+    memory_gbps: float = checked(gt=0)
+    """Device memory bandwidth, for the optimizer step (memory-bound; GH200 HBM3: 4 TB/s)."""
+    matmul_efficiency: float = checked(gt=0, le=1)
+    """Share of peak_tflops the model's matmuls reach (large bf16 GEMMs on Hopper: ~0.7)."""
+    fp8_speedup: float = checked(ge=1)
+    """Matmul throughput of FP8 over bf16 (Hopper's dense FP8 peak is twice its bf16 peak): the planner's FP8 remedy."""
+    intra_node_gbps: float = checked(gt=0)
+    """Bandwidth per direction between two devices of a node (GH200 in an Alps node: 6 NVLink-4 links, 150 GB/s)."""
+    intra_node_latency_us: float = checked(ge=0)
+    """One hop inside a node, per message."""
+    inter_node_gbps: float = checked(gt=0)
+    """Network bandwidth per device per direction (Alps: one 200 Gb/s Slingshot-11 NIC per GH200)."""
+    inter_node_latency_us: float = checked(ge=0)
+    """One hop across the network, per message."""
+    allreduce_algorithm: str = checked(one_of=("ring", "tree"))
+    """The all-reduce the plan assumes; match env NCCL_ALGO where it is set."""
+    overlap_fraction: float = checked(ge=0, le=1)
+    """Share of backward during which the bucketed gradient all-reduce runs hidden (pp = 1, parallel.overlap)."""
+    storage_write_gbps: float = checked(gt=0)
+    """Aggregate checkpoint write bandwidth of storage.capacity (the seed: 847 GB of 70B state in 2 min)."""
     min_busbw_gbps: float = checked(ge=0)
     """validate_nccl's gate on all_reduce bus bandwidth (seed: >= 200 GB/s on GH200)."""
     sweep_mb: list[float] = checked(gt=0)

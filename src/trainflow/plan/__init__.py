@@ -1,4 +1,7 @@
-"""The analytic model of a training step: what one device holds (memory) and how its peak is measured on
-the CPU (peak). A planner (`python -m trainflow.plan`, to come) builds on it to size layouts before a job
-is submitted; nothing here but peak.py imports torch.
+"""The analytic model of a training run before it is submitted: what one device holds (memory, fit), where a
+step's seconds go (step, collectives), the checkpoint interval and energy (campaign), the seed's remedies
+(remedies, seed), all assembled by build and printed by table; and how a step's peak is measured on the CPU
+(peak). Nothing here but peak.py imports torch.
+
+    python -m trainflow.plan experiment=llama70b_alps train.precision=bf16 train.activations=recompute
 """

@@ -241,7 +241,7 @@ def device_memory(
         stored += heads_held * head_saved(m, compute=compute)
         # The microbatch in backward has released its head's tensors by the time it reaches a block.
         peak = max(last * head_transient(m), live - last * head_saved(m, compute=compute))
-        shard = dims.dp if dims.dp_mode == "shard" else 1
+        shard = dims.shard_size
         held = -(-params // shard)  # FSDP pads every shard to the same size
         copies = (layers * linears + last * m.vocab_size * m.dim) * BF16 if precision == "bf16" else 0
         gathered = 0

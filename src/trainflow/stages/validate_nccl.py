@@ -7,6 +7,10 @@ will use. Bus bandwidth as nccl-tests defines it for all_reduce: algbw = bytes /
 busbw = algbw * 2 (n - 1) / n. The largest message's busbw must reach cluster.min_busbw_gbps
 (seed checklist: >= 200 GB/s); below it, or with version/environment problems, the stage fails
 and the DAG stops before training.
+
+Before any job starts, the stage plans the run (trainflow.plan: memory, step split, throughput,
+checkpoint interval, energy) and records the plan in its report under "plan"; a plan that does not fit
+in device memory stops the stage, and with it the DAG, before any allocation or process group.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from omegaconf import DictConfig
 from trainflow.config import CONF_DIR, ClusterConfig, TrainflowConfig
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.nccl_env import audit_env, node_checks, versions
+from trainflow.plan.build import build_plan
 from trainflow.stage import StageError, run_stage, write_json
 
 log = logging.getLogger("trainflow.validate_nccl")
@@ -95,6 +100,16 @@ def gate(result: dict, cluster: ClusterConfig) -> list[str]:
 
 
 def run(cfg: TrainflowConfig) -> dict:
+    plan = build_plan(cfg, with_remedies=False)
+    if plan["memory"]["overflow"]:
+        raise StageError(f"validate_nccl stopped before launching: {plan['memory']['overflow']}")
+    log.info(
+        "Planned %.3f s per step, %.1f tokens/s/device, %.2f GB of %.2f GB per device",
+        plan["step"]["step_s"],
+        plan["step"]["tokens_per_s_per_device"],
+        plan["memory"]["total"] / 1e9,
+        plan["memory"]["capacity"] / 1e9,
+    )
     executor = build_executor(
         cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=f"{cfg.run}-validate_nccl"
     )
@@ -104,6 +119,7 @@ def run(cfg: TrainflowConfig) -> dict:
         raise LaunchError(f"validate_nccl failed: {err}") from err
     result["env_warnings"] = audit_env({**os.environ, **cfg.cluster.env})
     result["threshold_gbps"] = cfg.cluster.min_busbw_gbps
+    result["plan"] = plan
     for row in result["sweep"]:
         log.info(
             "all_reduce %10d bytes: %8.3f ms, algbw %.3f GB/s, busbw %.3f GB/s",

@@ -315,7 +315,7 @@ class Trainer:
                 "schedule": self.dims.schedule,
                 "microbatches": self.dims.microbatches,
                 "dp_mode": self.dims.dp_mode,
-                "dp_shard": self.dims.dp_shard,
+                "dp_shard": self.dims.shard_size,
             },
             "n_params": self.n_params,
             "precision": self.cfg.train.precision,

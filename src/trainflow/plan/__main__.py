@@ -1,0 +1,37 @@
+"""Plan a training run before submitting it: memory, step split, throughput, checkpoint interval, energy.
+
+    python -m trainflow.plan experiment=llama70b_alps train.precision=bf16 train.activations=recompute
+    python -m trainflow.plan --json parallel=dp2_tp2_pp2
+
+Takes the Hydra overrides training takes (composed as train_segment composes them) and prints the plan
+as a table, or with --json as one JSON object on stdout. A bad override is one error line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from trainflow.config import compose
+from trainflow.errors import TrainflowError
+from trainflow.plan.build import build_plan
+from trainflow.plan.table import render
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainflow.plan", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for training (e.g. experiment=llama70b_alps)")
+    args = ap.parse_args(argv)
+    try:
+        plan = build_plan(compose("train_segment", args.overrides))
+    except TrainflowError as err:
+        print(f"trainflow.plan: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(plan, indent=1) + "\n" if args.json else render(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The time of one collective on a group of the mesh: which links it crosses, and ring or tree all-reduce.
+
+    python -c "from trainflow.plan.collectives import Link, allreduce_seconds; \
+        print(allreduce_seconds(2**30, 64, Link(gbps=25, latency_us=10), 'ring'))"
+
+The cost model is the textbook alpha-beta one (Hockney; Thakur, Rabenseifner and Gropp 2005, "Optimization
+of Collective Communication Operations in MPICH"), per rank, with n ranks, S bytes, B the link bandwidth
+per direction and alpha the latency of one hop:
+
+    ring all-reduce   sends 2 (n-1)/n S      time 2 (n-1) alpha + 2 (n-1)/n S / B
+    tree all-reduce   sends 2 S              time 2 ceil(log2 n) alpha + 2 S / B
+
+The tree is NCCL's double binary tree (Sanders, Speck and Traeff 2009): each half of the data is reduced
+up one tree and broadcast down it, and every rank is an inner node of at most one tree, so it sends S up
+and S down. Ring and tree move nearly the same bytes; the tree wins only the latency term, which matters
+for small messages on many ranks, not for 100 MB buckets. nccl-tests' busbw is algbw * 2 (n-1)/n for
+all-reduce: the ring's bytes, whatever algorithm ran.
+
+Which link: the mesh is (pp, dp, tp), row-major, so a tp group is consecutive ranks, a dp group ranks
+tp apart, a pp group ranks dp * tp apart. With R ranks per node, a group whose members sit g to a node
+(g = 1 when its stride is R or more) and span N > 1 nodes runs its ring through the g members of each
+node and across the network once per node and direction; NCCL gives each of the g NICs a channel, so
+the bottleneck bandwidth is min(intra-node, g x network per device) (nccl-tests' multi-node busbw
+reaches the node's NIC bandwidth this way). A group inside one node uses the intra-node link.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainflow.config.schema import ClusterConfig
+
+ALGORITHMS = ("ring", "tree")
+
+
+@dataclass(frozen=True)
+class Link:
+    """The slowest link a group's collective crosses: bandwidth per direction and one hop's latency."""
+
+    gbps: float
+    latency_us: float
+
+    def seconds(self, nbytes: float, hops: float = 1) -> float:
+        """Time to move nbytes through `hops` latencies at this bandwidth."""
+        return hops * self.latency_us * 1e-6 + nbytes / (self.gbps * 1e9)
+
+
+def group_link(cluster: ClusterConfig, *, size: int, stride: int, ranks_per_node: int) -> Link:
+    """The link a group of `size` ranks, `stride` apart in rank order, is limited by (module docstring)."""
+    per_node = 1 if stride >= ranks_per_node else max(1, min(size, ranks_per_node // stride))
+    if size <= per_node:
+        return Link(gbps=cluster.intra_node_gbps, latency_us=cluster.intra_node_latency_us)
+    gbps = min(cluster.intra_node_gbps, per_node * cluster.inter_node_gbps)
+    return Link(gbps=gbps, latency_us=cluster.inter_node_latency_us)
+
+
+def allreduce_bytes(nbytes: float, n: int, algorithm: str) -> float:
+    """Bytes one rank sends in an all-reduce of nbytes over n ranks."""
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes if algorithm == "ring" else 2.0 * nbytes
+
+
+def allreduce_seconds(nbytes: float, n: int, link: Link, algorithm: str) -> float:
+    """One all-reduce of nbytes over n ranks (module docstring)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"all-reduce algorithm {algorithm!r} must be one of {', '.join(ALGORITHMS)}")
+    if n == 1:
+        return 0.0
+    hops = 2 * (n - 1) if algorithm == "ring" else 2 * math.ceil(math.log2(n))
+    return link.seconds(allreduce_bytes(nbytes, n, algorithm), hops)
+
+
+def shard_seconds(nbytes: float, n: int, link: Link) -> float:
+    """One reduce-scatter or all-gather (ring) of nbytes in total over n ranks: (n-1)/n of it moves."""
+    return 0.0 if n == 1 else link.seconds((n - 1) / n * nbytes, n - 1)
+
+
+def bucketed_allreduce_seconds(nbytes: float, n: int, link: Link, algorithm: str, *, bucket_bytes: float) -> float:
+    """All-reduce of nbytes in buckets of bucket_bytes (the last one partial): a latency term per bucket."""
+    full, rest = divmod(nbytes, bucket_bytes)
+    return full * allreduce_seconds(bucket_bytes, n, link, algorithm) + (
+        allreduce_seconds(rest, n, link, algorithm) if rest else 0.0
+    )

@@ -1,0 +1,76 @@
+"""Does the plan fit in device memory: the capacity a rank has, and the one line that stops the DAG when not.
+
+    python -c "from trainflow.config import compose; from trainflow.plan.fit import overflow; \
+        print(overflow(compose('train_segment', ['experiment=llama70b_alps'])))"
+
+On a GPU the capacity is cluster.device_memory_gb; on a CPU device, where it is the node's host memory
+(the CPU presets set it to cluster.mem_gb), a rank's share of it: device_memory_gb / ranks per node. The estimate is
+trainflow.plan.memory's (the worst pipeline rank's peak); the line names its largest term and the fix
+for that term.
+"""
+
+from __future__ import annotations
+
+from trainflow.config.layout import ParallelDims
+from trainflow.config.schema import ClusterConfig, TrainflowConfig
+from trainflow.plan.memory import MemoryEstimate, device_memory
+
+GB = 1e9
+
+
+def capacity_bytes(cluster: ClusterConfig, world_size: int) -> float:
+    """Bytes one rank may hold (module docstring)."""
+    if cluster.device == "cpu":
+        return cluster.device_memory_gb * GB / max(1, world_size // cluster.nodes)
+    return cluster.device_memory_gb * GB
+
+
+def plan_memory(cfg: TrainflowConfig) -> MemoryEstimate:
+    """The memory estimate of a composed config's training step."""
+    t = cfg.train
+    dims = ParallelDims.from_config(
+        cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
+    )
+    return device_memory(
+        cfg.model,
+        dims,
+        micro_batch=t.global_batch // (dims.dp * dims.microbatches),
+        precision=t.precision,
+        activations=t.activations,
+        offload_to_disk=bool(t.offload_dir),
+        device=cfg.cluster.device,
+    )
+
+
+def overflow(cfg: TrainflowConfig, memory: MemoryEstimate | None = None) -> str | None:
+    """One line naming the term that overflows and its fix; None when the plan fits."""
+    memory = memory or plan_memory(cfg)
+    capacity = capacity_bytes(cfg.cluster, cfg.parallel.world_size)
+    if memory.total <= capacity:
+        return None
+    terms = {
+        "activations": memory.activations,
+        "parameters + gradients + optimizer state": memory.parameters + memory.gradients + memory.optimizer_state,
+        "bf16 weight copies": memory.weight_copies,
+        "FSDP's gathered parameters": memory.gathered,
+    }
+    name, size = max(terms.items(), key=lambda kv: kv[1])
+    where = "cluster.device_memory_gb" + ("" if cfg.cluster.device == "cuda" else " shared by a node's ranks")
+    return (
+        f"the plan does not fit: pipeline rank {memory.pp_rank} needs {memory.total / GB:.3g} GB of "
+        f"{capacity / GB:.3g} GB ({where}); {name} take {size / GB:.3g} GB: {_fix(name, cfg)}"
+    )
+
+
+def _fix(term: str, cfg: TrainflowConfig) -> str:
+    p, t = cfg.parallel, cfg.train
+    more = f"or raise parallel.tp({p.tp}) / parallel.pp({p.pp})"
+    if term == "activations":
+        if t.activations == "keep":
+            return f"set train.activations=recompute (each block keeps only its input), {more}"
+        return f"raise parallel.microbatches({p.microbatches}) (fewer tokens each), {more}"
+    if term == "parameters + gradients + optimizer state" and p.dp_mode == "replicate" and p.dp > 1:
+        return f"set parallel.dp_mode=shard (1/{p.dp} of them per rank), {more}"
+    if term == "bf16 weight copies" and p.dp > 1:
+        return f"set parallel.dp_mode=shard (no autocast copies), {more}"
+    return f"raise parallel.tp({p.tp}) / parallel.pp({p.pp}) or use more ranks"

@@ -1,0 +1,92 @@
+"""What each of the seed's remedies changes: the plan again with one change applied (tree vs ring all-reduce,
+interleaved 1F1B vs 1F1B, twice the microbatches, FP8 matmuls) and, where tp spans nodes, tp inside a node.
+
+    python -c "from trainflow.config import compose; from trainflow.plan.remedies import remedies; \
+        [print(r['remedy'], r['tokens_per_s_per_device']) for r in remedies(compose('train_segment', \
+        ['experiment=llama70b_alps', 'train.precision=bf16', 'train.activations=recompute']))]"
+
+A change is a set of config overrides applied to a copy of the composed config and validated as
+training validates it; one the layout rules refuse is listed with the reason instead of a plan.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from trainflow.config.checks import validate
+from trainflow.config.schema import TrainflowConfig
+from trainflow.errors import ConfigError
+from trainflow.plan.fit import capacity_bytes, plan_memory
+from trainflow.plan.step import plan_step
+
+
+def changes(cfg: TrainflowConfig) -> list[tuple[str, dict[str, object], bool]]:
+    """(name, overrides, fp8) of every remedy that applies to this config."""
+    p, t, c = cfg.parallel, cfg.train, cfg.cluster
+    other = "ring" if c.allreduce_algorithm == "tree" else "tree"
+    out: list[tuple[str, dict[str, object], bool]] = [
+        (f"{other} all-reduce", {"cluster.allreduce_algorithm": other}, False)
+    ]
+    if p.pp > 1 and p.schedule == "interleaved_1f1b":
+        out.append(("1F1B instead of interleaved", {"parallel.schedule": "1f1b", "parallel.virtual_stages": 1}, False))
+    elif p.pp > 1:
+        out.append(
+            ("interleaved 1F1B, v=2", {"parallel.schedule": "interleaved_1f1b", "parallel.virtual_stages": 2}, False)
+        )
+    if p.pp > 1:
+        m = 2 * p.microbatches
+        batch = t.global_batch if t.global_batch % (p.dp * m) == 0 else 2 * t.global_batch
+        out.append((f"{m} microbatches", {"parallel.microbatches": m, "train.global_batch": batch}, False))
+    out.append(("FP8 matmuls", {}, True))
+    per_node = p.world_size // c.nodes
+    if p.tp > per_node > 1 and p.tp % per_node == 0:
+        dp = p.dp * p.tp // per_node
+        m = max(p.pp, t.global_batch // dp) if p.pp > 1 else 1
+        out.append(
+            (
+                f"tp inside a node (tp{per_node})",
+                {"parallel.tp": per_node, "parallel.dp": dp, "parallel.microbatches": m},
+                False,
+            )
+        )
+    return out
+
+
+def apply(cfg: TrainflowConfig, overrides: dict[str, object]) -> TrainflowConfig:
+    """A validated copy of cfg with dotted keys set (ConfigError if the result breaks a rule)."""
+    out = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        *path, name = key.split(".")
+        node = out
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, name, value)
+    validate(out)
+    return out
+
+
+def remedies(cfg: TrainflowConfig) -> list[dict]:
+    """Each remedy's step, throughput and memory beside the plan's."""
+    rows = []
+    for name, overrides, fp8 in changes(cfg):
+        label = " ".join(f"{k}={v}" for k, v in overrides.items()) or "cluster.fp8_speedup on the block linears"
+        try:
+            changed = apply(cfg, overrides)
+        except ConfigError as err:
+            rows.append({"remedy": name, "overrides": label, "refused": str(err)})
+            continue
+        step = plan_step(changed, fp8=fp8)
+        memory = plan_memory(changed)
+        rows.append(
+            {
+                "remedy": name,
+                "overrides": label,
+                "step_s": step.step_s,
+                "tokens_per_s_per_device": step.tokens_per_s_per_device,
+                "mfu": step.mfu,
+                "shares": step.split.shares(),
+                "memory_gb": memory.total / 1e9,
+                "fits": memory.total <= capacity_bytes(changed.cluster, changed.parallel.world_size),
+            }
+        )
+    return rows

@@ -1,0 +1,248 @@
+"""Where one training step's seconds go, predicted from the model's shape, the layout and the cluster's links.
+
+    python -c "from trainflow.config import compose; from trainflow.plan.step import plan_step; \
+        print(plan_step(compose('train_segment', ['experiment=llama70b_alps'])).split)"
+
+The step as trainflow runs it (trainflow.parallel.runtime), per pipeline rank r, with m microbatches of
+b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
+
+- compute: FLOPs / (cluster.peak_tflops x cluster.matmul_efficiency). Forward FLOPs per token are 2 per
+  matmul weight the rank holds (tensor parallel splits the block linears; the output head is whole on
+  every tp rank, as trainflow.parallel.tensor_parallel leaves it) plus attention's 4 T d / tp (QK^T and
+  AV over the full T x T, as trainflow.model.flops_per_token counts them); backward is twice forward and
+  activations=recompute runs the blocks' forward once more. FP8 divides the block linears' time by
+  cluster.fp8_speedup (attention and the head stay bf16).
+- tp: the all-reduces inside a block, over the tp group, not overlapped: forward, RowwiseParallel's two
+  (wo, w2) of b T d elements in the compute dtype; backward, one per ColwiseParallel linear (wq, wk, wv,
+  w1, w3: five, where Megatron fuses to two), of the fp32 gradient of the norm's output, which enters the
+  linear before autocast casts it; recompute repeats the forward two.
+- bubble: the schedule's idle time. The busiest rank's per-microbatch work W_max sets the pace: the
+  schedule lasts (m + (p-1)/v) W_max plus the exchanges, so the busiest rank idles (p-1)/v W_max, a
+  (p-1)/(v m + p-1) share of the schedule (Narayanan et al. 2021); GPipe and 1F1B have v = 1. A lighter
+  rank idles also for the difference (m (W_max - W_r)): the imbalance of a pipeline whose last stage holds
+  the whole output head.
+- activation: 2 v m exchanges per rank (each chunk sends an activation forward and receives a gradient
+  back per microbatch; trainflow.parallel.timing counts them the same way), b T d fp32 each (the residual
+  stream stays fp32 between stages), over the pp link, exposed.
+- dp: the gradient all-reduce of the rank's fp32 gradients over the dp group in parallel.bucket_mb
+  buckets (ring or tree, trainflow.plan.collectives). Hidden behind backward only without a pipeline and
+  with parallel.overlap: up to cluster.overlap_fraction of the backward, never the last bucket, which
+  fills as backward ends. Under a pipeline trainflow's GradReducer launches the buckets after the schedule
+  (its docstring), so all of it is exposed. dp_mode=shard: FSDP's reduce-scatter of fp32 gradients and
+  all-gathers of the compute-dtype parameters (forward and backward; once under a pipeline, which keeps
+  the stage gathered) over the shard group, plus HSDP's all-reduce of the shard over the replicas; hidden
+  up to overlap_fraction of the forward and backward without a pipeline, exposed under one.
+- optimizer: AdamW and gradient clipping, memory-bound: OPTIMIZER_BYTES per parameter held at
+  cluster.memory_gbps.
+
+The step lasts as long as its slowest rank; `split` is that rank's, `per_pp_rank` every pipeline rank's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from trainflow.config.layout import ParallelDims
+from trainflow.config.schema import ClusterConfig, ModelConfig, TrainflowConfig
+from trainflow.plan.collectives import (
+    Link,
+    allreduce_seconds,
+    bucketed_allreduce_seconds,
+    group_link,
+    shard_seconds,
+)
+from trainflow.plan.memory import COMPUTE_BYTES, FP32, layer_params
+
+OPTIMIZER_BYTES = 40
+"""Bytes AdamW and clipping move per parameter: read weight, gradient and two moments and write three back
+(28), read the gradients for the norm and scale them (12)."""
+TP_FORWARD, TP_BACKWARD = 2, 5
+"""All-reduces per block on the tp group: RowwiseParallel's wo and w2 forward, the five ColwiseParallel
+linears' input gradients backward (counted with torch's CommDebugMode on torch 2.13)."""
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """Seconds of one step on one pipeline rank, by part."""
+
+    compute: float
+    tp: float
+    bubble: float
+    activation: float
+    dp: float
+    """Exposed data-parallel communication."""
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.bubble + self.activation + self.dp + self.optimizer
+
+    def shares(self) -> dict[str, float]:
+        return {k: v / self.total for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    split: StepSplit
+    """The slowest pipeline rank's (the step's length)."""
+    per_pp_rank: list[StepSplit]
+    step_s: float
+    tokens_per_s_per_device: float
+    mfu: float
+    model_flops_per_token: float
+    dp_seconds: float
+    """The whole gradient reduction of the slowest rank, before overlap."""
+    bubble_fraction: float
+    """(p-1)/(v m + p-1): the schedule's idle share on its busiest rank."""
+
+
+def model_flops_per_token(m: ModelConfig) -> float:
+    """trainflow.model.flops_per_token without torch: 6 per matmul weight (blocks and head) + 12 L d T."""
+    matmul = m.n_layers * (layer_params(m) - 2 * m.dim) + m.vocab_size * m.dim
+    return 6.0 * matmul + 12.0 * m.n_layers * m.dim * m.seq_len
+
+
+def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
+    """The step of a composed config (its layout checked as training checks it)."""
+    t = cfg.train
+    dims = ParallelDims.from_config(
+        cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
+    )
+    return step_plan(
+        cfg.model,
+        dims,
+        cfg.cluster,
+        micro_batch=t.global_batch // (dims.dp * dims.microbatches),
+        precision=t.precision,
+        activations=t.activations,
+        bucket_mb=cfg.parallel.bucket_mb,
+        overlap=cfg.parallel.overlap,
+        fp8=fp8,
+    )
+
+
+def step_plan(
+    m: ModelConfig,
+    dims: ParallelDims,
+    cluster: ClusterConfig,
+    *,
+    micro_batch: int,
+    precision: str,
+    activations: str,
+    bucket_mb: float,
+    overlap: bool,
+    fp8: bool = False,
+) -> StepPlan:
+    """The step split of every pipeline rank (module docstring); micro_batch is sequences per microbatch."""
+    p, v, mb, tp, dp = dims.pp, dims.virtual_stages, dims.microbatches, dims.tp, dims.dp
+    tokens = micro_batch * m.seq_len
+    compute_bytes = COMPUTE_BYTES[precision]
+    recompute = activations == "recompute"
+    flops_s = cluster.peak_tflops * 1e12 * cluster.matmul_efficiency
+    linear_s = flops_s * (cluster.fp8_speedup if fp8 else 1.0)
+    ranks_per_node = max(1, dims.world_size // cluster.nodes)
+    tp_link = group_link(cluster, size=tp, stride=1, ranks_per_node=ranks_per_node)
+    dp_link = group_link(cluster, size=dp, stride=tp, ranks_per_node=ranks_per_node)
+    pp_link = group_link(cluster, size=p, stride=dp * tp, ranks_per_node=ranks_per_node)
+    algorithm = cluster.allreduce_algorithm
+
+    layers = m.n_layers // p
+    linears = layer_params(m, tp=tp) - 2 * m.dim  # block matmul weights on one tp rank
+    passes = 4 if recompute else 3  # forward, backward (2x), and the recomputed forward
+    block_linear_s = layers * tokens * 2 * linears / linear_s
+    block_attention_s = layers * tokens * 4 * m.seq_len * (m.n_heads * m.head_dim // tp) / flops_s
+    head_s = tokens * 2 * m.dim * m.vocab_size / flops_s
+    activation_bytes = tokens * m.dim
+    tp_s = layers * (
+        (TP_FORWARD * (2 if recompute else 1))
+        * allreduce_seconds(activation_bytes * compute_bytes, tp, tp_link, algorithm)
+        + TP_BACKWARD * allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
+    )
+
+    def work(rank: int) -> tuple[float, float, float]:
+        """Per microbatch: compute, tp all-reduces, and the backward's share (compute + tp) of them."""
+        last = rank == p - 1
+        compute = passes * (block_linear_s + block_attention_s) + last * 3 * head_s
+        backward = 2 * (block_linear_s + block_attention_s + last * head_s) + layers * TP_BACKWARD * (
+            allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
+        )
+        return compute, tp_s, backward
+
+    works = [work(r) for r in range(p)]
+    w_max = max(c + x for c, x, _ in works)
+    exchanges = 2 * v * mb if p > 1 else 0
+    activation = exchanges * pp_link.seconds(activation_bytes * FP32)
+    schedule = (mb + (p - 1) / v) * w_max + activation
+    embedding, head = m.vocab_size * m.dim, m.dim + m.vocab_size * m.dim
+
+    splits, dp_totals = [], []
+    for rank, (compute, tp_comm, backward) in enumerate(works):
+        params = layers * layer_params(m, tp=tp) + (rank == 0) * embedding + (rank == p - 1) * head
+        if dims.dp_mode == "shard":
+            dp_total, dp_exposed = _sharded_dp(
+                params,
+                dims,
+                cluster,
+                compute_bytes,
+                ranks_per_node,
+                window=mb * (compute + tp_comm),
+                algorithm=algorithm,
+            )
+            held = -(-params // dims.shard_size)
+        else:
+            dp_total = bucketed_allreduce_seconds(params * FP32, dp, dp_link, algorithm, bucket_bytes=bucket_mb * 2**20)
+            dp_exposed = dp_total
+            if p == 1 and overlap and dp > 1:
+                last_bucket = allreduce_seconds(min(bucket_mb * 2**20, params * FP32), dp, dp_link, algorithm)
+                dp_exposed -= min(dp_total - last_bucket, cluster.overlap_fraction * backward)
+            held = params
+        splits.append(
+            StepSplit(
+                compute=mb * compute,
+                tp=mb * tp_comm,
+                bubble=schedule - activation - mb * (compute + tp_comm),
+                activation=activation,
+                dp=dp_exposed,
+                optimizer=held * OPTIMIZER_BYTES / (cluster.memory_gbps * 1e9),
+            )
+        )
+        dp_totals.append(dp_total)
+    worst = max(range(p), key=lambda r: splits[r].total)
+    slowest = splits[worst]
+    tokens_per_device = dims.dp * mb * tokens / slowest.total / dims.world_size
+    flops = model_flops_per_token(m)
+    return StepPlan(
+        split=slowest,
+        per_pp_rank=splits,
+        step_s=slowest.total,
+        tokens_per_s_per_device=tokens_per_device,
+        mfu=tokens_per_device * flops / (cluster.peak_tflops * 1e12),
+        model_flops_per_token=flops,
+        dp_seconds=dp_totals[worst],
+        bubble_fraction=(p - 1) / (v * mb + p - 1),
+    )
+
+
+def _sharded_dp(
+    params: int,
+    dims: ParallelDims,
+    cluster: ClusterConfig,
+    compute_bytes: int,
+    ranks_per_node: int,
+    *,
+    window: float,
+    algorithm: str,
+) -> tuple[float, float]:
+    """FSDP / HSDP's communication of one step, in total and exposed (module docstring)."""
+    shard = dims.shard_size
+    replicas = dims.dp // shard
+    shard_link = group_link(cluster, size=shard, stride=dims.tp, ranks_per_node=ranks_per_node)
+    gathers = 1 if dims.pp > 1 else 2
+    total = shard_seconds(params * FP32, shard, shard_link) + gathers * shard_seconds(
+        params * compute_bytes, shard, shard_link
+    )
+    if replicas > 1:
+        replica_link: Link = group_link(cluster, size=replicas, stride=dims.tp * shard, ranks_per_node=ranks_per_node)
+        total += allreduce_seconds(params * FP32 / shard, replicas, replica_link, algorithm)
+    exposed = total if dims.pp > 1 else max(0.0, total - cluster.overlap_fraction * window)
+    return total, exposed
