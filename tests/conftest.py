@@ -50,9 +50,9 @@ def run_segment(root: Path, tokens: Path, *overrides: str) -> dict:
     return read_json(cfg.io.segment_report)
 
 
-def assert_resumes_bitwise(root: Path, tokens: Path, *run: str) -> None:
+def assert_resumes_bitwise(root: Path, tokens: Path, *run: str) -> list[str]:
     """Two segments of 3 steps (the second resumed from the first's checkpoint) end where one segment of 6
-    ends: the same losses and the same SHA-256 of every rank's model and optimizer state."""
+    ends: the same losses and the same SHA-256 of every rank's model and optimizer state (returned)."""
     whole = run_segment(root / "whole", tokens, *run, "train.segments=1", "train.segment_steps=6")
     halves = [
         run_segment(root / "halves", tokens, *run, "train.segments=2", "train.segment_steps=3", f"segment={s}")
@@ -60,6 +60,7 @@ def assert_resumes_bitwise(root: Path, tokens: Path, *run: str) -> None:
     ]
     assert step_losses(*halves) == step_losses(whole)
     assert halves[1]["state_digest"] == whole["state_digest"]
+    return whole["state_digest"]
 
 
 def step_losses(*summaries: dict) -> list[float]:

@@ -39,12 +39,14 @@ def trained(root: Path, tokens: Path, *overrides: str) -> TrainflowConfig:
 
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory) -> TrainflowConfig:
-    """One process, BPE tokens in the run folder (where prepare_data puts them)."""
+    """One process, BPE tokens in the run folder (where prepare_data puts them), trained with delayed fp8: its
+    checkpoint holds the amax histories beside the weights, which the export leaves out."""
     root = tmp_path_factory.mktemp("bpe")
     bpe = ("data=stdlib_bpe", f"data.corpus={REPO}/tests/assets/corpus/*.txt", "data.vocab_size=512")
     prepared = make_config("prepare_data", root, *bpe)
     prepare_data.run(prepared)
-    return trained(root, Path(prepared.io.tokens), "parallel=single", *bpe)
+    fp8 = ("train.precision=bf16", "train.fp8=delayed")
+    return trained(root, Path(prepared.io.tokens), "parallel=single", *bpe, *fp8)
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,53 @@ def train_errors(cfg: TrainflowConfig) -> list[str]:
         errors.append(f"train.offload_dir({t.offload_dir!r}) {why}; give a writable folder on the fast tier")
     if t.compile and cfg.cluster.device == "cpu" and (why := missing_compiler()):
         errors.append(f"train.compile=true {why}")
+    if t.fp8 != "none":
+        errors += fp8_errors(cfg)
+    return errors
+
+
+FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) take features in multiples of 16
+
+
+def block_linear_sizes(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in features, out features) of each linear in a block of trainflow.model (tests/unit/test_fp8.py checks
+    the table against a real Block)."""
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    return {
+        "attention.wq": (m.dim, q),
+        "attention.wk": (m.dim, kv),
+        "attention.wv": (m.dim, kv),
+        "attention.wo": (q, m.dim),
+        "feed_forward.w1": (m.dim, m.ffn_dim),
+        "feed_forward.w3": (m.dim, m.ffn_dim),
+        "feed_forward.w2": (m.ffn_dim, m.dim),
+    }
+
+
+def fp8_errors(cfg: TrainflowConfig) -> list[str]:
+    """FP8 runs inside bf16 training, on tensor-core tiles of 16, on whole (not tensor-parallel) linears."""
+    t, m, errors = cfg.train, cfg.model, []
+    if t.precision != "bf16":
+        errors.append(
+            f"train.fp8={t.fp8} runs inside bf16 training (its GEMMs output bf16) and train.precision is "
+            f"{t.precision}; set train.precision=bf16"
+        )
+    if cfg.parallel.tp > 1:
+        errors.append(
+            f"train.fp8={t.fp8} with parallel.tp({cfg.parallel.tp}) > 1 is not supported: each shard's scale "
+            "would have to be agreed over the tp group; use dp / pp for this model or train.fp8=none"
+        )
+    bad = [
+        f"layers.*.{name} is a {d_in} -> {d_out} Linear"
+        for name, (d_in, d_out) in block_linear_sizes(m).items()
+        if d_in % FP8_TILE or d_out % FP8_TILE
+    ]
+    if bad:
+        errors.append(
+            f"train.fp8: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; fp8 GEMMs need in and "
+            f"out features in multiples of {FP8_TILE} (tensor-core tiles): make model.dim, its head dim "
+            "(dim / n_heads) and model.multiple_of multiples of 16, or set train.fp8=none"
+        )
     return errors
 
 

@@ -195,6 +195,12 @@ class TrainConfig:
     """A folder on the fast tier (e.g. node SSD) for offloaded activations; empty: host memory."""
     compile: bool = False
     """torch.compile each block (regional compilation, as torchtitan does)."""
+    fp8: str = checked("none", one_of=("none", "dynamic", "delayed"))
+    """FP8 matmuls in the blocks' linears (not the embedding or the head), inside bf16 training: e4m3 weights
+    and activations, e5m2 gradients, scaled per tensor from the current amax (dynamic) or from the largest
+    of the last fp8_amax_history steps' amaxes (delayed, Transformer Engine's recipe)."""
+    fp8_amax_history: int = checked(16, ge=1)
+    """Steps of amax history under train.fp8=delayed."""
 
     @property
     def total_steps(self) -> int:

@@ -94,6 +94,11 @@ def choose_model(checkpoint: Path, given: ModelConfig | None) -> ModelConfig:
     )
 
 
+FP8_STATE = ".amax_history"
+"""The delayed fp8 recipe's scaling state beside a block linear (trainflow.fp8): training state, not exported (the
+DCP load below reads only the keys asked for)."""
+
+
 def read_model(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, torch.Tensor]:
     """The full fp32 model tensors of a verified checkpoint, keyed by trainflow's parameter names; `fix` ends
     the error of tensors that are not the model `m`."""
@@ -102,7 +107,7 @@ def read_model(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, torch
     saved = {
         k.removeprefix("model."): v.size
         for k, v in reader.read_metadata().state_dict_metadata.items()
-        if k.startswith("model.")
+        if k.startswith("model.") and not k.endswith(FP8_STATE)
     }
     # Building the meta model takes time per layer and fails past int64 sizes: a forged model must not get there.
     widest = max((max(size, default=1) for size in saved.values()), default=0)

@@ -20,10 +20,16 @@ from trainflow.parallel.grad_reducer import GradReducer
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, *, bucket_mb: float) -> nn.Module:
     """torch's DDP: bucketed all-reduce overlapped with backward. Only on a 1-D (pure dp) mesh.
 
-    Gradients are views into DDP's buckets, so no second fp32 copy of them exists (as in GradReducer).
+    Gradients are views into DDP's buckets, so no second fp32 copy of them exists (as in GradReducer). Buffers
+    are not broadcast before each forward: the rotary tables are computed alike on every rank, and fp8's amax
+    histories are agreed by their own all-reduce after backward.
     """
     return DistributedDataParallel(
-        model, process_group=dp_mesh.get_group(), bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True
+        model,
+        process_group=dp_mesh.get_group(),
+        bucket_cap_mb=bucket_mb,
+        gradient_as_bucket_view=True,
+        broadcast_buffers=False,
     )
 
 

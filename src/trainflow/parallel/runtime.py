@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.config.layout import ParallelDims
+from trainflow.fp8 import apply_fp8, sync_amax_history
 from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
 from trainflow.parallel.grad_reducer import GradReducer, local
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
@@ -49,6 +50,8 @@ class Parallelized:
     """The pipeline stages' compute time and probed exchange cost; unused without a pipeline."""
     autocast: torch.dtype | None = None
     """bf16: forward under autocast (parameters, gradients and their reduction stay fp32); None: none."""
+    fp8_backend: str | None = None
+    """Where the blocks' fp8 GEMMs run (trainflow.fp8.load_backend: reference, kernel, scaled_mm); None: no fp8."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -67,6 +70,8 @@ class Parallelized:
         mid = time.perf_counter()
         if self.reducer is not None:
             self.reducer.finish()
+        if self.fp8_backend is not None:  # delayed scaling: one MAX all-reduce of the step's amaxes over dp
+            sync_amax_history(self.named_parts(), self.mesh["dp"].get_group() if self.dims.dp > 1 else None)
         dp_comm = time.perf_counter() - mid
         # Without a pipeline the whole forward/backward is compute; within one, only the timed stage calls are.
         times = StepTimes(compute=mid - start) if self.schedule is None else self.clock.step_times(mid - start)
@@ -158,8 +163,11 @@ def parallelize_model(
     overlap: bool,
     activation_shape: tuple[int, ...] = (),
     compute_dtype: torch.dtype = torch.float32,
+    fp8: str = "none",
+    fp8_amax_history: int = 16,
 ) -> Parallelized:
-    """Apply the layout in torchtitan's fixed order: pipeline split, tensor parallel per chunk, data parallel.
+    """Apply the layout in torchtitan's fixed order: pipeline split, fp8 linears and tensor parallel per chunk,
+    data parallel (which holds the modules it is given, so the fp8 swap comes before it).
 
     activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
     """
@@ -172,6 +180,9 @@ def parallelize_model(
         result.has_first = any(s.is_first for s in stages)
         result.has_last = any(s.is_last for s in stages)
         add_compute_timers(stages, result.clock)
+    if fp8 != "none":
+        backends = {apply_fp8(part, recipe=fp8, history_len=fp8_amax_history) for part in result.parts}
+        (result.fp8_backend,) = backends  # one device per rank, so one backend
     if dims.tp > 1:
         for part in result.parts:
             apply_tp(part, mesh["tp"])

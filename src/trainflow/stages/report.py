@@ -142,7 +142,15 @@ def leak_check(segments: list[dict], leak_mb: float) -> list[str]:
     if not growth:
         return [item, "-", "n/a (segments of 2 steps or fewer)"]
     worst = max(growth)
-    return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else "FAIL: find the kernel with CUDA_LAUNCH_BLOCKING=1, read torch.cuda.memory_summary()"]
+    remedy = "FAIL: find the kernel with CUDA_LAUNCH_BLOCKING=1, read torch.cuda.memory_summary()"
+    return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else remedy]
+
+
+def fp8_text(fp8: dict | None) -> str:
+    """**off**, or **delayed** (GEMMs on kernel): the recipe and which fp8_gemm implementation ran."""
+    if not fp8 or fp8["recipe"] == "none":
+        return "**off**"
+    return f"**{fp8['recipe']}** (GEMMs on {fp8['backend']})"
 
 
 def data_parallel(layout: dict) -> str:
@@ -202,7 +210,7 @@ def run(cfg: TrainflowConfig) -> dict:
         f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
         f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), "
         f"backend {cfg.cluster.backend}. Precision **{last['precision']}**, activations **{last['activations']}**, "
-        f"torch.compile **{'on' if last['compile'] else 'off'}**.",
+        f"torch.compile **{'on' if last['compile'] else 'off'}**, FP8 {fp8_text(last.get('fp8'))}.",
         "",
         "## Training",
         "",

@@ -78,7 +78,11 @@ class Trainer:
             overlap=cfg.parallel.overlap,
             activation_shape=(t.global_batch // (self.dims.dp * self.dims.microbatches), m.seq_len, m.dim),
             compute_dtype=COMPUTE_DTYPES[t.precision],
+            fp8=t.fp8,
+            fp8_amax_history=t.fp8_amax_history,
         )
+        if self.model.fp8_backend is not None and dist.get_rank() == 0:
+            log.info("FP8 GEMMs (recipe %s) run on %s", t.fp8, self.model.fp8_backend)
         offload = Path(t.offload_dir) / f"rank{dist.get_rank()}" if t.offload_dir else None
         self.offloader = apply_activations(self.model.named_parts(), t.activations, offload)
         if t.compile:
@@ -321,6 +325,7 @@ class Trainer:
             "precision": self.cfg.train.precision,
             "activations": self.cfg.train.activations,
             "compile": self.cfg.train.compile,
+            "fp8": {"recipe": self.cfg.train.fp8, "backend": self.model.fp8_backend},
             "flops_per_token": self.flops_per_token,
             "median_step_s": step_s,
             "tokens_per_s_per_device": tokens_per_device,

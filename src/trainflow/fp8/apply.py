@@ -1,0 +1,45 @@
+"""Swap a Llama's block linears for Float8Linear in place (the sizes they need are checked with the config:
+trainflow.config.checks.fp8_errors).
+
+    backend = apply_fp8(part, recipe="delayed", history_len=16)           # per model chunk
+
+Only the linears inside the blocks (`.layers`: attention wq/wk/wv/wo, feed-forward w1/w2/w3) change; the
+embedding and the output head stay in bf16/fp32, as torchao and Transformer Engine recipes leave them (the
+head's logits are the most sensitive GEMM, and it is a small share of a large model's FLOPs). The swap keeps the
+Parameter objects, so the state_dict's parameter keys and values, the optimizer and checkpoints of a run without
+fp8 are unchanged; the delayed recipe adds one buffer per linear, `<name>.amax_history`. Apply it to each
+pipeline chunk before tensor/data parallel wrap the chunk (FSDP2 and DDP hold the modules they were given).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from trainflow.errors import ConfigError
+from trainflow.fp8.linear import RECIPES, Float8Linear
+from trainflow.fp8.ops import load_backend
+
+
+def block_linears(block: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, linear) of every plain nn.Linear inside `block`."""
+    return [
+        (parent, attr, child)
+        for parent in block.modules()
+        for attr, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+
+
+def apply_fp8(part: nn.Module, *, recipe: str, history_len: int, margin: int = 0) -> str:
+    """Swap every nn.Linear in part.layers' blocks for a Float8Linear with the same parameters; returns which
+    fp8_gemm implementation will run on the chunk's device ("reference", "kernel" or "scaled_mm")."""
+    if recipe not in RECIPES:
+        raise ConfigError(f"train.fp8={recipe!r} is not a recipe: use none, {', '.join(RECIPES)}")
+    if recipe == "delayed" and history_len < 1:
+        raise ConfigError(f"train.fp8_amax_history={history_len} must be >= 1 (optimizer steps of amax history)")
+    for block in part.layers.values():
+        for parent, attr, linear in block_linears(block):
+            setattr(
+                parent, attr, Float8Linear.from_linear(linear, recipe=recipe, history_len=history_len, margin=margin)
+            )
+    return load_backend(next(part.parameters()).device)
