@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,7 @@ def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
             "stage": cfg.stage,
             "segment": cfg.segment,
             **delta(start, Reading.now()),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # a light stage run as a Slurm job (account_energy)
             **extra,
             "config": as_dict(cfg),
         }

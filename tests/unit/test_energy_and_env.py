@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from trainflow.config import EnergyConfig
-from trainflow.energy.accounting import campaign_gwh, dvfs_estimate, facility, stage_energy
+from trainflow.energy.accounting import campaign_gwh, facility, stage_energy
 from trainflow.nccl_env import audit_env
 from trainflow.stages.validate_nccl import bus_factor
 
@@ -34,15 +34,6 @@ def test_stage_energy_prefers_counters_and_states_the_model():
     )
     total = facility(3.6e6, EnergyConfig(pue=1.05, grid_gco2_per_kwh=30))
     assert math.isclose(total["facility_kwh"], 1.05) and math.isclose(total["co2_g"], 31.5)
-
-
-def test_dvfs_estimate_scales_with_data_loading_time():
-    energy = EnergyConfig(gpu_watts=560, dvfs=True)
-    one = dvfs_estimate(10.0, gpus=4, energy=energy, applied=False)["estimated_saving_j"]
-    assert one > 0 and math.isclose(
-        dvfs_estimate(20.0, gpus=4, energy=energy, applied=False)["estimated_saving_j"], 2 * one
-    )
-    assert dvfs_estimate(10.0, gpus=4, energy=EnergyConfig(dvfs=False), applied=False)["estimated_saving_j"] == 0
 
 
 def test_bus_bandwidth_factor_is_nccl_tests_all_reduce():

@@ -84,7 +84,7 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     run = tmp_path / "runs/default"
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report and "![loss](loss.png)" in report
-    for plot in ("loss", "throughput", "breakdown"):
+    for plot in ("loss", "throughput", "breakdown", "power"):
         assert (run / f"report/{plot}.png").stat().st_size > 1000
     energy = read_json(run / "energy.json")
     assert {s["stage"] for s in energy["stages"]} >= {"prepare_data", "train_segment", "validate_nccl"}
@@ -94,7 +94,7 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
 
     snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke", "--report", "run.html")
     html = (tmp_path / "run.html").read_text()  # Snakemake's self-contained report of the report()-flagged outputs
-    assert all(name in html for name in ("report.md", "loss.png", "throughput.png", "breakdown.png"))
+    assert all(name in html for name in ("report.md", "loss.png", "throughput.png", "breakdown.png", "power.png"))
 
     again = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke", "-n")
     assert "Nothing to be done" in again.output

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainflow.config.layout import parallel_errors
-from trainflow.config.schema import BYTE_VOCAB, ModelConfig, TrainflowConfig
+from trainflow.config.schema import BYTE_VOCAB, EnergyConfig, ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
 
 
@@ -25,7 +25,12 @@ def validate(cfg: TrainflowConfig) -> None:
     errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
     if errors:  # the cross-field rules below assume every field lies in its domain
         raise ConfigError("invalid config: " + "; ".join(errors))
-    errors = parallel_errors(p, m, global_batch=t.global_batch) + model_errors(m) + train_errors(cfg)
+    errors = (
+        parallel_errors(p, m, global_batch=t.global_batch)
+        + model_errors(m)
+        + train_errors(cfg)
+        + energy_errors(cfg.energy)
+    )
     if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({cfg.data.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < cfg.data.vocab_size:
@@ -62,6 +67,15 @@ def domain_errors(node: Any, prefix: str = "") -> list[str]:
             if why:
                 errors.append(f"{key}({value!r}) {why}")
     return errors
+
+
+def energy_errors(e: EnergyConfig) -> list[str]:
+    if e.idle_clock_mhz > e.compute_clock_mhz:
+        return [
+            f"energy.idle_clock_mhz({e.idle_clock_mhz}) > energy.compute_clock_mhz({e.compute_clock_mhz}): DVFS lowers "
+            f"clocks while data loads; choose an idle clock in 1-{e.compute_clock_mhz} MHz"
+        ]
+    return []
 
 
 def model_errors(m: ModelConfig) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from trainflow.config.hashing import STAGE_READS, config_hash
 from trainflow.config.schema import TrainflowConfig
 
-PLOTS = ("loss", "throughput", "breakdown")
+PLOTS = ("loss", "throughput", "breakdown", "power")
 
 
 @dataclass(frozen=True)

@@ -299,7 +299,17 @@ class EnergyConfig:
     dvfs: bool = MISSING
     """Lower clocks while data loads, restore them for compute (seed: saves ~8 %)."""
     idle_clock_mhz: int = checked(500, gt=0)
+    """GPU clock while data loads under DVFS (seed: below 500 MHz); must not exceed compute_clock_mhz."""
     compute_clock_mhz: int = checked(1980, gt=0)
+    """GPU clock for compute under DVFS (GH200's maximum; the seed's vBoost runs at 1.8 GHz)."""
+    dvfs_min_phase_s: float = checked(0.01, ge=0)
+    """DVFS lowers clocks for a data phase only when the one before it lasted this long: a clock change takes
+    the driver milliseconds."""
+    power_cap_w: float = checked(ge=0)
+    """Power limit set on every GPU through NVML for training (seed: 660 W); 0 keeps the driver's limit. Must lie in
+    the range NVML reports for the device."""
+    sample_period_s: float = checked(gt=0)
+    """How often each node's sampler reads its power counters during training (the report's power plot)."""
 
 
 @dataclass
@@ -355,7 +365,7 @@ class IOConfig:
     metrics: list[str] = field(default_factory=list)
     report: str = ""
     plots: list[str] = field(default_factory=list)
-    """The report's loss, throughput and breakdown plots (config.run_folder.PLOTS), in that order."""
+    """The report's loss, throughput, breakdown and power plots (config.run_folder.PLOTS), in that order."""
     submitit: str = ""
 
 

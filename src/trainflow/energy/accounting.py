@@ -1,37 +1,38 @@
 """Energy accounting: measured counters where present, a stated power x time model where not.
 
-Per stage, IT energy = GPU (NVML counter, else gpus x energy.gpu_watts x time) + CPU (RAPL, else
-CPU-seconds x energy.cpu_watts_per_core). Facility energy = IT x PUE; carbon = facility kWh x grid
-intensity. The DVFS policy (seed: clocks below 500 MHz while data loads, restored for compute,
-~8 % saved) is applied through NVML where permitted; elsewhere it is recorded as what it would
-have done, with its saving estimated from the measured data-loading time.
+    stage_energy(read_json("runs/default/metrics/prepare_data.json"), energy=cfg.energy, gpus=0)
+
+Per stage, IT energy = GPU (NVML counters of the nodes, else gpus x energy.gpu_watts x time) + CPU (RAPL,
+else CPU-seconds x energy.cpu_watts_per_core). A training segment's counters come from its nodes' windows
+(node.py: each node once, never each rank). Facility energy = IT x PUE; carbon = facility kWh x grid
+intensity. The DVFS policy (dvfs.py) is applied through NVML where permitted; its saving is always an
+estimate from the measured phase times, since the run at full clocks did not happen.
 """
 
 from __future__ import annotations
 
 from trainflow.config import EnergyConfig
+from trainflow.energy.dvfs import dvfs_clocks, dvfs_saving_j, lowered_s, phase_trace
 
 J_PER_KWH = 3.6e6
-# Dynamic power scales roughly with f * V^2; at 500 MHz of 1980 the board draws about this share
-# of its compute power (stated assumption, used only for the estimate).
-IDLE_CLOCK_POWER_SHARE = 0.45
 
 
 def stage_energy(metrics: dict, *, energy: EnergyConfig, gpus: int) -> dict:
     """IT energy of one stage from its metrics file, with the source of each part."""
+    nodes = metrics.get("nodes")  # a training segment: its nodes' windows, summed once per node
+    counters = nodes if nodes and nodes["nodes"] else metrics
     cpu_s = metrics["cpu_s"] + metrics.get("rank_cpu_s", 0.0)
-    if metrics.get("rapl_j") is not None:
-        cpu_j, cpu_source = metrics["rapl_j"], "rapl"
+    if counters.get("rapl_j") is not None:
+        cpu_j, cpu_source = counters["rapl_j"], "rapl"
     else:
         cpu_j, cpu_source = (
             cpu_s * energy.cpu_watts_per_core,
-            f"model: {cpu_s:.1f} CPU-s x {energy.cpu_watts_per_core} W",
+            f"model: {cpu_s:.1f} CPU-s x {energy.cpu_watts_per_core:g} W",
         )
-    gpu_measured = metrics.get("rank_gpu_j") or metrics.get("gpu_j")
-    if gpu_measured is not None:
-        gpu_j, gpu_source = gpu_measured, "nvml"
+    if counters.get("gpu_j") is not None:
+        gpu_j, gpu_source = counters["gpu_j"], "nvml"
     elif gpus:
-        gpu_j, gpu_source = gpus * energy.gpu_watts * metrics["wall_s"], f"model: {gpus} GPUs x {energy.gpu_watts} W"
+        gpu_j, gpu_source = gpus * energy.gpu_watts * metrics["wall_s"], f"model: {gpus} GPUs x {energy.gpu_watts:g} W"
     else:
         gpu_j, gpu_source = 0.0, "no GPUs"
     return {
@@ -53,17 +54,24 @@ def facility(it_j: float, energy: EnergyConfig) -> dict:
     return {"it_j": it_j, "facility_j": facility_j, "facility_kwh": kwh, "co2_g": kwh * energy.grid_gco2_per_kwh}
 
 
-def dvfs_estimate(data_s: float, *, gpus: int, energy: EnergyConfig, applied: bool) -> dict:
-    """What lowering clocks during data loading saves: data time x GPUs x (1 - idle power share) x power."""
-    saved_j = data_s * gpus * energy.gpu_watts * (1 - IDLE_CLOCK_POWER_SHARE) if energy.dvfs else 0.0
+def dvfs_outcome(segments: list[dict], *, energy: EnergyConfig, gpus: int, applied: bool) -> dict:
+    """The DVFS policy replayed on the segments' recorded phases: seconds it ran (or would have run) at the idle
+    clock and the estimated saving on `gpus` GPUs at energy.gpu_watts."""
+    trace = [phase for s in segments for phase in phase_trace(s["steps"], s.get("saves", []))]
+    clocks = dvfs_clocks(
+        trace, idle_mhz=energy.idle_clock_mhz, compute_mhz=energy.compute_clock_mhz, min_phase_s=energy.dvfs_min_phase_s
+    )
+    seconds = lowered_s(trace, clocks, compute_mhz=energy.compute_clock_mhz) if energy.dvfs else 0.0
     return {
         "enabled": energy.dvfs,
         "applied": applied,
-        "data_loading_s": data_s,
+        "data_loading_s": sum(p.seconds for p in trace if p.kind == "data"),
+        "lowered_s": seconds,
+        "lowered_phases": sum(mhz < energy.compute_clock_mhz for mhz in clocks) if energy.dvfs else 0,
         "idle_clock_mhz": energy.idle_clock_mhz,
         "compute_clock_mhz": energy.compute_clock_mhz,
-        "estimated_saving_j": saved_j,
-        "note": "applied through NVML" if applied else "recorded, not applied: NVML clock control unavailable here",
+        "gpus": gpus,
+        "estimated_saving_j": dvfs_saving_j(seconds, gpus=gpus, gpu_watts=energy.gpu_watts),
     }
 
 

@@ -1,52 +1,55 @@
 """Energy counters a machine exposes: RAPL (CPU packages), NVML (GPU), and process CPU time.
 
+    Reading.now()   # a stage's own window (stage.py); training's per-node windows are node.py's
+
 Each reading says where it came from; `account_energy` turns missing counters into the stated
 power x time model of `conf/energy/`. Nothing here guesses: an unreadable counter is None.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import resource
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 
-RAPL_GLOB = "/sys/class/powercap/intel-rapl:*/energy_uj"
+from trainflow.energy.nvml import NodeGpus
+
+RAPL_ROOT = Path("/sys/class/powercap")
 
 
-def read_rapl_j() -> float | None:
-    """Sum of the CPU package energy counters in joules, or None where RAPL is absent or unreadable."""
-    total, found = 0.0, False
-    for path in glob.glob(RAPL_GLOB):
-        if path.count(":") != 1:  # sub-domains (core, uncore) are already inside the package counter
+def read_rapl() -> dict[str, tuple[float, float]] | None:
+    """Each CPU package's energy counter and its wrap-around range, in joules; None where RAPL is absent or
+    unreadable (many kernels make energy_uj readable by root only)."""
+    packages = {}
+    for folder in sorted(RAPL_ROOT.glob("intel-rapl:*")):
+        if folder.name.count(":") != 1:  # sub-domains (core, uncore, dram) are inside the package counter
             continue
         try:
-            with open(path) as f:
-                total += int(f.read()) / 1e6
-            found = True
-        except OSError:
+            energy = int((folder / "energy_uj").read_text()) / 1e6
+            wrap = int((folder / "max_energy_range_uj").read_text()) / 1e6
+        except (OSError, ValueError):
             return None
-    return total if found else None
+        packages[folder.name] = (energy, wrap)
+    return packages or None
+
+
+def rapl_gain_j(start: dict[str, tuple[float, float]], end: dict[str, tuple[float, float]]) -> float:
+    """Joules between two RAPL readings, across at most one wrap of each package's counter."""
+    return sum((end[k][0] - e) % wrap for k, (e, wrap) in start.items())
 
 
 def read_nvml_j() -> float | None:
     """Total energy of this node's GPUs in joules since driver load (NVML), or None without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver / no library: a CPU machine
+    gpus, _ = NodeGpus.open()
+    if gpus is None:
         return None
     try:
-        n = pynvml.nvmlDeviceGetCount()
-        return sum(
-            pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i)) / 1e3 for i in range(n)
-        )
-    except pynvml.NVMLError:
-        return None
+        energy = gpus.energy_j()
+        return sum(energy) if energy is not None else None
     finally:
-        pynvml.nvmlShutdown()
+        gpus.close()
 
 
 def cpu_seconds() -> float:
@@ -60,19 +63,21 @@ def cpu_seconds() -> float:
 class Reading:
     wall_s: float
     cpu_s: float
-    rapl_j: float | None
+    rapl: dict[str, tuple[float, float]] | None
     gpu_j: float | None
 
     @classmethod
     def now(cls) -> Reading:
-        return cls(time.time(), cpu_seconds(), read_rapl_j(), read_nvml_j())
+        return cls(time.time(), cpu_seconds(), read_rapl(), read_nvml_j())
 
 
 def delta(start: Reading, end: Reading) -> dict:
     """What happened between two readings; counters missing at either end stay None."""
-    out = {}
-    for key, a in asdict(start).items():
-        b = getattr(end, key)
-        out[key] = None if a is None or b is None else b - a
-    out["host"] = os.uname().nodename
-    return out
+    both = start.rapl is not None and end.rapl is not None
+    return {
+        "wall_s": end.wall_s - start.wall_s,
+        "cpu_s": end.cpu_s - start.cpu_s,
+        "rapl_j": rapl_gain_j(start.rapl, end.rapl) if both else None,
+        "gpu_j": None if start.gpu_j is None or end.gpu_j is None else end.gpu_j - start.gpu_j,
+        "host": os.uname().nodename,
+    }

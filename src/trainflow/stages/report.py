@@ -21,6 +21,7 @@ from omegaconf import DictConfig  # noqa: E402
 from trainflow.atomic import atomic_path, write_text_atomic  # noqa: E402
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
 from trainflow.config.run_folder import PLOTS  # noqa: E402
+from trainflow.energy.phases import power_series, trace_host  # noqa: E402
 from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
 
 log = logging.getLogger("trainflow.report")
@@ -161,6 +162,98 @@ def data_parallel(layout: dict) -> str:
     return f"dp{dp} ({mode})"
 
 
+def plot_power(segments: list[dict], cpu_watts_per_core: float, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for seg in segments:
+        for path in seg["power_traces"]:
+            times, watts, source = power_series(path, cpu_watts_per_core)
+            label = f"segment {seg['segment']}, {trace_host(path)} ({source})"
+            ax.plot(times, watts, lw=1, label=label)
+    ax.set(xlabel="seconds since the segment's sampler started", ylabel="W per node", title="Power per node")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def energy_section(energy: dict, cfg: TrainflowConfig, plots: dict[str, str], here: Path) -> list[str]:
+    """Energy per stage, per segment and phase, facility energy and carbon, Slurm's counter, DVFS and the cap."""
+    t, d, e = energy["training"], energy["dvfs"], cfg.energy
+    stage_rows = [
+        [f"{s['stage']}[{s['segment']}]", f"{s['wall_s']:.1f}", f"{s['it_j']:.1f}", s["cpu_source"], s["gpu_source"]]
+        for s in energy["stages"]
+    ]
+    phase_rows = [
+        [
+            seg["segment"],
+            p["phase"],
+            f"{p['seconds']:.2f}",
+            f"{p['it_j']:.1f}",
+            f"{p['it_j'] / seg['it_j']:.1%}" if seg["it_j"] else "-",
+            p["cpu_source"],
+            p["gpu_source"],
+        ]
+        for seg in energy["segments"]
+        for p in seg["phases"]
+    ]
+    power_rows = []
+    for seg in energy["segments"]:
+        for path in seg["power_traces"]:
+            _, watts, source = power_series(path, e.cpu_watts_per_core)
+            if watts:
+                row = [seg["segment"], trace_host(path), len(watts) + 1]
+                power_rows.append([*row, f"{sum(watts) / len(watts):.1f}", f"{max(watts):.1f}", source])
+    if "power" in plots:
+        plot_power(energy["segments"], e.cpu_watts_per_core, Path(plots["power"]))
+    slurm = [
+        [s["stage"], s["job_id"], s["status"], fmt_j(s["consumed_j"]), f"{s['meter_j']:.1f}", fmt_j(s["difference_j"])]
+        for s in energy["slurm"]
+    ]
+    lowered = (
+        f"ran {d['lowered_phases']} data phases ({d['lowered_s']:.2f} s) at {d['idle_clock_mhz']} MHz"
+        if d["lowered_phases"]
+        else f"lowered no clock: of {d['data_loading_s']:.2f} s of data loading no phase followed one that lasted "
+        f"energy.dvfs_min_phase_s = {e.dvfs_min_phase_s:g} s (a clock change takes the driver milliseconds)"
+    )
+    return [
+        "## Energy",
+        "",
+        "Sources: `nvml` and `rapl` are counters read once per node (by its local rank 0), `slurm` is Slurm's "
+        "accounting, `model: ...` is an estimate from the stated power x time model of `conf/energy/`.",
+        "",
+        table(stage_rows, ["stage", "wall s", "IT J", "CPU source", "GPU source"]),
+        "",
+        "### Training segments by phase",
+        "",
+        "Phases are the trainer's own markers (rank 0's step records and checkpoint saves); `other` is start-up, "
+        "evaluation and waiting.",
+        "",
+        table(phase_rows, ["segment", "phase", "seconds", "IT J", "share", "CPU source", "GPU source"]),
+        "",
+        *([table(power_rows, ["segment", "node", "samples", "mean W", "peak W", "source"]), ""] if power_rows else []),
+        *([f"![power]({relative(plots['power'], here)})", ""] if "power" in plots else []),
+        f"Run total: IT {energy['total']['it_j']:.1f} J, facility {energy['total']['facility_j']:.1f} J at PUE "
+        f"{energy['pue']}, {energy['total']['co2_g']:.4f} g CO2 at {energy['grid_gco2_per_kwh']} g/kWh. Training: "
+        f"{t['it_j']:.1f} J IT ({t['facility_j']:.1f} J facility), {t['tokens']} tokens, "
+        f"{t['tokens_per_it_joule'] or 0:.1f} tokens/J IT ({t['tokens_per_facility_joule'] or 0:.1f} per facility J), "
+        f"{t['device_hours']:.4f} {t['device']}-hours.",
+        "",
+        "Slurm's ConsumedEnergy beside the meter: " + ("not a Slurm job here (local executor)." if not slurm else ""),
+        "",
+        *([table(slurm, ["stage", "job", "Slurm", "Slurm J", "meter J", "Slurm - meter J"]), ""] if slurm else []),
+        "Power cap and DVFS: " + ("; ".join(energy["actions"]) or "none configured") + ".",
+        f"DVFS {'applied' if d['applied'] else 'not applied'}: the policy {lowered}; estimated saving "
+        f"{d['estimated_saving_j']:.1f} J ({d['basis']}). [energy.json]({relative(cfg.io.energy_report, here)})",
+        "",
+    ]
+
+
+def fmt_j(joules: float | None) -> str:
+    return "-" if joules is None else f"{joules:.1f}"
+
+
 def relative(path: str, start: Path) -> str:
     return os.path.relpath(Path(path).resolve(), start.resolve())
 
@@ -275,28 +368,7 @@ def run(cfg: TrainflowConfig) -> dict:
         f"Threshold {nccl['threshold_gbps']} GB/s: {'passed' if nccl['passed'] else 'FAILED'}. Environment warnings: "
         f"{'; '.join(nccl['env_warnings']) or 'none'}. [nccl.json]({relative(cfg.io.nccl_report, here)})",
         "",
-        "## Energy",
-        "",
-        table(
-            [
-                [
-                    f"{s['stage']}[{s['segment']}]",
-                    f"{s['wall_s']:.1f}",
-                    f"{s['it_j']:.1f}",
-                    s["cpu_source"],
-                    s["gpu_source"],
-                ]
-                for s in energy["stages"]
-            ],
-            ["stage", "wall s", "IT J", "CPU source", "GPU source"],
-        ),
-        "",
-        f"IT {energy['total']['it_j']:.1f} J, facility {energy['total']['facility_j']:.1f} J at PUE {energy['pue']}, "
-        f"{energy['total']['co2_g']:.4f} g CO2 at {energy['grid_gco2_per_kwh']} g/kWh; "
-        f"{energy['tokens_per_joule'] or 0:.1f} training tokens per joule. DVFS: {energy['dvfs']['note']}, "
-        f"estimated saving {energy['dvfs']['estimated_saving_j']:.1f} J. "
-        f"[energy.json]({relative(cfg.io.energy_report, here)})",
-        "",
+        *energy_section(energy, cfg, plots, here),
         "## Tuning checklist (seed)",
         "",
         table(checklist(nccl, segments, cfg), ["item", "measured", "status"]),

@@ -10,6 +10,7 @@ which resumes from that checkpoint. `checkpoint()` returns a fresh instance: no 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ from omegaconf import DictConfig
 
 from trainflow.checkpoint.manager import list_steps
 from trainflow.config import CONF_DIR, TrainflowConfig
-from trainflow.energy.meter import Reading, delta
+from trainflow.energy.meter import cpu_seconds
+from trainflow.energy.node import actions_taken, node_window, power_folder, sum_nodes
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.stage import StageError, run_stage, write_json
 from trainflow.train.trainer import Trainer
@@ -33,12 +35,19 @@ class TrainSegment(submitit.helpers.Checkpointable):
         self.cfg = cfg
 
     def __call__(self) -> dict:
-        start = Reading.now()
-        with distributed_task(self.cfg.cluster) as (_, _, device):
-            summary = Trainer(self.cfg, device).train()
+        env = submitit.JobEnvironment()
+        power = power_folder(self.cfg.io.segment_report)
+        with (
+            distributed_task(self.cfg.cluster) as (_, _, device),
+            node_window(self.cfg.energy, local_rank=env.local_rank, folder=power, segment=self.cfg.segment) as window,
+        ):
+            summary = Trainer(self.cfg, device, on_phase=window.enter).train()
         if summary["interrupted_by"]:
             self.stop(summary["interrupted_by"])
-        summary["energy"] = delta(start, Reading.now())
+        # Each rank's own CPU time (its whole process: the task is started for this job), and the node's counters
+        # (NVML, RAPL) only from its local rank 0's window.
+        summary["energy"] = {"cpu_s": cpu_seconds(), "node": window.result()}
+        summary["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
         return summary
 
     def stop(self, signame: str) -> None:
@@ -80,7 +89,6 @@ def run(cfg: TrainflowConfig) -> dict:
         raise StageError(
             f"segment {cfg.segment} stopped at step {summary['end_step']} before its end; rerun it to resume"
         )
-    summary["rank_energy"] = [r["energy"] for r in results]
     if not summary["steps"] or not summary["evals"]:
         raise StageError(
             f"{cfg.io.checkpoints} holds the checkpoint of step {summary['end_step']} but not the step records of "
@@ -95,11 +103,16 @@ def run(cfg: TrainflowConfig) -> dict:
         summary["evals"][-1]["val_loss"],
         summary["tokens_per_s_per_device"],
     )
+    windows = [r["energy"]["node"] for r in results if r["energy"]["node"]]
+    for action in actions_taken(windows):
+        log.info("Energy: %s", action)
     write_json(cfg.io.segment_report, summary)
     return {
         "ranks": len(results),
         "rank_cpu_s": sum(r["energy"]["cpu_s"] for r in results),
-        "rank_gpu_j": sum(r["energy"]["gpu_j"] or 0 for r in results) or None,
+        "nodes": sum_nodes(windows),
+        "node_windows": windows,
+        "slurm_job_id": summary["slurm_job_id"],
         "tokens": (summary["end_step"] - summary["start_step"]) * cfg.train.global_batch * cfg.model.seq_len,
     }
 

@@ -24,7 +24,7 @@ class TensorBoardLog:
         if self.writer is None:
             return
         for key, value in record.items():
-            if key != "step" and isinstance(value, int | float):
+            if key not in ("step", "started") and isinstance(value, int | float):  # started: a wall-clock time
                 self.writer.add_scalar(f"train/{key}", value, record["step"])
 
     def evaluation(self, step: int, val_loss: float) -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class ResumeError(TrainflowError):
 class Trainer:
     cfg: TrainflowConfig
     device: torch.device
+    on_phase: Callable[[str], None] = lambda kind: None
+    """Told when a step enters its data loading and its compute (energy.node's window: DVFS acts on it)."""
     model: Parallelized = field(init=False)
     optimizers: list[torch.optim.Optimizer] = field(init=False)
 
@@ -104,6 +107,8 @@ class Trainer:
             max_steps=cfg.checkpoint.max_interval_steps,
         )
         self.stop = StopFlag()
+        self.saves: list[dict] = []
+        """This job's checkpoint saves (step, wall-clock start, seconds): the energy report's checkpoint phase."""
         self.is_logger = dist.get_rank() == 0
         self.steps_log = StepLog(steps_log(cfg.io.checkpoints))
         self.evals_log = StepLog(evals_log(cfg.io.checkpoints))
@@ -154,6 +159,7 @@ class Trainer:
             layout=self.cfg.parallel.name,
             model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
         )
+        self.saves.append({"step": step, "started": time.time() - seconds, "save_s": seconds})
         before = self.planner.interval_steps
         self.planner.observe_save(seconds)
         plan = self.planner.describe()
@@ -186,13 +192,15 @@ class Trainer:
     # -- loop ----------------------------------------------------------------------------------
 
     def train_step(self, step: int) -> dict:
-        start = time.perf_counter()
+        start, started = time.perf_counter(), time.time()
+        self.on_phase("data")
         lr = lr_at(step, self.cfg.optim, self.cfg.train.total_steps)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = lr
         inputs, targets = self.sampler.batch("train", step, self.cfg.train.global_batch, self.rows)
         data_s = time.perf_counter() - start
+        self.on_phase("compute")
         loss, times = self.model.forward_backward(inputs.to(self.device), targets.to(self.device))
         grad_norm = self.model.clip_grad_norm(self.cfg.optim.grad_clip)
         for opt in self.optimizers:
@@ -202,6 +210,7 @@ class Trainer:
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
         return {
             "step": step,
+            "started": started,
             "loss": float(loss),
             "lr": lr,
             "grad_norm": grad_norm,
@@ -333,6 +342,7 @@ class Trainer:
             "checkpoint_interval": self.planner.describe(),
             "state_digest": self.state_digest(),
             "profile": profile,
+            "saves": self.saves,
             "steps": steps,
             "evals": self.evals_log.between(self.start_step, self.end_step) if self.is_logger else [],
         }
