@@ -22,12 +22,13 @@ bf16, split over tp) are what the plan shows costing most, and `remedies` what e
 from __future__ import annotations
 
 from trainflow.config.schema import TrainflowConfig
+from trainflow.energy.estimate import SEED_TABLE
 from trainflow.plan.step import StepPlan
 
 SEED_LAYOUT = (64, 8, 8)
 """dp, tp, pp of the seed's campaign."""
 SEED_SHARES = {"all_reduce": 0.35, "bubble": 0.20, "activation": 0.15}
-SEED_TOKENS_PER_S = 580.0
+SEED_TOKENS_PER_S = SEED_TABLE[0][1]  # the baseline row of the seed's tuning table: 580
 SEED_STEP_S = 31 * 60 / 250
 """The seed's Young/Daly example: a 31-minute interval is 250 iterations."""
 
