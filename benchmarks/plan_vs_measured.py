@@ -25,11 +25,9 @@ Everything else (overlap_fraction) is conf/cluster/local.yaml's.
 Measured: train_segment.run (the real launcher: submitit's local executor, one process per rank, gloo)
 on a 4-layer Llama of d=256 and 256-token sequences (big enough that matmuls, not Python, make the
 step), rank 0's step records; the median over the steps after the first. Predicted: the plan of the
-same config, pipeline rank 0 (rank 0 writes the step log). The trainer's split groups the parts
-differently from the plan's, so each measured part is compared with the plan's parts it contains:
-its `compute` is the timed forward/backward, which holds the tp all-reduces, and without a pipeline
-also DDP's all-reduce (DDP waits for its buckets inside backward; dp_comm_s is GradReducer's wait after
-it); its step_s holds data loading (data_s), which the plan does not model.
+same config, pipeline rank 0 (rank 0 writes the step log). trainflow.plan.versus pairs each measured part
+with the plan's parts it holds (the report does the same); the goal's ratio is the plan's step over the
+measured step less data loading, which the plan does not model.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from trainflow.model import Block, Llama, rope_tables
 from trainflow.plan.build import build_plan
 from trainflow.plan.memory import layer_params
 from trainflow.plan.step import OPTIMIZER_BYTES
+from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import read_json
 from trainflow.stages import prepare_data, train_segment
 from trainflow.train.controls import build_optimizer
@@ -152,36 +151,9 @@ def calibrate_link() -> dict:
     return {"gbps": gbps, "latency_us": latency_s * 1e6, "probe_s": [t_small, t_large]}
 
 
-def measured_split(summary: dict) -> dict:
-    steps = summary["steps"][1:]
-    return {
-        k: median([s[k] for s in steps])
-        for k in ("step_s", "data_s", "compute_s", "dp_comm_s", "bubble_s", "activation_s")
-    }
-
-
-def compare(pred: dict, meas: dict, *, pipelined: bool, ddp: bool) -> dict:
-    """Each measured part beside the sum of the plan's parts it contains (module docstring)."""
-    groups = {
-        "compute_s": ["compute", "tp"] + (["dp"] if ddp else []),
-        "dp_comm_s": [] if ddp else ["dp"],
-        "bubble_s": ["bubble"] if pipelined else [],
-        "activation_s": ["activation"] if pipelined else [],
-    }
-    total = sum(pred.values())
-    rows = {
-        "step_s": {"predicted": total, "measured": meas["step_s"], "ratio": total / meas["step_s"]},
-        "step_s_less_data": {
-            "predicted": total,
-            "measured": meas["step_s"] - meas["data_s"],
-            "ratio": total / (meas["step_s"] - meas["data_s"]),
-        },
-    }
-    for key, parts in groups.items():
-        p = sum(pred[k] for k in parts)
-        rows[key] = {"plan_parts": parts, "predicted": p, "measured": meas[key]}
-    rows["optimizer"] = {"predicted": pred["optimizer"], "measured": None}
-    return rows
+def ratio(result: dict, probe: str) -> float:
+    """Predicted / measured step (less data loading) of one layout's result, by one probe's constants."""
+    return result[f"by_{probe}_probe"]["compare"]["step_s_less_data"]["ratio"]
 
 
 def main() -> None:
@@ -216,27 +188,26 @@ def main() -> None:
         log(f"plan_vs_measured: {name}: predicted {sum(pred.values()):.3f} s per step (matmul probe); training")
         run_cfg = compose("train_segment", base + [f"storage.root={root / name}", f"io.staged_tokens={tokens}"])
         train_segment.run(run_cfg)
-        meas = measured_split(read_json(run_cfg.io.segment_report))
-        p = planned.parallel
-        kind = {"pipelined": p.pp > 1, "ddp": p.pp == 1 and p.tp == 1 and p.dp > 1}
+        summary = read_json(run_cfg.io.segment_report)
+        meas = measured_split(summary["steps"])
         results[name] = {
             "core_share": share,
             "flops_per_s": probes,
             "constants": common,
             "measured": meas,
             **{
-                f"by_{probe}_probe": {"predicted": preds[probe], "compare": compare(preds[probe], meas, **kind)}
+                f"by_{probe}_probe": {
+                    "predicted": preds[probe],
+                    "compare": side_by_side(preds[probe], meas, layout=summary["layout"]),
+                }
                 for probe in probes
             },
         }
         log(
             f"plan_vs_measured: {name}: measured {meas['step_s']:.3f} s, predicted/measured "
-            + ", ".join(f"{q} {results[name][f'by_{q}_probe']['compare']['step_s']['ratio']:.2f}" for q in probes)
+            + ", ".join(f"{q} {ratio(results[name], q):.2f}" for q in probes)
         )
-    ratios = {
-        probe: {k: r[f"by_{probe}_probe"]["compare"]["step_s"]["ratio"] for k, r in results.items()}
-        for probe in ("matmul", "block")
-    }
+    ratios = {probe: {k: ratio(r, probe) for k, r in results.items()} for probe in ("matmul", "block")}
     emit(
         {
             "benchmark": "plan_vs_measured",

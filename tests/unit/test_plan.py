@@ -24,6 +24,7 @@ from trainflow.plan.collectives import (
 from trainflow.plan.fit import capacity_bytes, overflow
 from trainflow.plan.memory import device_memory
 from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, model_flops_per_token, step_plan
+from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
 from trainflow.stages import validate_nccl
 
@@ -198,3 +199,23 @@ def test_the_command_prints_the_plan_as_json():
     assert plan["config"]["devices"] == 4096 and plan["parameters"] == 70_553_706_496
     assert plan["memory"]["overflow"] is None  # the experiment trains bf16 with recompute, which fits
     assert set(plan["step"]["shares"]) == {"compute", "tp", "bubble", "activation", "dp", "optimizer"}
+
+
+def test_measured_parts_pair_with_the_plans_parts_they_hold():
+    planned = {"compute": 1.0, "tp": 0.5, "bubble": 0.25, "activation": 0.125, "dp": 0.0625, "optimizer": 0.03125}
+    steps = [
+        {"step_s": 9.0, "data_s": 1.0, "compute_s": 9.0, "dp_comm_s": 9.0, "bubble_s": 9.0, "activation_s": 9.0},
+        *(
+            {"step_s": s, "data_s": 0.1, "compute_s": 1.5, "dp_comm_s": 0.1, "bubble_s": 0.2, "activation_s": 0.1}
+            for s in (2.0, 2.2, 2.1)
+        ),
+    ]  # the first step (warm-up) is left out of the medians
+    measured = measured_split(steps)
+    assert measured["step_s"] == 2.1 and measured["compute_s"] == 1.5
+    pipelined = side_by_side(planned, measured, layout={"dp": 2, "tp": 2, "pp": 2})
+    assert pipelined["compute_s"]["predicted"] == 1.5 and pipelined["dp_comm_s"]["predicted"] == 0.0625
+    assert pipelined["step_s_less_data"]["ratio"] == pytest.approx(sum(planned.values()) / 2.0)
+    # A pure-dp mesh runs torch's DDP, which waits for the dp all-reduce inside backward: compute holds it.
+    ddp = side_by_side(planned, measured, layout={"dp": 2, "tp": 1, "pp": 1, "dp_mode": "replicate"})
+    assert ddp["compute_s"]["plan_parts"] == ["compute", "tp", "dp"] and ddp["dp_comm_s"]["predicted"] == 0
+    assert ddp["bubble_s"]["predicted"] == 0 and ddp["bubble_s"]["ratio"] == 0

@@ -84,6 +84,7 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     run = tmp_path / "runs/default"
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report and "![loss](loss.png)" in report
+    assert "### Planned vs measured" in report and "| `step_s_less_data` |" in report  # validate_nccl's plan
     for plot in ("loss", "throughput", "breakdown", "power"):
         assert (run / f"report/{plot}.png").stat().st_size > 1000
     energy = read_json(run / "energy.json")

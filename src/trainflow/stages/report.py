@@ -22,6 +22,7 @@ from trainflow.atomic import atomic_path, write_text_atomic  # noqa: E402
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
 from trainflow.config.run_folder import PLOTS  # noqa: E402
 from trainflow.energy.phases import power_series, trace_host  # noqa: E402
+from trainflow.plan.versus import measured_split, side_by_side  # noqa: E402
 from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
 
 log = logging.getLogger("trainflow.report")
@@ -120,6 +121,32 @@ def profiled(summary: dict) -> list[str]:
         return ["PyTorch profiler trace analysed", "-", "off (observe.profile=false)"]
     top = summary["profile"]["top"][0]
     return ["PyTorch profiler trace analysed", f"top operator {top['name']} ({top['share']:.0%} of self time)", "pass"]
+
+
+def planned_vs_measured(plan: dict | None, steps: list[dict], last: dict) -> list[str]:
+    """validate_nccl's plan of pipeline rank 0 beside rank 0's measured medians (trainflow.plan.versus)."""
+    if not plan:
+        return []
+    rows = side_by_side(plan["step"]["per_pp_rank"][0], measured_split(steps), layout=last["layout"])
+    cells = [
+        [
+            f"`{key}`",
+            " + ".join(r["plan_parts"]) or "-",
+            f"{r['predicted']:.4f}",
+            f"{r['measured']:.4f}",
+            f"{r['ratio']:.2f}" if r["ratio"] else "-",
+        ]
+        for key, r in rows.items()
+    ]
+    return [
+        "### Planned vs measured (validate_nccl's plan, pipeline rank 0; medians of rank 0's steps)",
+        "",
+        table(cells, ["measured part", "plan's parts", "planned s", "measured s", "planned / measured"]),
+        "",
+        f"Planned {plan['step']['tokens_per_s_per_device']:.0f} tokens/s/device at MFU {plan['step']['mfu']:.1%}; "
+        f"measured {last['tokens_per_s_per_device']:.0f} at {last['mfu']:.1%}.",
+        "",
+    ]
 
 
 def top_operators(profile: dict | None, here: Path) -> list[str]:
@@ -344,6 +371,7 @@ def run(cfg: TrainflowConfig) -> dict:
         ),
         f"![breakdown]({relative(plots['breakdown'], here)})",
         "",
+        *planned_vs_measured(nccl.get("plan"), steps, last),
         *top_operators(last.get("profile"), here),
         "## Checkpoints",
         "",

@@ -1,0 +1,48 @@
+"""The plan beside a measured run: each part of the trainer's step split against the plan's parts it holds.
+
+    rows = side_by_side(plan["step"]["per_pp_rank"][0], measured_split(summary["steps"]), layout=summary["layout"])
+
+The trainer groups a step's time differently from the plan (trainflow.parallel.timing.StepTimes): its
+compute is the timed forward/backward, which holds the tp all-reduces and, on a pure-dp mesh, the dp
+all-reduce too (torch's DDP waits for its buckets inside backward); its dp_comm_s is GradReducer's or
+FSDP's wait after backward; its step_s holds data loading, which the plan does not model, and the
+optimizer step, which it does.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+MEASURED = ("step_s", "data_s", "compute_s", "dp_comm_s", "bubble_s", "activation_s")
+
+
+def measured_split(steps: list[dict]) -> dict[str, float]:
+    """The median of each part over a segment's step records, the first (warm-up) left out when there are more."""
+    steady = steps[1:] or steps
+    return {key: median(r[key] for r in steady) for key in MEASURED}
+
+
+def plan_parts(layout: dict) -> dict[str, list[str]]:
+    """Which of the plan's parts each measured part holds, for a segment summary's layout."""
+    pipelined = layout["pp"] > 1
+    ddp = not pipelined and layout["tp"] == 1 and layout["dp"] > 1 and layout.get("dp_mode") != "shard"
+    return {
+        "compute_s": ["compute", "tp"] + (["dp"] if ddp else []),
+        "dp_comm_s": [] if ddp else ["dp"],
+        "bubble_s": ["bubble"] if pipelined else [],
+        "activation_s": ["activation"] if pipelined else [],
+    }
+
+
+def side_by_side(planned: dict[str, float], measured: dict[str, float], *, layout: dict) -> dict[str, dict]:
+    """Per measured part: the plan's parts it holds, their predicted seconds, the measured seconds; and the
+    whole step (measured less data loading, which the plan leaves out) with predicted / measured."""
+    rows = {
+        key: {"plan_parts": parts, "predicted": sum(planned[p] for p in parts), "measured": measured[key]}
+        for key, parts in plan_parts(layout).items()
+    }
+    total, step = sum(planned.values()), measured["step_s"] - measured["data_s"]
+    rows["step_s_less_data"] = {"plan_parts": sorted(planned), "predicted": total, "measured": step}
+    for row in rows.values():
+        row["ratio"] = row["predicted"] / row["measured"] if row["measured"] > 0 else None
+    return rows
