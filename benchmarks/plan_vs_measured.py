@@ -165,7 +165,7 @@ def main() -> None:
     link = calibrate_link()
     log(f"plan_vs_measured: gloo {link['gbps']:.3f} GB/s, {link['latency_us']:.0f} us per hop")
     root = Path(tempfile.mkdtemp(prefix="plan_vs_measured_"))
-    tokens = root / "tokens.h5"
+    tokens = root / "tokens" / "index.json"
     prepare_data.run(compose("prepare_data", ["experiment=smoke", f"io.tokens={tokens}"]))
     results = {}
     for name, preset in LAYOUTS.items():

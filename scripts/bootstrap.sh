@@ -14,7 +14,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
   echo "Installed torch 2.13.0"
 fi
-if ! .venv/bin/python -c "import trainflow, snakemake, submitit, hydra, h5py, tokenizers, crc32c, safetensors, tensorboard, transformers, pytest, hypothesis, ruff" 2>/dev/null \
+if ! .venv/bin/python -c "import trainflow, snakemake, submitit, hydra, h5py, tokenizers, pyarrow, zstandard, crc32c, safetensors, tensorboard, transformers, pytest, hypothesis, ruff" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.trainflow-installed ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
   touch .venv/.trainflow-installed

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainflow.config import TrainflowConfig, compose
-from trainflow.data.tokens import ByteTokenizer  # noqa: F401  (imported early: h5py before torch.distributed)
+from trainflow.data.tokens import write_shard  # noqa: F401  (imported early: h5py before torch.distributed)
 from trainflow.stage import read_json
 from trainflow.stages import prepare_data, train_segment
 
@@ -19,8 +19,8 @@ GOLDEN_RTOL = 1e-5
 
 @pytest.fixture(scope="session")
 def tokens(tmp_path_factory) -> Path:
-    """~400 kB of real Python source, byte-tokenised, with a validation split."""
-    out = tmp_path_factory.mktemp("data") / "tokens.h5"
+    """~400 kB of real Python source, byte-tokenised, with a validation split: the index of its one shard."""
+    out = tmp_path_factory.mktemp("data") / "index.json"
     cfg = compose("prepare_data", ["experiment=smoke", f"io.tokens={out}"])
     prepare_data.run(cfg)
     return out
@@ -35,7 +35,7 @@ def make_config(stage: str, root: Path, *overrides: str, tokens: Path | None = N
 @pytest.fixture(scope="session")
 def fixed_tokens(tmp_path_factory) -> Path:
     """Tokens of the fixed corpus in tests/assets/corpus: the input of the golden loss files."""
-    out = tmp_path_factory.mktemp("fixed") / "tokens.h5"
+    out = tmp_path_factory.mktemp("fixed") / "index.json"
     cfg = compose(
         "prepare_data", ["experiment=smoke", f"data.corpus={REPO}/tests/assets/corpus/*.txt", f"io.tokens={out}"]
     )

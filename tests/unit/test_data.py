@@ -1,9 +1,11 @@
-"""prepare_data / stage_data on real text, and the pure-function batch sampler."""
+"""prepare_data / stage_data on real text, and the pure-function batch sampler over token shards."""
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -11,46 +13,63 @@ import pytest
 import torch
 
 from tests.conftest import make_config
+from trainflow.data.corpus import shard_groups
+from trainflow.data.documents import Documents
 from trainflow.data.record import DataError, record_path
 from trainflow.data.sampler import TokenSampler
-from trainflow.data.tokens import write_tokens
+from trainflow.data.tokenizer import ByteTokenizer, train_bpe
+from trainflow.data.tokens import write_shard
 from trainflow.stage import StageError
 from trainflow.stages import prepare_data, stage_data
 
 
-def test_token_file_records_its_provenance(tokens):
-    with h5py.File(tokens) as f:
-        assert f.attrs["tokenizer"] == "byte" and f.attrs["vocab_size"] == 257
-        assert f.attrs["train_tokens"] == len(f["train"]) > 100_000
-        assert f.attrs["val_tokens"] == len(f["val"]) > 1000
-        assert f["train"].chunks is not None
-        sources = list(f.attrs["sources"])
-        assert any(s.startswith("val\t") for s in sources) and any(s.startswith("train\t") for s in sources)
+def shard0(index):
+    return index.parent / "shard-00000.h5"
+
+
+def test_token_index_and_shard_record_their_provenance(tokens):
+    index = json.loads(tokens.read_text())
+    assert index["tokenizer"]["kind"] == "byte" and index["tokenizer"]["vocab_size"] == 257
+    assert index["dtype"] == "uint16" and len(index["shards"]) == 1
+    with h5py.File(shard0(tokens)) as f:
+        assert f.attrs["tokenizer"] == "byte" and f.attrs["vocab_size"] == 257 and f["train"].dtype == np.uint16
+        assert index["train_tokens"] == f.attrs["train_tokens"] == len(f["train"]) > 100_000
+        assert index["val_tokens"] == f.attrs["val_tokens"] == len(f["val"]) > 1000
+        assert f.attrs["train_documents"] > 0 and f.attrs["val_documents"] > 0 and f["train"].chunks is not None
+        assert shard0(tokens).stat().st_size == index["shards"][0]["bytes"]
         # Real text: the bytes decode back to Python source.
         text = bytes(f["train"][:2000].astype(np.uint8)).decode("utf-8", errors="replace")
         assert "def " in text or "import " in text
 
 
-def test_bpe_tokenizer_trains_on_the_corpus(tmp_path):
+def source_corpus(tmp_path, names=("os", "json", "random", "string", "textwrap", "shutil")):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for name in ("os", "json", "random", "string", "textwrap", "shutil"):
+    for name in names:
         source = __import__(name).__file__
         (corpus / f"{name}.txt").write_text(open(source, encoding="utf-8").read())
-    out = tmp_path / "bpe.h5"
+    return corpus
+
+
+def test_bpe_trains_once_on_a_bounded_sample(tmp_path):
+    corpus = source_corpus(tmp_path)
+    first = sorted(corpus.iterdir())[0]  # the sample stops after the document that reaches the bound
+    out = tmp_path / "tokens" / "index.json"
     cfg = make_config(
         "prepare_data",
         tmp_path,
         "data=stdlib_bpe",
         f"data.corpus={corpus}/*.txt",
         "data.vocab_size=300",
+        f"data.bpe_sample_bytes={len(first.read_text().encode())}",
         f"io.tokens={out}",
     )
     prepare_data.run(cfg)
-    with h5py.File(out) as f:
+    expected = train_bpe([first.read_text()], 300).to_json()
+    assert (out.parent / "tokenizer.json").read_text() == expected
+    with h5py.File(shard0(out)) as f:
         assert f.attrs["tokenizer"] == "bpe" and f.attrs["vocab_size"] == 300
-        assert f["train"][:].max() < 300
-        assert '"BPE"' in f.attrs["tokenizer_json"]
+        assert f["train"][:].max() < 300 and f.attrs["tokenizer_json"] == expected
 
 
 def test_empty_glob_is_one_clear_error(tmp_path):
@@ -73,40 +92,145 @@ def test_batches_are_a_pure_function_of_seed_and_step(tokens):
     assert not torch.equal(a.batch("train", 4, 8, slice(0, 8))[0], x1)
 
 
-def test_stage_data_copies_verifies_and_skips_identical(tokens, tmp_path):
-    dst = tmp_path / "fast" / "tokens.h5"
-    first = stage_data.stage_file(tokens, dst)
-    assert first["copied"] and dst.read_bytes() == tokens.read_bytes()
-    again = stage_data.stage_file(tokens, dst)
-    assert not again["copied"] and again["crc32c"] == first["crc32c"]
-    with open(dst, "r+b") as f:  # a damaged fast-tier copy is replaced
+def test_shard_groups_are_contiguous_non_empty_and_balanced(tmp_path):
+    files = []
+    for i, size in enumerate([900, 100, 100, 100, 500, 500, 50, 950]):
+        files.append(str(tmp_path / f"{i}.txt"))
+        (tmp_path / f"{i}.txt").write_bytes(b"x" * size)
+    groups = shard_groups(files, 3)
+    assert [f for g in groups for f in g] == files and all(groups)
+    assert [sum(len(open(f).read()) for f in g) for g in groups] == [1100, 1100, 1000]
+    assert [len(g) for g in shard_groups(files, 8)] == [1] * 8
+    with pytest.raises(DataError, match=r"data.shards\(9\) exceeds the 8 files"):
+        shard_groups(files, 9)
+
+
+@pytest.fixture(scope="module")
+def three_shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    corpus = source_corpus(root)
+    out = root / "tokens" / "index.json"
+    cfg = make_config("prepare_data", root, f"data.corpus={corpus}/*.txt", "data.shards=3", f"io.tokens={out}")
+    return cfg, prepare_data.run(cfg)
+
+
+def test_a_window_crosses_shards_and_batches_read_the_concatenated_shards(three_shards):
+    cfg, summary = three_shards
+    index = json.loads(open(cfg.io.tokens).read())
+    assert summary == {"tokens": {"train": index["train_tokens"], "val": index["val_tokens"]}, "shards": 3, "remade": 3}
+    folder = Path(cfg.io.tokens).parent
+    arrays = []
+    for entry in index["shards"]:
+        with h5py.File(folder / entry["name"]) as f:
+            arrays.append(f["train"][:])
+            assert entry["train_tokens"] == len(arrays[-1]) > 0
+    whole = np.concatenate(arrays)
+    sampler = TokenSampler(cfg.io.tokens, seq_len=32, seed=3)
+    boundary = len(arrays[0])
+    assert np.array_equal(sampler.read("train", boundary - 5, 33), whole[boundary - 5 : boundary + 28])
+    x, y = sampler.batch("train", 11, 6, slice(0, 6))
+    starts = np.random.default_rng((3, 0, 11)).integers(0, len(whole) - 33, size=6)
+    assert torch.equal(x, torch.from_numpy(np.stack([whole[s : s + 32] for s in starts]).astype(np.int64)))
+    assert torch.equal(y[:, -1], torch.from_numpy(whole[starts + 32].astype(np.int64)))
+    sampler.close()
+
+
+def test_a_stage_run_alone_remakes_only_missing_shards(three_shards):
+    cfg, _ = three_shards
+    folder = Path(cfg.io.tokens).parent
+    before = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.h5")}
+    (folder / "shard-00001.h5").unlink()
+    assert prepare_data.run(cfg)["remade"] == 1
+    after = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.h5")}
+    assert after["shard-00000.h5"] == before["shard-00000.h5"] and after["shard-00002.h5"] == before["shard-00002.h5"]
+
+
+def test_stage_data_copies_verifies_skips_identical_and_resumes(three_shards, tmp_path):
+    cfg, _ = three_shards
+    src = Path(cfg.io.tokens)
+    dst = tmp_path / "fast" / "index.json"
+    first = stage_data.stage_shards(src, dst, streams=2)
+    assert first["copied"] == 3 and json.loads(dst.read_text()) == json.loads(src.read_text())
+    for name in ("shard-00000.h5", "shard-00001.h5", "shard-00002.h5"):
+        assert (dst.parent / name).read_bytes() == (src.parent / name).read_bytes()
+    TokenSampler(dst, seq_len=16, seed=0).close()
+    assert stage_data.stage_shards(src, dst, streams=2) == {**first, "copied": 0, "kept": 3}
+    # A kill mid-copy: one shard half-written under its temporary name, one damaged; the rerun copies those two.
+    (dst.parent / "shard-00001.h5").rename(dst.parent / "shard-00001.h5.tmp")
+    with open(dst.parent / "shard-00001.h5.tmp", "r+b") as f:
+        f.truncate(1000)
+    with open(dst.parent / "shard-00002.h5", "r+b") as f:
         f.seek(100)
         f.write(b"\xff")
-    assert stage_data.stage_file(tokens, dst)["copied"]
-    with pytest.raises(StageError, match="run prepare_data first"):
-        stage_data.stage_file(tmp_path / "missing.h5", dst)
+    (dst.parent / "shard-00007.h5").write_bytes(b"a shard of an earlier corpus")
+    again = stage_data.stage_shards(src, dst, streams=2)
+    assert again["copied"] == 2 and again["kept"] == 1
+    assert sorted(p.name for p in dst.parent.iterdir()) == sorted(p.name for p in src.parent.iterdir())
 
 
-def test_a_corpus_smaller_than_one_window_fails_in_prepare_data_and_leaves_nothing(tmp_path):
+def test_a_copy_that_reads_back_wrong_is_made_once_more_then_named(three_shards, tmp_path, monkeypatch):
+    cfg, _ = three_shards
+    src, dst = Path(cfg.io.tokens), tmp_path / "fast" / "index.json"
+    copy, calls = stage_data.copy_file, []
+
+    def flaky(source, tmp, *, fail_times):
+        copy(source, tmp)
+        calls.append(tmp.name)
+        if calls.count(tmp.name) <= fail_times:
+            with open(tmp, "r+b") as f:  # the file system hands back a flipped byte
+                f.write(b"\x00\x01")
+
+    monkeypatch.setattr(stage_data, "copy_file", lambda *a: flaky(*a, fail_times=1))
+    assert stage_data.stage_shards(src, dst, streams=1)["copied"] == 3 and len(calls) == 6
+    shutil.rmtree(dst.parent)
+    calls.clear()
+    monkeypatch.setattr(stage_data, "copy_file", lambda *a: flaky(*a, fail_times=2))
+    with pytest.raises(StageError, match=r"shard-00000.h5 read back wrong after two copies") as err:
+        stage_data.stage_shards(src, dst, streams=1)
+    assert "\n" not in str(err.value)
+    assert not dst.exists() and not list(dst.parent.glob("shard-00000.h5*"))
+
+
+def test_stage_data_checks_free_space_before_copying(three_shards, tmp_path, monkeypatch):
+    cfg, _ = three_shards
+    src, dst = Path(cfg.io.tokens), tmp_path / "fast" / "index.json"
+    need = sum(e["bytes"] for e in json.loads(src.read_text())["shards"])
+    monkeypatch.setattr(stage_data, "free_bytes", lambda folder: need - 1)
+    with pytest.raises(StageError, match=rf"needs {need} more bytes but {need - 1} are free"):
+        stage_data.stage_shards(src, dst, streams=2)
+    assert not dst.parent.exists()
+
+
+def test_a_corpus_smaller_than_one_window_fails_in_prepare_data_and_publishes_no_index(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in ("a", "b"):
         (corpus / f"{name}.txt").write_text("tiny\n")
-    out = tmp_path / "capacity" / "tokens.h5"
+    out = tmp_path / "capacity" / "index.json"
     cfg = make_config("prepare_data", tmp_path, f"data.corpus={corpus}/*.txt", f"io.tokens={out}")
     with pytest.raises(DataError) as err:
         prepare_data.run(cfg)
     message = str(err.value)
     assert "gave 6 training and 6 validation tokens" in message and "model.seq_len + 2 = 130" in message
     assert "\n" not in message
-    assert not out.parent.exists() or not list(out.parent.iterdir())
+    assert not out.exists() and not record_path(out).exists()
 
 
-def test_a_failed_token_write_leaves_no_temporary_file(tmp_path):
-    out = tmp_path / "tokens.h5"
+def test_a_failed_shard_write_leaves_no_temporary_file(tmp_path):
+    (tmp_path / "a.txt").write_text("some text")
+    out = tmp_path / "out" / "shard-00000.h5"
+    docs = Documents([str(tmp_path / "a.txt")])
     with pytest.raises(TypeError):
-        write_tokens(out, {"train": [np.arange(10, dtype=np.uint16)]}, eot_id=256, attrs={"bad": object()}, chunk=8)
-    assert list(tmp_path.iterdir()) == []
+        write_shard(
+            out,
+            docs,
+            ByteTokenizer(),
+            val_fraction=0.1,
+            chunk=8,
+            attrs={"bad": object()},
+            log=logging.getLogger("test"),
+        )
+    assert list(out.parent.iterdir()) == []
 
 
 def truncate(path, keep: int) -> None:
@@ -114,28 +238,28 @@ def truncate(path, keep: int) -> None:
         f.truncate(keep)
 
 
-def test_stage_data_refuses_a_damaged_capacity_tier_file(tokens, tmp_path):
-    src = tmp_path / "capacity" / "tokens.h5"
-    src.parent.mkdir()
-    shutil.copy(tokens, src)
-    shutil.copy(record_path(tokens), record_path(src))
-    truncate(src, src.stat().st_size // 2)
-    dst = tmp_path / "fast" / "tokens.h5"
-    with pytest.raises(DataError, match=r"it is damaged: rerun prepare_data \(snakemake --forcerun prepare_data\)"):
-        stage_data.stage_file(src, dst)
-    assert not dst.parent.exists() or not list(dst.parent.iterdir())
+def test_stage_data_refuses_a_damaged_capacity_tier_shard(tokens, tmp_path):
+    src = tmp_path / "capacity" / "index.json"
+    shutil.copytree(tokens.parent, src.parent)
+    with open(shard0(src), "r+b") as f:
+        f.seek(200)
+        f.write(b"\xfe")
+    dst = tmp_path / "fast" / "index.json"
+    with pytest.raises(StageError, match=r"it is damaged: rerun prepare_data \(snakemake --forcerun prepare_data\)"):
+        stage_data.stage_shards(src, dst, streams=1)
+    assert not dst.exists() and not list(dst.parent.glob("shard-*.h5"))
 
 
-def test_training_names_a_damaged_staged_file_and_the_rerun(tokens, tmp_path):
-    dst = tmp_path / "fast" / "tokens.h5"
-    stage_data.stage_file(tokens, dst)
-    assert json.loads(record_path(dst).read_text()) == json.loads(record_path(tokens).read_text())
+def test_training_names_a_damaged_staged_shard_and_the_rerun(tokens, tmp_path):
+    dst = tmp_path / "fast" / "index.json"
+    stage_data.stage_shards(tokens, dst, streams=1)
+    assert json.loads(record_path(shard0(dst)).read_text()) == json.loads(record_path(shard0(tokens)).read_text())
     TokenSampler(dst, seq_len=16, seed=0).close()
-    truncate(dst, 4096)
+    truncate(shard0(dst), 4096)
     with pytest.raises(
-        DataError, match=rf"{dst} holds 4096 bytes but \d+ were recorded; it is damaged: rerun stage_data"
+        DataError, match=rf"{shard0(dst)} holds 4096 bytes but \d+ were recorded; it is damaged: rerun stage_data"
     ):
         TokenSampler(dst, seq_len=16, seed=0)
-    record_path(dst).write_text(json.dumps({"bytes": 4096, "crc32c": 0}))  # a record that matches the damage
-    with pytest.raises(DataError, match=rf"{dst} cannot be read as HDF5 .*rerun stage_data"):
+    record_path(shard0(dst)).write_text(json.dumps({"bytes": 4096, "crc32c": 0}))  # a record matching the damage
+    with pytest.raises(DataError, match=rf"{shard0(dst)} cannot be read as HDF5 .*rerun stage_data"):
         TokenSampler(dst, seq_len=16, seed=0)

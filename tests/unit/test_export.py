@@ -54,10 +54,7 @@ def tp2_run(tmp_path_factory, fixed_tokens) -> TrainflowConfig:
     """Two tensor-parallel ranks, byte tokens copied into the run folder."""
     root = tmp_path_factory.mktemp("tp2")
     cfg = trained(root, fixed_tokens, "parallel=tp2")
-    tokens = Path(RunFolder.of(cfg).tokens)
-    tokens.parent.mkdir(parents=True)
-    for src in (fixed_tokens, Path(f"{fixed_tokens}.crc.json")):
-        shutil.copy(src, tokens.parent / src.name)
+    shutil.copytree(fixed_tokens.parent, Path(RunFolder.of(cfg).tokens).parent)  # the index, shards, records
     return cfg
 
 

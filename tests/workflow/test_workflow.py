@@ -49,6 +49,7 @@ def test_dry_run_plans_every_stage(tmp_path):
     counts = job_counts(snakemake(tmp_path, "-n").output)
     assert counts == {
         "prepare_data": 1,
+        "prepare_data_shard": 1,
         "stage_data": 1,
         "validate_nccl": 1,
         "train_segment": 2,
@@ -154,7 +155,7 @@ def test_hostile_config_fails_before_any_stage_and_writes_nothing(tmp_path, conf
 
 def test_paths_with_spaces_run(tmp_path):
     root = tmp_path / "a run; with spaces"
-    tokens = root / "fast/data/tokens.h5"
+    tokens = root / "fast/data/tokens/index.json"
     snakemake(
         tmp_path,
         "--profile",

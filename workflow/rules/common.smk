@@ -8,7 +8,8 @@ from snakemake.utils import validate
 
 from trainflow.config import STAGE_READS, ConfigError, config_hash
 from trainflow.config.run_folder import RunFolder
-from trainflow.data.record import record_path
+from trainflow.data.corpus import corpus_files, shard_groups
+from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import compose_workflow, hydra_quote
 
 validate(config, "../schemas/config.schema.yaml")
@@ -28,6 +29,12 @@ SEGMENTS = range(CFG.train.segments)
 CHECKPOINTS = RUN.checkpoints
 TOKENS = RUN.tokens
 TOKENS_RECORD = str(record_path(TOKENS))  # size and CRC-32C of the token file (trainflow.data.record)
+SHARDS = [f"{i:05d}" for i in range(CFG.data.shards)]  # prepare_data's jobs: one per group of input files
+try:
+    SHARD_FILES = shard_groups(corpus_files(CFG.data.corpus), CFG.data.shards)
+except DataError as err:
+    raise WorkflowError(str(err)) from None
+SHARD_TOKENIZER = {"byte": [], "bpe": [RUN.tokenizer], "pretrained": [CFG.data.tokenizer_path]}[CFG.data.tokenizer]
 STAGED_TOKENS = RUN.staged_tokens
 STAGED_RECORD = str(record_path(STAGED_TOKENS))
 NCCL_REPORT = RUN.nccl_report
@@ -42,6 +49,11 @@ def previous_segment(wildcards):
     """Segment i starts from segment i-1's last checkpoint."""
     segment = int(wildcards.segment)
     return [RUN.segment_report(segment - 1)] if segment > 0 else []
+
+
+def shard_files(wildcards):
+    """A shard's input files: a change in them (or in which they are) reruns that shard alone."""
+    return SHARD_FILES[int(wildcards.shard)]
 
 
 def stage_hash(stage):

@@ -1,4 +1,54 @@
+# The corpus is cut into data.shards groups of files (trainflow.data.corpus); each group is tokenised by
+# its own job (on Slurm, one plugin job each), with the one tokenizer every shard shares (a BPE is trained
+# once, before them), and a last job gathers the shards into the index training and staging read.
+
+
+rule prepare_data_tokenizer:
+    input:
+        corpus=[f for files in SHARD_FILES for f in files],
+    output:
+        tokenizer=RUN.tokenizer,
+        metrics=RUN.job_metrics("prepare_data", "tokenizer"),
+    log:
+        RUN.log("prepare_data", "tokenizer"),
+    params:
+        config_hash=stage_hash("prepare_data"),
+        io=lambda w, output: stage_command(tokens=output.tokenizer, stage_metrics=output.metrics),
+    resources:
+        mem_mb=4000,
+        runtime=60,
+        cpus_per_task=1,
+    shell:
+        "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log:q} 2>&1"
+
+
+rule prepare_data_shard:
+    input:
+        files=shard_files,
+        tokenizer=SHARD_TOKENIZER,
+    output:
+        shard=RUN.token_shard("{shard}"),
+        record=str(record_path(RUN.token_shard("{shard}"))),
+        metrics=RUN.job_metrics("prepare_data", "shard-{shard}"),
+    log:
+        RUN.log("prepare_data", "shard-{shard}"),
+    wildcard_constraints:
+        shard=r"\d{5}",
+    params:
+        config_hash=stage_hash("prepare_data"),
+        io=lambda w, output: stage_command(tokens=output.shard, stage_metrics=output.metrics),
+    resources:
+        mem_mb=4000,
+        runtime=60,
+        cpus_per_task=1,
+    shell:
+        "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log:q} 2>&1"
+
+
 rule prepare_data:
+    input:
+        shards=expand(RUN.token_shard("{shard}"), shard=SHARDS),
+        records=expand(str(record_path(RUN.token_shard("{shard}"))), shard=SHARDS),
     output:
         tokens=TOKENS,
         record=TOKENS_RECORD,
@@ -9,8 +59,8 @@ rule prepare_data:
         config_hash=stage_hash("prepare_data"),
         io=lambda w, output: stage_command(tokens=output.tokens, stage_metrics=output.metrics),
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=1000,
+        runtime=10,
         cpus_per_task=1,
     shell:
         "{PYTHON} -m trainflow.stages.prepare_data {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

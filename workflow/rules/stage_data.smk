@@ -1,3 +1,8 @@
+# The staged shards are not declared outputs: Snakemake deletes a job's outputs before it runs, and
+# stage_data keeps every shard already staged and identical (a rerun after a kill resumes). The staged
+# index, written last, stands for them.
+
+
 rule stage_data:
     input:
         tokens=TOKENS,

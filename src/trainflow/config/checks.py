@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainflow.config.layout import parallel_errors
-from trainflow.config.schema import BYTE_VOCAB, EnergyConfig, ModelConfig, TrainflowConfig
+from trainflow.config.schema import BYTE_VOCAB, DataConfig, EnergyConfig, ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
 
 
@@ -30,6 +30,7 @@ def validate(cfg: TrainflowConfig) -> None:
         + model_errors(m)
         + train_errors(cfg)
         + energy_errors(cfg.energy)
+        + data_errors(cfg.data)
     )
     if cfg.data.tokenizer == "byte" and cfg.data.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({cfg.data.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
@@ -53,6 +54,22 @@ def validate(cfg: TrainflowConfig) -> None:
         )
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
+
+
+def data_errors(d: DataConfig) -> list[str]:
+    """A pretrained tokenizer must parse, and its vocabulary be data.vocab_size (which the model's must hold)."""
+    if d.tokenizer != "pretrained":
+        return []
+    from tokenizers import Tokenizer  # only here: composing any other config does not load it
+
+    try:
+        size = Tokenizer.from_file(d.tokenizer_path).get_vocab_size(with_added_tokens=True)
+    except Exception as err:  # tokenizers raises plain Exceptions
+        reason = str(err).replace("\n", " ")
+        return [f"data.tokenizer_path({d.tokenizer_path!r}) is no readable tokenizer.json ({reason}); give one"]
+    if size != d.vocab_size:
+        return [f"data.vocab_size({d.vocab_size}) must be {size}, the size of data.tokenizer_path's vocabulary"]
+    return []
 
 
 def domain_errors(node: Any, prefix: str = "") -> list[str]:

@@ -8,9 +8,9 @@ the workflow would.
     <root>/nccl.json, verify.json, energy.json          validate_nccl, verify_checkpoint, account_energy
     <root>/train/<hash>/segment-<i>.json, metrics-<i>.json   train_segment
     <root>/metrics/<stage>.json, logs/<stage>/, submitit/<stage>/, report/
-    <capacity>/data/tokens.h5 (+ .crc.json)             prepare_data
+    <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
     <capacity>/checkpoints/<hash>/step-N/               train_segment (+ steps.jsonl, evals.jsonl)
-    <fast>/data/tokens.h5 (+ .crc.json)                 stage_data
+    <fast>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json)   stage_data
 """
 
 from __future__ import annotations
@@ -21,6 +21,13 @@ from trainflow.config.hashing import STAGE_READS, config_hash
 from trainflow.config.schema import TrainflowConfig
 
 PLOTS = ("loss", "throughput", "breakdown", "power")
+TOKEN_INDEX = "index.json"
+TOKENIZER = "tokenizer.json"
+
+
+def shard_name(shard: int | str) -> str:
+    """A token shard's file name: shard-00003.h5 (a string, such as a Snakemake wildcard, is taken as is)."""
+    return f"shard-{shard:05d}.h5" if isinstance(shard, int) else f"shard-{shard}.h5"
 
 
 @dataclass(frozen=True)
@@ -39,11 +46,20 @@ class RunFolder:
 
     @property
     def tokens(self) -> str:
-        return f"{self.capacity}/data/tokens.h5"
+        """The index of the token shards, which lie beside it (data.index)."""
+        return f"{self.capacity}/data/tokens/{TOKEN_INDEX}"
+
+    def token_shard(self, shard: int | str) -> str:
+        return f"{self.capacity}/data/tokens/{shard_name(shard)}"
+
+    @property
+    def tokenizer(self) -> str:
+        """The BPE trained once before the shards (data.tokenizer=bpe)."""
+        return f"{self.capacity}/data/tokens/{TOKENIZER}"
 
     @property
     def staged_tokens(self) -> str:
-        return f"{self.fast}/data/tokens.h5"
+        return f"{self.fast}/data/tokens/{TOKEN_INDEX}"
 
     @property
     def nccl_report(self) -> str:
@@ -92,6 +108,10 @@ class RunFolder:
             *(self.stage_metrics("train_segment", i) for i in range(segments)),
             self.stage_metrics("verify_checkpoint"),
         ]
+
+    def job_metrics(self, stage: str, job: str) -> str:
+        """The metrics of one of a stage's several jobs (prepare_data's tokenizer and shards)."""
+        return f"{self.root}/metrics/{stage}/{job}.json"
 
     def log(self, stage: str, name: str | None = None) -> str:
         return f"{self.root}/logs/{stage}/{name or stage}.log"

@@ -115,10 +115,27 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     corpus: str = MISSING
-    """Glob of text files; `<stdlib>` is this Python's standard-library folder (present everywhere)."""
-    tokenizer: str = checked(one_of=("byte", "bpe"))
-    """`byte` (vocabulary 257, no training) or `bpe` (byte-level BPE trained on the corpus)."""
-    vocab_size: int = checked(ge=2, le=65536)
+    """Glob of input files; `<stdlib>` is this Python's standard-library folder (present everywhere). The format
+    follows the suffix: `.jsonl` (one document per line) and `.parquet` (one per row) hold the text in
+    text_field; any other file is one document. Each may end in `.gz` or `.zst` (compressed)."""
+    text_field: str = "text"
+    """The field of a JSONL object or Parquet column that holds a document's text."""
+    bad_lines: str = checked("fail", one_of=("fail", "skip"))
+    """A JSONL line that is no JSON object with a string text_field (or a null Parquet value): `fail` names its
+    file:line; `skip` counts it in the log and the token index."""
+    tokenizer: str = checked(one_of=("byte", "bpe", "pretrained"))
+    """`byte` (vocabulary 257, no training), `bpe` (byte-level BPE trained on a sample of the corpus) or
+    `pretrained` (the HuggingFace tokenizer.json at tokenizer_path; its end/begin-of-text tokens are taken
+    from the file)."""
+    tokenizer_path: str = ""
+    """The tokenizer.json of data.tokenizer=pretrained (e.g. Llama-3's); data.vocab_size must be its size."""
+    bpe_sample_bytes: int = checked(50_000_000, ge=1)
+    """BPE trains on at most this many bytes of text, spread evenly over the shards."""
+    shards: int = checked(1, ge=1)
+    """Groups of input files, each tokenised by its own job into tokens/shard-NNNNN.h5."""
+    stage_streams: int = checked(4, ge=1)
+    """Shards stage_data copies to the fast tier at once."""
+    vocab_size: int = checked(ge=2, le=2**32)
     val_fraction: float = checked(gt=0, lt=1)
     """Share of documents (chosen by a hash of their path) held out for validation."""
     max_bytes: int = checked(0, ge=0)

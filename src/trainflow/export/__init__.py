@@ -14,7 +14,7 @@ cannot read needs them; otherwise they must describe the model the manifest reco
 
 OUT gets config.json, model.safetensors (fp32, Hugging Face's parameter names) and, for a BPE run,
 tokenizer.json and tokenizer_config.json from the token file in the checkpoint's run folder
-(<capacity>/data/tokens.h5); a byte-tokenised run has no tokenizer file to export. Everything is written
+(<capacity>/data/tokens/shard-00000.h5); a byte-tokenised run has no tokenizer file to export. Everything is written
 into a temporary folder beside OUT and renamed into place, so a failure leaves OUT as it was. OUT must
 be new or empty. The model's name is never part of a path.
 
@@ -33,7 +33,7 @@ import logging
 from pathlib import Path
 
 from trainflow.config import ModelConfig
-from trainflow.data.tokens import EOT_TEXT
+from trainflow.data.tokenizer import EOT_TEXT
 from trainflow.export.hf_format import check_out, hf_config, hf_name, write_folder
 from trainflow.export.source import (
     OVERRIDES_FIX,
@@ -63,8 +63,8 @@ def export(checkpoint: Path, out: Path, given: ModelConfig | None = None) -> Pat
     tokens, files, eot_id = run_tokens(series), {}, None
     if tokens is None or not tokens.is_file():
         log.warning(
-            "Found no token file in the run folder of %s (<capacity>/data/tokens.h5): wrote no tokenizer and no "
-            "eos_token_id",
+            "Found no token shard in the run folder of %s (<capacity>/data/tokens/shard-00000.h5): wrote no "
+            "tokenizer and no eos_token_id",
             series,
         )
     else:

@@ -25,6 +25,7 @@ from trainflow.checkpoint.reader import InPlaceReader
 from trainflow.config import ModelConfig, TrainflowError
 from trainflow.config.checks import domain_errors, model_errors
 from trainflow.config.run_folder import RunFolder
+from trainflow.data.index import first_shard
 from trainflow.data.record import DataError, check_size
 from trainflow.model import Llama
 
@@ -163,7 +164,8 @@ def read_tokenizer(tokens: Path, m: ModelConfig) -> tuple[str, str, int]:
 
 
 def run_tokens(series: Path) -> Path | None:
-    """The token file of the run folder holding the checkpoint series `series` (config.run_folder's layout
-    puts both on the capacity tier); None where `series` lies in no run folder."""
+    """The first token shard of the run folder holding the checkpoint series `series` (config.run_folder's
+    layout puts both on the capacity tier; every shard records the tokenizer); None where `series` lies in no
+    run folder."""
     run = RunFolder(root="", capacity=str(series.parent.parent), fast="", train_hash=series.name)
-    return Path(run.tokens) if Path(run.checkpoints) == series else None
+    return first_shard(run.tokens) if Path(run.checkpoints) == series else None

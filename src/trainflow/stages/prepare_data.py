@@ -1,108 +1,165 @@
-"""Tokenise a text corpus into a chunked HDF5 file on the capacity tier.
+"""Tokenise a corpus into token shards and their index on the capacity tier.
 
-python -m trainflow.stages.prepare_data data.corpus='/data/books/**/*.txt' data.tokenizer=bpe
+    python -m trainflow.stages.prepare_data data.corpus='/data/fineweb/*.parquet' data.tokenizer=bpe data.shards=4
+
+What a job does follows the file it is asked to write (io.tokens; the workflow gives one per job):
+    tokens/tokenizer.json   train the BPE once, on a sample of data.bpe_sample_bytes spread over the shards
+    tokens/shard-NNNNN.h5   tokenise shard N's group of files (data.corpus)
+    tokens/index.json       gather the shards into the index (data.index); run alone, it first makes the
+                            tokenizer and every shard that is missing or was made from other settings
 """
 
 from __future__ import annotations
 
-import glob
 import logging
-import sysconfig
 import time
 from pathlib import Path
 
+import h5py
 import hydra
 from omegaconf import DictConfig
 
+from trainflow.atomic import write_text_atomic
 from trainflow.config import CONF_DIR, DataConfig, TrainflowConfig
-from trainflow.data.record import DataError
-from trainflow.data.tokens import BpeTokenizer, ByteTokenizer, is_validation, write_tokens
-from trainflow.progress import Progress
+from trainflow.config.run_folder import TOKEN_INDEX, TOKENIZER, shard_name
+from trainflow.data.corpus import corpus_files, shard_groups
+from trainflow.data.documents import Documents
+from trainflow.data.index import shard_number, shard_recipe, write_index
+from trainflow.data.record import DataError, check_size
+from trainflow.data.tokenizer import ByteTokenizer, HfTokenizer, load_pretrained, load_tokenizer, train_bpe
+from trainflow.data.tokens import write_shard
 from trainflow.stage import run_stage
 
 log = logging.getLogger("trainflow.prepare_data")
 
 
-def corpus_files(corpus: str) -> list[str]:
-    pattern = corpus.replace("<stdlib>", sysconfig.get_paths()["stdlib"])
-    files = sorted(f for f in glob.glob(pattern, recursive=True) if Path(f).is_file())
-    if not files:
-        raise DataError(f"data.corpus({corpus!r}) matched no files; give a glob of text files, e.g. 'docs/**/*.txt'")
-    return files
+def documents(data: DataConfig, files: list[str], max_bytes: int) -> Documents:
+    return Documents(files, text_field=data.text_field, bad_lines=data.bad_lines, max_bytes=max_bytes)
 
 
-def read_corpus(files: list[str], max_bytes: int) -> tuple[list[str], list[str]]:
-    """Documents (one per file) and their paths, stopping after max_bytes (0 = all)."""
-    texts, paths, total = [], [], 0
-    progress = Progress(log, "Read", len(files), unit="files")
-    for i, path in enumerate(files):
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-        if text.strip():
-            texts.append(text)
-            paths.append(path)
-            total += len(text.encode("utf-8"))
-        progress.update(i + 1)
-        if max_bytes and total >= max_bytes:
-            break
-    if not texts:
-        raise DataError(f"every file matched by data.corpus ({len(files)}) is empty; point data.corpus at text files")
-    return texts, paths
+def shard_max_bytes(data: DataConfig) -> int:
+    """data.max_bytes is the corpus's budget, split evenly over the shards (0 = no limit)."""
+    return -(-data.max_bytes // data.shards)
 
 
-def tokenize(data: DataConfig, out: Path, *, min_tokens: int) -> dict:
-    """Tokenise data.corpus into `out`; each split must hold `min_tokens` (one training window)."""
+def bpe_sample(data: DataConfig, groups: list[list[str]]) -> list[str]:
+    """The documents BPE trains on: the first data.bpe_sample_bytes / shards of each shard's text."""
+    per_shard = -(-data.bpe_sample_bytes // len(groups))
+    if data.max_bytes:
+        per_shard = min(per_shard, shard_max_bytes(data))
+    return [d.text for files in groups for d in documents(data, files, per_shard)]
+
+
+def train_tokenizer(data: DataConfig, groups: list[list[str]], out: Path) -> HfTokenizer:
     start = time.perf_counter()
-    texts, paths = read_corpus(corpus_files(data.corpus), data.max_bytes)
-    tokenizer = BpeTokenizer.train(texts, data.vocab_size) if data.tokenizer == "bpe" else ByteTokenizer()
+    sample = bpe_sample(data, groups)
+    tokenizer = train_bpe(sample, data.vocab_size)
     if tokenizer.vocab_size != data.vocab_size:
         raise DataError(
-            f"the {data.tokenizer} tokenizer learned {tokenizer.vocab_size} tokens, not "
-            f"data.vocab_size({data.vocab_size}); the corpus is too small for that vocabulary: lower data.vocab_size"
+            f"the bpe tokenizer learned {tokenizer.vocab_size} tokens, not data.vocab_size({data.vocab_size}); the "
+            "sample is too small for that vocabulary: lower data.vocab_size or raise data.bpe_sample_bytes"
         )
-    held_out = [is_validation(p, data.val_fraction) for p in paths]
-    if all(held_out) or not any(held_out):
-        # Tiny corpora: hash-based holdout can leave one side empty; hold out the last document instead.
-        held_out = [False] * (len(paths) - 1) + [True]
-    encoded = tokenizer.encode_batch(texts)
-    splits = {
-        "train": [e for e, v in zip(encoded, held_out) if not v],
-        "val": [e for e, v in zip(encoded, held_out) if v],
-    }
-    counts = {split: int(sum(len(d) + 1 for d in docs)) for split, docs in splits.items()}
-    if min(counts.values()) < min_tokens:
-        raise DataError(
-            f"data.corpus({data.corpus!r}) gave {counts['train']} training and {counts['val']} validation tokens; each "
-            f"split needs one window of model.seq_len + 2 = {min_tokens}: add text, raise data.max_bytes or lower "
-            "model.seq_len"
-        )
-    attrs = {
-        "tokenizer": data.tokenizer,
-        "tokenizer_json": tokenizer.to_json(),
-        "vocab_size": tokenizer.vocab_size,
-        "eot_id": tokenizer.eot_id,
-        "corpus": data.corpus,
-        "source_bytes": sum(len(t.encode("utf-8")) for t in texts),
-        "sources": [f"{'val' if v else 'train'}\t{p}" for p, v in zip(paths, held_out)],
-    }
-    write_tokens(out, splits, eot_id=tokenizer.eot_id, attrs=attrs, chunk=data.chunk_tokens)
-    seconds = time.perf_counter() - start
+    write_text_atomic(out, tokenizer.to_json())
     log.info(
-        "Tokenised %d documents (%.1f MB) into %d train + %d val tokens with the %s tokenizer in %.1f s -> %s",
-        len(texts),
-        attrs["source_bytes"] / 1e6,
-        counts["train"],
-        counts["val"],
-        data.tokenizer,
-        seconds,
+        "Trained a %d-token BPE on %d documents (%.1f MB) in %.1f s -> %s",
+        tokenizer.vocab_size,
+        len(sample),
+        sum(len(t) for t in sample) / 1e6,
+        time.perf_counter() - start,
         out,
     )
-    return {"documents": len(texts), "source_bytes": attrs["source_bytes"], "tokens": counts}
+    return tokenizer
+
+
+def shard_tokenizer(data: DataConfig, folder: Path) -> ByteTokenizer | HfTokenizer:
+    """The tokenizer every shard uses: bytes, the pretrained file, or the BPE trained into `folder`."""
+    if data.tokenizer == "pretrained":
+        return load_pretrained(data.tokenizer_path)
+    if data.tokenizer == "byte":
+        return ByteTokenizer()
+    path = folder / TOKENIZER
+    if not path.is_file():
+        raise DataError(f"{path} (the trained BPE) is missing; run the tokenizer job first (snakemake prepare_data)")
+    return load_tokenizer("bpe", path.read_text(), origin=str(path))
+
+
+def prepare_shard(data: DataConfig, groups: list[list[str]], out: Path) -> dict:
+    shard = shard_number(out)
+    if shard >= len(groups):
+        raise DataError(
+            f"{out} is shard {shard}, but data.shards is {data.shards}; give io.tokens as the workflow does"
+        )
+    start, files = time.perf_counter(), groups[shard]
+    tokenizer = shard_tokenizer(data, out.parent)
+    docs = documents(data, files, shard_max_bytes(data))
+    attrs = {"corpus": data.corpus, "shard": shard, "recipe": shard_recipe(data, files)}
+    summary = write_shard(
+        out, docs, tokenizer, val_fraction=data.val_fraction, chunk=data.chunk_tokens, attrs=attrs, log=log
+    )
+    seconds = time.perf_counter() - start
+    log.info(
+        "Tokenised %d documents (%.1f MB of text) from %d files into %d train + %d val %s tokens with the %s "
+        "tokenizer in %.1f s (%.1f MB/s), %d bad lines skipped -> %s",
+        docs.documents,
+        docs.text_bytes / 1e6,
+        len(files),
+        summary["train_tokens"],
+        summary["val_tokens"],
+        summary["dtype"],
+        tokenizer.kind,
+        seconds,
+        docs.text_bytes / 1e6 / max(seconds, 1e-9),
+        docs.skipped,
+        out,
+    )
+    return {"shard": shard, "documents": docs.documents, "seconds": seconds, **summary}
+
+
+def is_current(path: Path, recipe: str) -> bool:
+    """A shard already made from these settings and files (its record matches its size)."""
+    if not path.is_file():
+        return False
+    try:
+        check_size(path, rerun="prepare_data")
+        with h5py.File(path, "r") as f:
+            return f.attrs.get("recipe") == recipe
+    except (DataError, OSError):
+        return False
+
+
+def prepare_index(data: DataConfig, groups: list[list[str]], files: int, out: Path, *, min_tokens: int) -> dict:
+    """The index of the shards beside `out`; any shard missing or stale (a stage run alone) is made first."""
+    shards = [out.parent / shard_name(i) for i in range(len(groups))]
+    stale = [p for p, g in zip(shards, groups) if not is_current(p, shard_recipe(data, g))]
+    if stale and data.tokenizer == "bpe":
+        train_tokenizer(data, groups, out.parent / TOKENIZER)
+    for path in stale:
+        prepare_shard(data, groups, path)
+    index = write_index(out, shards, corpus=data.corpus, files=files, min_tokens=min_tokens)
+    log.info(
+        "Indexed %d shards of %s: %d train + %d val tokens (%s), %d remade -> %s",
+        len(shards),
+        data.corpus,
+        index["train_tokens"],
+        index["val_tokens"],
+        index["dtype"],
+        len(stale),
+        out,
+    )
+    return {"tokens": {s: index[f"{s}_tokens"] for s in ("train", "val")}, "shards": len(shards), "remade": len(stale)}
 
 
 def run(cfg: TrainflowConfig) -> dict:
-    # model.seq_len only sets this precondition (training's sampler checks it again), so it stays out
-    # of prepare_data's config hash: a new model does not re-tokenise.
-    return tokenize(cfg.data, Path(cfg.io.tokens), min_tokens=cfg.model.seq_len + 2)
+    # model.seq_len only sets the index's precondition (training's sampler checks it again), so it stays
+    # out of prepare_data's config hash: a new model does not re-tokenise.
+    data, out = cfg.data, Path(cfg.io.tokens)
+    files = corpus_files(data.corpus)
+    groups = shard_groups(files, data.shards)
+    if out.name == TOKENIZER:
+        return {"vocab_size": train_tokenizer(data, groups, out).vocab_size}
+    if out.name == TOKEN_INDEX:
+        return prepare_index(data, groups, len(files), out, min_tokens=cfg.model.seq_len + 2)
+    return prepare_shard(data, groups, out)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="prepare_data")
