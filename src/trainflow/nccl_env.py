@@ -133,6 +133,16 @@ def versions() -> dict:
     }
 
 
+def stripe_count(folder: str) -> tuple[int | None, str]:
+    """The Lustre stripe count new files in `folder` get (`lfs getstripe -c`), or None and why it is not known."""
+    if not shutil.which("lfs"):
+        return None, "not applicable: no lfs command (not a Lustre file system)"
+    out = subprocess.run(["lfs", "getstripe", "-c", "-d", folder], capture_output=True, text=True, timeout=30)
+    if out.returncode or not out.stdout.strip().lstrip("-").isdigit():
+        return None, f"not applicable: lfs getstripe says {(out.stderr or out.stdout).strip()[:200]!r}"
+    return int(out.stdout.strip()), "lfs getstripe -c"
+
+
 def node_checks() -> dict:
     """The seed's node settings: transparent huge pages off, no swapping; None where unreadable."""
     thp_path = Path("/sys/kernel/mm/transparent_hugepage/enabled")

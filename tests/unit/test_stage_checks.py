@@ -11,8 +11,10 @@ import pytest
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manifest import write_manifest
 from trainflow.config import ClusterConfig
+from trainflow.nccl_env import stripe_count
+from trainflow.parallel.gate import judge
 from trainflow.stage import StageError
-from trainflow.stages.validate_nccl import gate
+from trainflow.stages.validate_nccl import gate, version_problems
 from trainflow.stages.verify_checkpoint import verify_all
 
 
@@ -39,12 +41,14 @@ def test_verify_all_checks_every_checkpoint_and_names_a_bad_file(tmp_path):
 
 
 def sweep_result(busbw: float, versions=(("2.21.5", "1.22.0"),)) -> dict:
-    hosts = [{"versions": {"nccl": n, "libfabric": f}, "node": {}} for n, f in versions]
-    return {"sweep": [{"bytes": 1 << 26, "busbw_gbps": busbw}], "hosts": hosts}
+    hosts = [
+        {"host": f"n{i}", "versions": {"nccl": n, "libfabric": f}, "node": {}} for i, (n, f) in enumerate(versions)
+    ]
+    return {"sweep": [{"bytes": 1 << 26, "busbw_gbps": busbw}], "hosts": hosts, "patterns": []}
 
 
 def test_gate_stops_below_the_threshold_and_on_misaligned_versions():
-    cluster = ClusterConfig(min_busbw_gbps=200.0)
+    cluster = ClusterConfig(min_busbw_gbps=200.0, versions_allowed={})
     assert gate(sweep_result(230.0), cluster) == []
     (low,) = gate(sweep_result(150.0), cluster)
     assert "busbw 150.000 GB/s" in low and "cluster.min_busbw_gbps(200.0)" in low
@@ -52,7 +56,53 @@ def test_gate_stops_below_the_threshold_and_on_misaligned_versions():
     assert "versions differ across nodes" in mixed
 
 
+def test_the_version_table_names_each_node_off_it():
+    hosts = sweep_result(0, versions=(("2.21.5", "1.22.0"), ("2.18.1", "1.22.0"), ("2.21.5", None)))["hosts"]
+    nccl, libfabric = version_problems(hosts, {"nccl": ["2.20", "2.21"], "libfabric": ["1.22"]})
+    assert nccl.startswith("nccl n1: 2.18.1 is not in cluster.versions_allowed.nccl (2.20 | 2.21*)")
+    assert libfabric.startswith("libfabric n2: None is not in")  # a component the table pins must be there
+    assert version_problems(hosts, {}) == []
+
+
+def test_patterns_are_judged_on_their_slowest_group_and_name_its_hosts():
+    """dp2 x tp2 on 2 nodes (ranks 0, 1 on a; 2, 3 on b): tp groups {0, 1} and {2, 3}, dp groups {0, 2} and {1, 3}."""
+    mb = 1 << 20
+    # Per rank: its tp group, its dp group, its tp_all_reduce time (a group's time is its slowest member's).
+    ranks = (([0, 1], [0, 2], 1e-3), ([0, 1], [1, 3], 2e-3), ([2, 3], [0, 2], 4e-3), ([2, 3], [1, 3], 1e-3))
+    rows = [
+        [
+            {"pattern": "tp_all_reduce", "group": tp, "bytes": mb, "time_s": t_tp},
+            {"pattern": "dp_all_reduce", "group": dp, "bytes": mb, "time_s": 1e-3},
+        ]
+        for tp, dp, t_tp in ranks
+    ]
+    table, exclude = judge(rows, ["a", "a", "b", "b"], {"tp_all_reduce": 0.5})
+    tp = next(r for r in table if r["pattern"] == "tp_all_reduce")
+    assert tp["slowest_group"] == [2, 3] and tp["slowest_hosts"] == ["b"] and tp["groups"] == 2
+    assert tp["busbw_gbps"] == pytest.approx(mb / 4e-3 / 1e9 * 2 * (2 - 1) / 2)  # nccl-tests' all_reduce factor
+    assert tp["passed"] is False and exclude == ["b"]
+    dp = next(r for r in table if r["pattern"] == "dp_all_reduce")
+    assert dp["passed"] is None  # no gate for it: reported only
+    (line,) = gate({**sweep_result(1.0), "patterns": table}, ClusterConfig(min_busbw_gbps=0.0, versions_allowed={}))
+    assert "tp_all_reduce busbw 0.262 GB/s on the slowest of its 2 groups (ranks [2, 3], hosts b)" in line
+
+
 @pytest.mark.parametrize("stage", ["prepare_data", "stage_data", "verify_checkpoint", "account_energy"])
 def test_stages_that_only_move_or_check_files_start_without_torch(stage):
     code = f"import sys, trainflow.stages.{stage}; assert 'torch' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+def test_a_checkpoint_folder_striped_too_thin_stops_the_gate(tmp_path, monkeypatch):
+    lfs = tmp_path / "bin/lfs"
+    lfs.parent.mkdir()
+    lfs.write_text("#!/bin/sh\necho 2\n")  # `lfs getstripe -c -d <folder>` on a folder striped over 2 targets
+    lfs.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{lfs.parent}:{os.environ['PATH']}")
+    count, source = stripe_count(str(tmp_path))
+    assert (count, source) == (2, "lfs getstripe -c")
+    cluster = ClusterConfig(min_busbw_gbps=0.0, versions_allowed={}, min_stripe_count=4)
+    (line,) = gate({**sweep_result(1.0), "checkpoint_stripes": {"count": count}}, cluster)
+    assert "stripe count 2 is below cluster.min_stripe_count(4): lfs setstripe -c 4 <folder>" in line
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert stripe_count(str(tmp_path)) == (None, "not applicable: no lfs command (not a Lustre file system)")

@@ -15,14 +15,23 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainflow.config.layout import parallel_errors
-from trainflow.config.schema import BYTE_VOCAB, DataConfig, EnergyConfig, ModelConfig, TrainflowConfig
+from trainflow.config.schema import (
+    BYTE_VOCAB,
+    GATE_PATTERNS,
+    VERSION_COMPONENTS,
+    ClusterConfig,
+    DataConfig,
+    EnergyConfig,
+    ModelConfig,
+    TrainflowConfig,
+)
 from trainflow.errors import ConfigError
 
 
 def validate(cfg: TrainflowConfig) -> None:
     """Cross-field checks; raises one ConfigError listing every violation with its fix."""
     p, m, t = cfg.parallel, cfg.model, cfg.train
-    errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env)
+    errors = domain_errors(cfg) + path_errors(cfg) + env_errors(cfg.cluster.env) + gate_errors(cfg.cluster)
     if errors:  # the cross-field rules below assume every field lies in its domain
         raise ConfigError("invalid config: " + "; ".join(errors))
     errors = (
@@ -70,6 +79,26 @@ def data_errors(d: DataConfig) -> list[str]:
     if size != d.vocab_size:
         return [f"data.vocab_size({d.vocab_size}) must be {size}, the size of data.tokenizer_path's vocabulary"]
     return []
+
+
+def gate_errors(c: ClusterConfig) -> list[str]:
+    """validate_nccl's tables name known patterns and components, with sane values."""
+    errors = [
+        f"cluster.gate_busbw_gbps has {name!r}, no pattern: use {', '.join(GATE_PATTERNS)}"
+        for name in c.gate_busbw_gbps
+        if name not in GATE_PATTERNS
+    ]
+    errors += [
+        f"cluster.gate_busbw_gbps.{name}({gbps}) must be a number >= 0"
+        for name, gbps in c.gate_busbw_gbps.items()
+        if not (isinstance(gbps, int | float) and gbps >= 0)
+    ]
+    errors += [
+        f"cluster.versions_allowed has {name!r}, which validate_nccl does not read: use {', '.join(VERSION_COMPONENTS)}"
+        for name in c.versions_allowed
+        if name not in VERSION_COMPONENTS
+    ]
+    return errors
 
 
 def domain_errors(node: Any, prefix: str = "") -> list[str]:

@@ -29,6 +29,10 @@ STAGES = (
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 ACTIVATION_MODES = ("keep", "recompute", "offload")
 DP_MODES = ("replicate", "shard")
+GATE_PATTERNS = ("dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "tp_all_reduce", "pp_send_recv")
+"""The collectives validate_nccl times on the layout's own groups: <mesh dim>_<op> (trainflow.parallel.gate)."""
+VERSION_COMPONENTS = ("torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
+"""What validate_nccl reads on every node (trainflow.nccl_env.versions) and cluster.versions_allowed may pin."""
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
 
 
@@ -292,6 +296,15 @@ class ClusterConfig:
     """validate_nccl's gate on all_reduce bus bandwidth (seed: >= 200 GB/s on GH200)."""
     sweep_mb: list[float] = checked(gt=0)
     sweep_iters: int = checked(ge=1)
+    gate_busbw_gbps: dict[str, float] = MISSING
+    """validate_nccl's gate per pattern of the layout (trainflow.parallel.gate: dp_all_reduce, dp_reduce_scatter,
+    dp_all_gather, tp_all_reduce, pp_send_recv) on the slowest group's bus bandwidth at the largest sweep_mb;
+    a pattern left out is measured and reported, not gated."""
+    versions_allowed: dict[str, list[str]] = MISSING
+    """Version prefixes every node must match, per component (torch, cuda, nccl, libfabric, aws_ofi_nccl): the
+    compatibility table (the seed lost 30 % to an NCCL / libfabric mismatch). A component left out is not checked."""
+    min_stripe_count: int = checked(ge=0)
+    """Lustre stripe count the checkpoint folder needs (seed: >= 4), read with `lfs getstripe -c` where lfs exists."""
 
 
 @dataclass

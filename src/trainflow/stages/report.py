@@ -123,6 +123,26 @@ def profiled(summary: dict) -> list[str]:
     return ["PyTorch profiler trace analysed", f"top operator {top['name']} ({top['share']:.0%} of self time)", "pass"]
 
 
+def gate_patterns(patterns: list[dict]) -> list[str]:
+    """The layout's collectives as validate_nccl timed them on their own groups (trainflow.parallel.gate)."""
+    if not patterns:
+        return []
+    rows = [
+        [
+            f"`{r['pattern']}`",
+            f"{r['groups']} x {r['group_size']}",
+            r["bytes"],
+            f"{r['busbw_gbps']:.3f}",
+            ", ".join(r["slowest_hosts"]),
+            "-" if r["threshold_gbps"] is None else f"{r['threshold_gbps']:g}",
+            {True: "pass", False: "FAIL", None: "reported"}[r["passed"]],
+        ]
+        for r in patterns
+    ]
+    header = ["pattern", "groups x ranks", "bytes", "slowest group's busbw GB/s", "its hosts", "gate", "status"]
+    return ["### Per pattern, on the layout's groups", "", table(rows, header), ""]
+
+
 def planned_vs_measured(plan: dict | None, steps: list[dict], last: dict) -> list[str]:
     """validate_nccl's plan of pipeline rank 0 beside rank 0's measured medians (trainflow.plan.versus)."""
     if not plan:
@@ -396,6 +416,7 @@ def run(cfg: TrainflowConfig) -> dict:
         f"Threshold {nccl['threshold_gbps']} GB/s: {'passed' if nccl['passed'] else 'FAILED'}. Environment warnings: "
         f"{'; '.join(nccl['env_warnings']) or 'none'}. [nccl.json]({relative(cfg.io.nccl_report, here)})",
         "",
+        *gate_patterns(nccl.get("patterns", [])),
         *energy_section(energy, cfg, plots, here),
         "## Tuning checklist (seed)",
         "",

@@ -18,15 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from trainflow.atomic import write_text_atomic
 from trainflow.config import CONF_DIR, ClusterConfig, TrainflowConfig
+from trainflow.config.layout import ParallelDims
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
-from trainflow.nccl_env import audit_env, node_checks, versions
+from trainflow.nccl_env import audit_env, node_checks, stripe_count, versions
+from trainflow.parallel.gate import judge, time_patterns
 from trainflow.plan.build import build_plan
 from trainflow.stage import StageError, run_stage, write_json
 
@@ -67,16 +71,31 @@ def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
 
 
 class BandwidthJob:
-    """The submitit task: every rank sweeps, rank 0 returns the table."""
+    """The submitit task: every rank sweeps the world and times the layout's patterns on its groups; rank 0
+    returns every rank's rows and node facts."""
 
-    def __init__(self, cluster: ClusterConfig) -> None:
-        self.cluster = cluster
+    def __init__(self, cfg: TrainflowConfig) -> None:
+        self.cluster, self.parallel, self.model, self.global_batch = (
+            cfg.cluster,
+            cfg.parallel,
+            cfg.model,
+            cfg.train.global_batch,
+        )
 
     def __call__(self) -> dict:
         with distributed_task(self.cluster) as (rank, world, device):
-            rows = sweep(self.cluster, device) if world > 1 else []
+            rows, patterns = [], []
+            if world > 1:
+                rows = sweep(self.cluster, device)
+                dims = ParallelDims.from_config(
+                    self.parallel, self.model, world_size=world, global_batch=self.global_batch
+                )
+                nbytes = int(max(self.cluster.sweep_mb) * 2**20)
+                mesh = dims.build_mesh(device.type)
+                patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=self.cluster.sweep_iters, device=device)
             hosts = [None] * world
-            dist.all_gather_object(hosts, {"host": os.uname().nodename, "node": node_checks(), "versions": versions()})
+            facts = {"host": os.uname().nodename, "node": node_checks(), "versions": versions(), "patterns": patterns}
+            dist.all_gather_object(hosts, facts)
         return {"rank": rank, "world_size": world, "backend": self.cluster.backend, "sweep": rows, "hosts": hosts}
 
 
@@ -91,11 +110,42 @@ def gate(result: dict, cluster: ClusterConfig) -> list[str]:
                 f"cluster.min_busbw_gbps({cluster.min_busbw_gbps}); "
                 "check the network (NCCL_DEBUG=INFO) or lower the gate"
             )
+    for row in result["patterns"]:
+        if row["passed"] is False:
+            problems.append(
+                f"{row['pattern']} busbw {row['busbw_gbps']:.3f} GB/s on the slowest of its {row['groups']} groups "
+                f"(ranks {row['slowest_group']}, hosts {','.join(row['slowest_hosts'])}) is below "
+                f"cluster.gate_busbw_gbps.{row['pattern']}({row['threshold_gbps']})"
+            )
     seen = {(h["versions"]["nccl"], h["versions"]["libfabric"]) for h in result["hosts"]}
     if len(seen) > 1:
         problems.append(
             f"NCCL/libfabric versions differ across nodes {sorted(map(str, seen))}: align them (seed: -30 % on Alps)"
         )
+    problems += version_problems(result["hosts"], cluster.versions_allowed)
+    stripes = result.get("checkpoint_stripes", {}).get("count")
+    if stripes is not None and 0 < stripes < cluster.min_stripe_count:  # -1: striped over every target
+        problems.append(
+            f"the checkpoint folder's Lustre stripe count {stripes} is below cluster.min_stripe_count("
+            f"{cluster.min_stripe_count}): lfs setstripe -c {cluster.min_stripe_count} <folder> before training"
+        )
+    return problems
+
+
+def version_problems(hosts: list[dict], allowed: dict[str, list[str]]) -> list[str]:
+    """Nodes whose stack is not in the compatibility table (cluster.versions_allowed), one line per component."""
+    problems = []
+    for component, prefixes in allowed.items():
+        bad = sorted(
+            {(h["host"], str(h["versions"].get(component))) for h in hosts}
+            - {(h["host"], v) for h in hosts if (v := h["versions"].get(component)) and v.startswith(tuple(prefixes))}
+        )
+        if bad:
+            found = ", ".join(f"{host}: {version}" for host, version in bad)
+            problems.append(
+                f"{component} {found} is not in cluster.versions_allowed.{component} ({' | '.join(prefixes)}*); "
+                "load the validated stack on those nodes or extend the table after validating it"
+            )
     return problems
 
 
@@ -114,9 +164,27 @@ def run(cfg: TrainflowConfig) -> dict:
         cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=f"{cfg.run}-validate_nccl"
     )
     try:
-        result = run_job(executor, BandwidthJob(cfg.cluster))[0]
+        result = run_job(executor, BandwidthJob(cfg))[0]
     except LaunchError as err:
         raise LaunchError(f"validate_nccl failed: {err}") from err
+    hosts = [h["host"] for h in result["hosts"]]
+    result["patterns"], exclude = judge(
+        [h.pop("patterns") for h in result["hosts"]], hosts, cfg.cluster.gate_busbw_gbps
+    )
+    for row in result["patterns"]:
+        log.info(
+            "%-17s %d groups of %d, %d bytes: slowest %.3f GB/s busbw (gate %s)",
+            row["pattern"],
+            row["groups"],
+            row["group_size"],
+            row["bytes"],
+            row["busbw_gbps"],
+            row["threshold_gbps"] if row["threshold_gbps"] is not None else "none",
+        )
+    folder = Path(cfg.io.checkpoints).parent  # the checkpoint series' parent: it exists before training
+    folder.mkdir(parents=True, exist_ok=True)
+    count, source = stripe_count(str(folder))
+    result["checkpoint_stripes"] = {"folder": str(folder), "count": count, "source": source}
     result["env_warnings"] = audit_env({**os.environ, **cfg.cluster.env})
     result["threshold_gbps"] = cfg.cluster.min_busbw_gbps
     result["plan"] = plan
@@ -134,6 +202,10 @@ def run(cfg: TrainflowConfig) -> dict:
         log.warning("%s", warning)
     problems = gate(result, cfg.cluster)
     result["passed"] = not problems
+    if exclude:  # the hosts of the slowest group of every pattern below its gate, in sbatch --exclude's form
+        excluded = Path(cfg.io.nccl_report).with_name("nccl-exclude.txt")
+        write_text_atomic(excluded, ",".join(exclude) + "\n")
+        problems.append(f"hosts to leave out written to {excluded}: sbatch --exclude={','.join(exclude)}")
     if problems:
         raise StageError("validate_nccl failed: " + "; ".join(problems))
     write_json(cfg.io.nccl_report, result)

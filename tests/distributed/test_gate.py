@@ -1,0 +1,42 @@
+"""The collective gate on 4 gloo ranks: every pattern of the layout timed on its own groups, and a pattern
+below its gate stops validate_nccl with the slowest group's hosts written as an exclude list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config
+from trainflow.stage import StageError, read_json
+from trainflow.stages import validate_nccl
+
+SMALL = ("cluster.sweep_mb=[1.0]", "cluster.sweep_iters=2", "train.global_batch=8")
+
+
+@pytest.mark.parametrize(
+    ("layout", "patterns"),
+    [
+        pytest.param("dp2_tp2", {"dp_all_reduce", "tp_all_reduce"}, marks=pytest.mark.slow),  # and below
+        ("dp2_shard_pp2", {"dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "pp_send_recv"}),
+    ],
+)
+def test_every_pattern_of_the_layout_is_timed_on_its_groups(layout, patterns, tmp_path):
+    cfg = make_config("validate_nccl", tmp_path, f"parallel={layout}", *SMALL)
+    validate_nccl.run(cfg)
+    table = {row["pattern"]: row for row in read_json(cfg.io.nccl_report)["patterns"]}
+    assert set(table) == patterns
+    for row in table.values():
+        assert row["groups"] == 2 and row["group_size"] == 2 and row["busbw_gbps"] > 0 and row["passed"]
+
+
+def test_a_pattern_below_its_gate_stops_and_writes_the_exclude_list(tmp_path):
+    cfg = make_config(
+        "validate_nccl", tmp_path, "parallel=dp2_tp2", *SMALL, "cluster.gate_busbw_gbps.tp_all_reduce=1e6"
+    )
+    with pytest.raises(StageError, match=r"tp_all_reduce busbw .* below cluster.gate_busbw_gbps.tp_all_reduce") as err:
+        validate_nccl.run(cfg)
+    excluded = Path(cfg.io.nccl_report).with_name("nccl-exclude.txt")
+    host = excluded.read_text().strip()
+    assert host and f"sbatch --exclude={host}" in str(err.value) and "\n" not in str(err.value)
+    assert not Path(cfg.io.nccl_report).exists()  # the gate failed: no report for training to start from
