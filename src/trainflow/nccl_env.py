@@ -143,8 +143,17 @@ def stripe_count(folder: str) -> tuple[int | None, str]:
     return int(out.stdout.strip()), "lfs getstripe -c"
 
 
+MPS_PROCESSES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+def mps_running(proc: Path = Path("/proc")) -> bool:
+    """Whether CUDA's MPS daemon runs on this node (it would share each GPU between processes)."""
+    names = (p / "comm" for p in proc.iterdir() if p.name.isdigit())
+    return any(name.read_text().strip() in MPS_PROCESSES for name in names if name.is_file())
+
+
 def node_checks() -> dict:
-    """The seed's node settings: transparent huge pages off, no swapping; None where unreadable."""
+    """The seed's node settings: transparent huge pages off, no swapping, no MPS daemon; None where unreadable."""
     thp_path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     thp = re.search(r"\[(\w+)\]", thp_path.read_text())[1] if thp_path.exists() else None
     swap_used_kb = None
@@ -157,4 +166,5 @@ def node_checks() -> dict:
         "thp_off": thp == "never" if thp else None,
         "swap_used_kb": swap_used_kb,
         "no_swapping": swap_used_kb == 0 if swap_used_kb is not None else None,
+        "mps_daemon": mps_running(),
     }

@@ -47,6 +47,7 @@ def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
         metrics = {
             "stage": cfg.stage,
             "segment": cfg.segment,
+            "job": Path(cfg.io.stage_metrics).stem,  # prepare_data's tokenizer and shard jobs: tokenizer, shard-00003
             **delta(start, Reading.now()),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # a light stage run as a Slurm job (account_energy)
             **extra,

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from trainflow.energy.accounting import stage_energy
 from trainflow.energy.control import GpuControls
 from trainflow.energy.node import node_window, sum_nodes
 from trainflow.energy.nvml import NodeGpus
-from trainflow.energy.phases import phase_energy, power_series
+from trainflow.energy.phases import mean_gpu_busy_pct, phase_energy, power_series
 from trainflow.errors import ConfigError, TrainflowError
 
 
@@ -56,6 +57,9 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return 300_000
+
+    def nvmlDeviceGetUtilizationRates(self, h: int):
+        return types.SimpleNamespace(gpu=90 + h, memory=40)  # GPU 0 90 % busy, GPU 1 91 %, ...
 
     def nvmlDeviceGetPowerManagementLimit(self, h: int) -> int:
         return self.limit_mw[h]
@@ -137,6 +141,9 @@ def test_two_nodes_of_four_ranks_count_each_gpu_and_package_once(node, tmp_path)
     assert (row["gpu_j"], row["gpu_source"], row["cpu_source"]) == (pytest.approx(800.0), "nvml", "rapl")
     with pytest.raises(TrainflowError, match=r"hosts \['n1'\] sent more than one energy window"):
         sum_nodes([readings[0], readings[0]])
+    traces = sorted((tmp_path / "power").glob("segment-0-*.jsonl"))
+    assert [t.name for t in traces] == ["segment-0-n1.jsonl", "segment-0-n2.jsonl"]  # one sampler per node
+    assert mean_gpu_busy_pct(traces) == pytest.approx(91.5)  # NVML's utilisation of GPUs 0-3: 90-93 %
 
 
 def test_phase_energy_integrates_the_nodes_counters_over_the_trainers_windows(tmp_path):

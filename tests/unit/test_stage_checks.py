@@ -11,9 +11,10 @@ import pytest
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manifest import write_manifest
 from trainflow.config import ClusterConfig
-from trainflow.nccl_env import stripe_count
+from trainflow.nccl_env import mps_running, stripe_count
 from trainflow.parallel.gate import judge
 from trainflow.stage import StageError
+from trainflow.stages.report import node_rows
 from trainflow.stages.validate_nccl import gate, version_problems
 from trainflow.stages.verify_checkpoint import verify_all
 
@@ -106,3 +107,26 @@ def test_a_checkpoint_folder_striped_too_thin_stops_the_gate(tmp_path, monkeypat
     assert "stripe count 2 is below cluster.min_stripe_count(4): lfs setstripe -c 4 <folder>" in line
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert stripe_count(str(tmp_path)) == (None, "not applicable: no lfs command (not a Lustre file system)")
+
+
+def test_node_checks_pass_fail_or_say_why_not(tmp_path):
+    proc = tmp_path / "proc"
+    for pid, name in (("1", "systemd"), ("77", "python")):
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "comm").write_text(name + "\n")
+    assert not mps_running(proc)
+    (proc / "78").mkdir()
+    (proc / "78" / "comm").write_text("nvidia-cuda-mps-control\n")
+    assert mps_running(proc)
+    hosts = [
+        {"host": "a", "node": {"thp": "never", "mps_daemon": False, "gpu_slowdowns": None, "gpu_why": "no GPU here"}},
+        {"host": "b", "node": {"thp": "always", "mps_daemon": False, "gpu_slowdowns": None, "gpu_why": "no GPU here"}},
+    ]
+    rows = {
+        row[0]: row[1:]
+        for row in node_rows({"hosts": hosts, "checkpoint_stripes": {"count": None, "source": "n/a: no lfs"}})
+    }
+    assert rows["transparent huge pages off"] == ["a: never, b: always", "FAIL on b"]
+    assert rows["no MPS daemon (one process per GPU)"][1] == "pass"
+    assert rows["no GPU clock slowdown (NVML: thermal, power brake)"] == ["-", "n/a (no GPU here)"]
+    assert rows["checkpoint folder's Lustre stripe count"] == ["-", "n/a: no lfs"]

@@ -42,7 +42,8 @@ VERIFY_REPORT = RUN.verify_report
 ENERGY_REPORT = RUN.energy_report
 REPORT = RUN.report
 SEGMENT_REPORTS = RUN.segment_reports(CFG.train.segments)
-ALL_METRICS = RUN.metrics(CFG.train.segments)
+PREPARE_JOBS = ["tokenizer"] * (CFG.data.tokenizer == "bpe") + [f"shard-{shard}" for shard in SHARDS]
+ALL_METRICS = RUN.metrics(CFG.train.segments, PREPARE_JOBS)  # every job's energy is counted
 
 
 def previous_segment(wildcards):

@@ -101,9 +101,11 @@ class RunFolder:
             return f"{self.train_dir}/metrics-{segment}.json"
         return f"{self.root}/metrics/{stage}.json"
 
-    def metrics(self, segments: int) -> list[str]:
-        """The metrics files account_energy and report read: every stage before them."""
+    def metrics(self, segments: int, prepare_jobs: list[str] = ()) -> list[str]:
+        """The metrics files account_energy and report read: every stage before them, and prepare_data's
+        tokenizer and shard jobs when the workflow runs them as jobs of their own (`prepare_jobs`)."""
         return [
+            *(self.job_metrics("prepare_data", job) for job in prepare_jobs),
             *(self.stage_metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")),
             *(self.stage_metrics("train_segment", i) for i in range(segments)),
             self.stage_metrics("verify_checkpoint"),

@@ -38,6 +38,7 @@ def stage_energy(metrics: dict, *, energy: EnergyConfig, gpus: int) -> dict:
     return {
         "stage": metrics["stage"],
         "segment": metrics.get("segment"),
+        "job": metrics.get("job"),
         "wall_s": metrics["wall_s"],
         "cpu_s": cpu_s,
         "cpu_j": cpu_j,

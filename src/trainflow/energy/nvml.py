@@ -43,6 +43,20 @@ class NodeGpus:
         except self.nvml.NVMLError:
             return None
 
+    def slowdowns(self) -> list[int]:
+        """Each GPU's active hardware or thermal clock slowdowns (NVML throttle-reason bits; 0: none)."""
+        bits = (
+            self.nvml.nvmlClocksThrottleReasonHwSlowdown
+            | self.nvml.nvmlClocksThrottleReasonSwThermalSlowdown
+            | self.nvml.nvmlClocksThrottleReasonHwThermalSlowdown
+            | self.nvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown
+        )
+        return [self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h) & bits for h in self.handles]
+
+    def busy_pct(self) -> list[float]:
+        """Each GPU's utilisation: the share of the driver's last sample period in which a kernel ran (percent)."""
+        return [float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self.handles]
+
     def power_w(self) -> list[float]:
         return [self.nvml.nvmlDeviceGetPowerUsage(h) / 1e3 for h in self.handles]
 

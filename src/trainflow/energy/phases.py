@@ -121,3 +121,9 @@ def power_series(path: str | Path, cpu_watts_per_core: float) -> tuple[list[floa
 
 
 SOURCES = {"gpu_j": "nvml", "rapl_j": "rapl"}
+
+
+def mean_gpu_busy_pct(paths: list[str | Path]) -> float | None:
+    """The GPUs' mean utilisation (NVML) over every sample of these node traces; None without NVML samples."""
+    values = [pct for path in paths for run in read_trace(path) for s in run for pct in s.get("gpu_busy_pct", [])]
+    return sum(values) / len(values) if values else None

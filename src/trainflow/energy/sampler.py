@@ -4,10 +4,10 @@
 
 Each line holds the wall time `t`, the sampler's start `since` (a requeued job's sampler appends a new
 run), and the energy counted since that start: `gpu_j` (NVML, all of the node's GPUs, with `gpu_w` their
-power now), `rapl_j` (RAPL packages, wrap-around corrected between samples), and `cpu_busy_s` (the node's
-busy CPU-seconds from /proc/stat, for the stated model where RAPL is unreadable). A counter the node lacks
-is absent. Cumulative figures make any window's energy a difference of two interpolated samples
-(phases.py), and power a difference over the period (the report's plot).
+power now and `gpu_busy_pct` their utilisation), `rapl_j` (RAPL packages, wrap-around corrected between
+samples), and `cpu_busy_s` (the node's busy CPU-seconds from /proc/stat, for the stated model where RAPL is
+unreadable). A counter the node lacks is absent. Cumulative figures make any window's energy a difference
+of two interpolated samples (phases.py), and power a difference over the period (the report's plot).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class PowerSampler:
             self.first.setdefault("gpu_j", gpu)
             sample["gpu_j"] = sum(b - a for a, b in zip(self.first["gpu_j"], gpu))
             sample["gpu_w"] = self.gpus.power_w()
+            sample["gpu_busy_pct"] = self.gpus.busy_pct()
         if (rapl := read_rapl()) is not None:
             if self.rapl_prev is not None:
                 self.rapl_j += rapl_gain_j(self.rapl_prev, rapl)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig  # noqa: E402
 from trainflow.atomic import atomic_path, write_text_atomic  # noqa: E402
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
 from trainflow.config.run_folder import PLOTS  # noqa: E402
-from trainflow.energy.phases import power_series, trace_host  # noqa: E402
+from trainflow.energy.phases import mean_gpu_busy_pct, power_series, trace_host  # noqa: E402
 from trainflow.plan.versus import measured_split, side_by_side  # noqa: E402
 from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
 
@@ -87,9 +87,10 @@ def table(rows: list[list[object]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def checklist(nccl: dict, segments: list[dict], cfg: TrainflowConfig) -> list[list[str]]:
+def checklist(nccl: dict, segments: list[dict], energy: dict, cfg: TrainflowConfig) -> list[list[str]]:
     """The seed's tuning checklist, each item measured here or marked not applicable, never assumed."""
     summary = segments[-1]
+    busy = mean_gpu_busy_pct([trace for seg in energy["segments"] for trace in seg["power_traces"]])
     best = nccl["sweep"][-1]["busbw_gbps"] if nccl["sweep"] else None
     swap = [h["node"]["no_swapping"] for h in nccl["hosts"]]
     gpu, gate = cfg.cluster.device == "cuda", cfg.cluster.min_busbw_gbps
@@ -100,9 +101,9 @@ def checklist(nccl: dict, segments: list[dict], cfg: TrainflowConfig) -> list[li
             "n/a" if best is None else ("pass" if best >= gate else "FAIL"),
         ],
         [
-            "GPU utilisation >= 90 % (NVML's busy time, not MFU)",
-            "-",
-            "n/a (CPU)" if not gpu else "not sampled by trainflow yet",
+            "GPU utilisation >= 90 % (NVML's busy time over the segments' power samples, not MFU)",
+            "-" if busy is None else f"{busy:.1f} %",
+            ("n/a (CPU)" if not gpu else "no NVML samples") if busy is None else ("pass" if busy >= 90 else "FAIL"),
         ],
         ["model FLOPs utilisation (MFU)", f"{summary['mfu']:.1%} of cluster.peak_tflops", "info"],
         [
@@ -111,9 +112,43 @@ def checklist(nccl: dict, segments: list[dict], cfg: TrainflowConfig) -> list[li
             "pass" if all(swap) else "FAIL",
         ],
         ["NVLink utilisation monitored", "-", "n/a (CPU)" if not gpu else "see NVML counters"],
+        *node_rows(nccl),
         profiled(summary),
         leak_check(segments, cfg.observe.leak_mb),
     ]
+
+
+def node_rows(nccl: dict) -> list[list[str]]:
+    """validate_nccl's node checks over every host: THP, MPS, GPU clock slowdowns, the checkpoint's stripes."""
+    nodes = {h["host"]: h["node"] for h in nccl["hosts"]}
+    facts = {key: {host: n.get(key) for host, n in nodes.items()} for key in ("thp", "mps_daemon", "gpu_slowdowns")}
+    why_no_gpu = next(iter(nodes.values())).get("gpu_why") or "no GPU"
+    stripes = nccl.get("checkpoint_stripes", {})
+    return [
+        per_host("transparent huge pages off", facts["thp"], lambda v: v == "never", "unreadable here"),
+        per_host("no MPS daemon (one process per GPU)", facts["mps_daemon"], lambda v: not v, "unreadable here"),
+        per_host(
+            "no GPU clock slowdown (NVML: thermal, power brake)",
+            facts["gpu_slowdowns"],
+            lambda v: not any(v),
+            why_no_gpu,
+        ),
+        [
+            "checkpoint folder's Lustre stripe count",
+            "-" if stripes.get("count") is None else str(stripes["count"]),
+            stripes.get("source", "n/a") if stripes.get("count") is None else "pass (validate_nccl gates it)",
+        ],
+    ]
+
+
+def per_host(item: str, values: dict, good, why_unknown: str) -> list[str]:
+    """A checklist row of one fact per host: pass, FAIL naming the hosts, or n/a with the reason."""
+    known = {host: v for host, v in values.items() if v is not None}
+    if not known:
+        return [item, "-", f"n/a ({why_unknown})"]
+    bad = sorted(host for host, v in known.items() if not good(v))
+    measured = ", ".join(f"{host}: {v}" for host, v in sorted(known.items()))
+    return [item, measured, f"FAIL on {', '.join(bad)}" if bad else "pass"]
 
 
 def profiled(summary: dict) -> list[str]:
@@ -194,6 +229,14 @@ def leak_check(segments: list[dict], leak_mb: float) -> list[str]:
     return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else remedy]
 
 
+def stage_label(s: dict) -> str:
+    """train_segment[1], prepare_data/shard-00003 (one of a stage's jobs), or the stage's name."""
+    if s["stage"] == "train_segment":
+        return f"train_segment[{s['segment']}]"
+    job = s.get("job")
+    return f"{s['stage']}/{job}" if job and job != s["stage"] else s["stage"]
+
+
 def fp8_text(fp8: dict | None) -> str:
     """**off**, or **delayed** (GEMMs on kernel): the recipe and which fp8_gemm implementation ran."""
     if not fp8 or fp8["recipe"] == "none":
@@ -229,7 +272,7 @@ def energy_section(energy: dict, cfg: TrainflowConfig, plots: dict[str, str], he
     """Energy per stage, per segment and phase, facility energy and carbon, Slurm's counter, DVFS and the cap."""
     t, d, e = energy["training"], energy["dvfs"], cfg.energy
     stage_rows = [
-        [f"{s['stage']}[{s['segment']}]", f"{s['wall_s']:.1f}", f"{s['it_j']:.1f}", s["cpu_source"], s["gpu_source"]]
+        [stage_label(s), f"{s['wall_s']:.1f}", f"{s['it_j']:.1f}", s["cpu_source"], s["gpu_source"]]
         for s in energy["stages"]
     ]
     phase_rows = [
@@ -420,7 +463,7 @@ def run(cfg: TrainflowConfig) -> dict:
         *energy_section(energy, cfg, plots, here),
         "## Tuning checklist (seed)",
         "",
-        table(checklist(nccl, segments, cfg), ["item", "measured", "status"]),
+        table(checklist(nccl, segments, energy, cfg), ["item", "measured", "status"]),
         "",
         "## Stage outputs",
         "",

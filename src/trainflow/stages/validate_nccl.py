@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from trainflow.atomic import write_text_atomic
 from trainflow.config import CONF_DIR, ClusterConfig, TrainflowConfig
 from trainflow.config.layout import ParallelDims
+from trainflow.energy.nvml import NodeGpus
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.nccl_env import audit_env, node_checks, stripe_count, versions
 from trainflow.parallel.gate import judge, time_patterns
@@ -70,6 +71,17 @@ def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
     return rows
 
 
+def gpu_slowdowns() -> dict:
+    """This node's GPUs' active hardware or thermal clock slowdowns (NVML), or why they cannot be read."""
+    gpus, why = NodeGpus.open()
+    if gpus is None:
+        return {"gpu_slowdowns": None, "gpu_why": why}
+    try:
+        return {"gpu_slowdowns": gpus.slowdowns(), "gpu_why": ""}
+    finally:
+        gpus.close()
+
+
 class BandwidthJob:
     """The submitit task: every rank sweeps the world and times the layout's patterns on its groups; rank 0
     returns every rank's rows and node facts."""
@@ -94,7 +106,8 @@ class BandwidthJob:
                 mesh = dims.build_mesh(device.type)
                 patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=self.cluster.sweep_iters, device=device)
             hosts = [None] * world
-            facts = {"host": os.uname().nodename, "node": node_checks(), "versions": versions(), "patterns": patterns}
+            node = {**node_checks(), **gpu_slowdowns()}
+            facts = {"host": os.uname().nodename, "node": node, "versions": versions(), "patterns": patterns}
             dist.all_gather_object(hosts, facts)
         return {"rank": rank, "world_size": world, "backend": self.cluster.backend, "sweep": rows, "hosts": hosts}
 
