@@ -90,6 +90,29 @@ def test_batches_are_a_pure_function_of_seed_and_step(tokens):
     halves = [a.batch("train", 3, 8, slice(r * 4, (r + 1) * 4))[0] for r in range(2)]
     assert torch.equal(torch.cat(halves), x1)
     assert not torch.equal(a.batch("train", 4, 8, slice(0, 8))[0], x1)
+    # a read step 5 ahead in the background while returning step 4; b reads it when asked: the same batch.
+    assert torch.equal(a.batch("train", 5, 8, slice(0, 8))[0], b.batch("train", 5, 8, slice(0, 8))[0])
+    a.close(), b.close()
+
+
+def test_windows_can_be_kept_inside_one_document(tokens):
+    """train.cross_document=false: no window's inputs hold an end-of-document token, the draws are still a pure
+    function of (seed, step, row), and documents shorter than any window are refused naming the fix."""
+    inside = TokenSampler(tokens, seq_len=16, seed=7, cross_document=False)
+    again = TokenSampler(tokens, seq_len=16, seed=7, cross_document=False)
+    eot = inside.eot_id
+    x, _ = inside.batch("train", 3, 8, slice(0, 8))
+    assert not (x == eot).any() and torch.equal(x, again.batch("train", 3, 8, slice(0, 8))[0])
+    assert torch.equal(again.batch("train", 3, 8, slice(4, 8))[0], x[4:])  # a dp rank's rows, drawn alone
+    # 100 windows of 1000 tokens: some cross a document boundary when that is allowed.
+    wide = TokenSampler(tokens, seq_len=1000, seed=1)
+    assert (wide.batch("train", 0, 100, slice(0, 100))[0] == eot).any()
+    long = TokenSampler(tokens, seq_len=2000, seed=1, cross_document=False)
+    long.eot_id = ord("\n")  # as if every line of the byte-tokenised source were a document: none holds a window
+    with pytest.raises(DataError, match=r"documents are shorter than a window; set train.cross_document=true"):
+        long.batch("val", 0, 1, slice(0, 1))
+    for s in (inside, again, wide, long):
+        s.close()
 
 
 def test_shard_groups_are_contiguous_non_empty_and_balanced(tmp_path):

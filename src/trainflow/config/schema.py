@@ -222,6 +222,10 @@ class TrainConfig:
     of the last fp8_amax_history steps' amaxes (delayed, Transformer Engine's recipe)."""
     fp8_amax_history: int = checked(16, ge=1)
     """Steps of amax history under train.fp8=delayed."""
+    cross_document: bool = True
+    """Training windows may run over an end-of-document token into the next document (GPT's packing); false
+    re-draws a window until its inputs lie inside one document (data.sampler). A training setting, not a data
+    one: changing it does not re-tokenise."""
 
     @property
     def total_steps(self) -> int:

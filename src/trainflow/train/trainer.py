@@ -94,7 +94,9 @@ class Trainer:
         self.dp_rank = self.mesh["dp"].get_local_rank()
         rows = t.global_batch // self.dims.dp
         self.rows = slice(self.dp_rank * rows, (self.dp_rank + 1) * rows)
-        self.sampler = TokenSampler(cfg.io.staged_tokens, seq_len=m.seq_len, seed=t.seed)
+        self.sampler = TokenSampler(
+            cfg.io.staged_tokens, seq_len=m.seq_len, seed=t.seed, cross_document=t.cross_document
+        )
         self.start_step = cfg.segment * t.segment_steps
         self.end_step = self.start_step + t.segment_steps
         ends = {(s + 1) * t.segment_steps for s in range(t.segments)}
