@@ -4,15 +4,16 @@
 
 profiles/slurm_local sends every light stage to Slurm through snakemake-executor-plugin-slurm;
 validate_nccl and train_segment (localrules) submit their own jobs through submitit's SlurmExecutor
-because the profile's site.yaml selects cluster=slurm_local. The corpus folder starts empty, so prepare_data's
-Slurm job fails at run time (a config error would already fail while the DAG is built); filled,
-the same command finishes the campaign without redoing validate_nccl, which had succeeded.
+because the profile's site.yaml selects cluster=slurm_local. The corpus is one JSONL file whose second line is
+not JSON, so the Slurm job of its shard fails at run time (a config error, or a glob that matches nothing,
+would already fail while the DAG is built); fixed, the same command finishes the campaign without redoing
+validate_nccl, which had succeeded.
 """
 
 from __future__ import annotations
 
+import json
 import re
-import shutil
 
 import pytest
 
@@ -23,7 +24,7 @@ from tests.workflow.test_workflow import job_counts, snakemake
 pytestmark = pytest.mark.slurm
 
 PROFILE = ("--profile", str(REPO / "profiles/slurm_local"))
-LIGHT = {"prepare_data", "stage_data", "verify_checkpoint", "account_energy", "report"}
+LIGHT = {"prepare_data_shard", "prepare_data", "stage_data", "verify_checkpoint", "account_energy", "report"}
 PLUGIN_JOB = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S+/rule_(\w+)/")
 SUBMITIT_JOB = re.compile(r"Submitted slurm job (\d+)")
 
@@ -31,15 +32,13 @@ SUBMITIT_JOB = re.compile(r"Submitted slurm job (\d+)")
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("campaign")
-    corpus = workdir / "corpus"
-    corpus.mkdir()
-    config = (
-        "--config",
-        f"overrides=experiment=smoke data.corpus={corpus}/*.txt",
-    )  # cluster=slurm_local: the profile's site.yaml
+    docs = workdir / "corpus/docs.jsonl"
+    docs.parent.mkdir()
+    docs.write_text('{"text": "a first document"}\nnot json\n')
+    config = ("--config", f"overrides=experiment=smoke data.corpus={docs}")  # cluster=slurm_local: the site.yaml
     failed = snakemake(workdir, *PROFILE, *config, check=False)
-    for text in (REPO / "tests/assets/corpus").glob("*.txt"):
-        shutil.copy(text, corpus)
+    texts = sorted((REPO / "tests/assets/corpus").glob("*.txt"))
+    docs.write_text("".join(json.dumps({"text": text.read_text()}) + "\n" for text in texts))
     rerun = snakemake(workdir, *PROFILE, *config)
     return workdir / "runs/default", failed, rerun
 
@@ -47,11 +46,13 @@ def campaign(tmp_path_factory):
 def test_failed_slurm_job_fails_its_rule_with_the_stage_error(campaign):
     run, failed, _ = campaign
     assert failed.returncode != 0
-    ((job, rule),) = [m for m in PLUGIN_JOB.findall(failed.output) if m[1] == "prepare_data"]
+    ((job, rule),) = [m for m in PLUGIN_JOB.findall(failed.output) if m[1] == "prepare_data_shard"]
     assert f"SLURM-job '{job}' failed" in failed.output, failed.output[-3000:]
-    assert "Error in rule prepare_data" in failed.output
-    # show-failed-logs prints the stage's own one-line error: the cause and the fix.
-    assert re.search(r"DataError: data\.corpus\('.+/corpus/\*\.txt'\) matched no files", failed.output)
+    assert "Error in rule prepare_data_shard" in failed.output
+    # show-failed-logs prints the stage's own one-line error: the file and line, and the fix.
+    assert re.search(
+        r"DataError: \S+/corpus/docs\.jsonl:2 is not a JSON object .* set data\.bad_lines=skip", failed.output
+    )
     assert final_states([job]) == {job: "FAILED"}
 
 
@@ -59,6 +60,7 @@ def test_rerun_completes_only_what_is_left(campaign):
     _, _, rerun = campaign
     # validate_nccl succeeded beside the failed prepare_data and is not redone.
     assert job_counts(rerun.output) == {
+        "prepare_data_shard": 1,
         "prepare_data": 1,
         "stage_data": 1,
         "train_segment": 2,
@@ -77,7 +79,7 @@ def test_every_stage_ran_as_a_slurm_job(campaign):
     for log in ("validate_nccl/validate_nccl.log", "train_segment/segment-0.log", "train_segment/segment-1.log"):
         (submitit[log],) = SUBMITIT_JOB.findall((run / "logs" / log).read_text())
     jobs = [*light.values(), *submitit.values()]
-    assert len(set(jobs)) == len(jobs) == 8
+    assert len(set(jobs)) == len(jobs) == 9
     assert set(final_states(jobs).values()) == {"COMPLETED"}
     for job in submitit.values():
         script = next(run.glob(f"submitit/*/{job}_submission.sh")).read_text()
