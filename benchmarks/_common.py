@@ -13,12 +13,15 @@ import datetime
 import json
 import os
 import queue
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -127,3 +130,24 @@ def emit(result: dict) -> None:
     json.dump(result, sys.stdout, indent=1)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def drop_cache(files: list[Path]) -> float:
+    """Evict the files from this kernel's page cache; the fraction that stayed resident (-1: unknown)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not shutil.which("fincore"):
+        return -1.0
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    res, size = sum(map(int, out[0::2])), sum(map(int, out[1::2]))
+    return res / max(size, 1)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +50,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _common import bench_model, emit, log, median, single_rank_group
+from _common import bench_model, drop_cache, emit, log, median, single_rank_group
 
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manager import CheckpointManager
@@ -140,27 +139,6 @@ def plain_read(files: list[Path]) -> float:
             while f.readinto(buf):
                 pass
     return time.perf_counter() - t0
-
-
-def drop_cache(files: list[Path]) -> float:
-    """Evict the files from this kernel's page cache; the fraction that stayed resident (-1: unknown)."""
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    if not shutil.which("fincore"):
-        return -1.0
-    out = subprocess.run(
-        ["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *map(str, files)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    res, size = sum(map(int, out[0::2])), sum(map(int, out[1::2]))
-    return res / max(size, 1)
 
 
 class StateBench:

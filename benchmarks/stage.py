@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import emit, log, median
+from _common import drop_cache, emit, log, median
 
 from trainflow.crc import file_crc
 from trainflow.data.index import write_index_file
@@ -42,16 +42,6 @@ def make_shards(folder: Path, shards: int, mb: int) -> Path:
     index = folder / "index.json"
     write_index_file(index, {"version": 1, "shards": entries})
     return index
-
-
-def drop_cache(folder: Path) -> None:
-    for path in folder.glob("shard-*.h5"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def cp_sync(files: list[str], dst: Path) -> None:
@@ -90,7 +80,7 @@ def main() -> None:
                 shutil.rmtree(dst, ignore_errors=True)
                 dst.mkdir()
                 os.sync()
-                drop_cache(src.parent)
+                drop_cache(sorted(src.parent.glob("shard-*.h5")))
                 seconds[name].append(timed(sides[name]))
                 log(f"round {r} {name}: {seconds[name][-1]:.2f} s")
         total_mb = shards * mb * 1.048576

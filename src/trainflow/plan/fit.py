@@ -11,9 +11,8 @@ for that term.
 
 from __future__ import annotations
 
-from trainflow.config.layout import ParallelDims
 from trainflow.config.schema import ClusterConfig, TrainflowConfig
-from trainflow.plan.memory import MemoryEstimate, device_memory
+from trainflow.plan.memory import MemoryEstimate, checked_layout, device_memory
 
 GB = 1e9
 
@@ -28,13 +27,11 @@ def capacity_bytes(cluster: ClusterConfig, world_size: int) -> float:
 def plan_memory(cfg: TrainflowConfig) -> MemoryEstimate:
     """The memory estimate of a composed config's training step."""
     t = cfg.train
-    dims = ParallelDims.from_config(
-        cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
-    )
+    dims, micro_batch = checked_layout(cfg)
     return device_memory(
         cfg.model,
         dims,
-        micro_batch=t.global_batch // (dims.dp * dims.microbatches),
+        micro_batch=micro_batch,
         precision=t.precision,
         activations=t.activations,
         offload_to_disk=bool(t.offload_dir),

@@ -99,7 +99,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainflow.config.layout import ParallelDims
-from trainflow.config.schema import ACTIVATION_MODES, ModelConfig
+from trainflow.config.schema import ACTIVATION_MODES, ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
 
 FP32, BF16 = 4, 2
@@ -196,6 +196,15 @@ def chunks_in_flight(dims: ParallelDims, pp_rank: int) -> int:
     per_round = m // max(1, m // pp)
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), v * m)
     return min(warmup + 1, v * m)
+
+
+def checked_layout(cfg: TrainflowConfig) -> tuple[ParallelDims, int]:
+    """A composed config's layout, checked as training checks it, and its sequences per microbatch."""
+    t = cfg.train
+    dims = ParallelDims.from_config(
+        cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
+    )
+    return dims, t.global_batch // (dims.dp * dims.microbatches)
 
 
 def device_memory(

@@ -51,7 +51,7 @@ from trainflow.plan.collectives import (
     group_link,
     shard_seconds,
 )
-from trainflow.plan.memory import COMPUTE_BYTES, FP32, layer_params
+from trainflow.plan.memory import COMPUTE_BYTES, FP32, checked_layout, layer_params
 
 OPTIMIZER_BYTES = 40
 """Bytes AdamW and clipping move per parameter: read weight, gradient and two moments and write three back
@@ -105,14 +105,12 @@ def model_flops_per_token(m: ModelConfig) -> float:
 def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
     """The step of a composed config (its layout checked as training checks it)."""
     t = cfg.train
-    dims = ParallelDims.from_config(
-        cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
-    )
+    dims, micro_batch = checked_layout(cfg)
     return step_plan(
         cfg.model,
         dims,
         cfg.cluster,
-        micro_batch=t.global_batch // (dims.dp * dims.microbatches),
+        micro_batch=micro_batch,
         precision=t.precision,
         activations=t.activations,
         bucket_mb=cfg.parallel.bucket_mb,
