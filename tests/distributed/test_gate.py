@@ -23,7 +23,8 @@ SMALL = ("cluster.sweep_mb=[1.0]", "cluster.sweep_iters=2", "train.global_batch=
 )
 def test_every_pattern_of_the_layout_is_timed_on_its_groups(layout, patterns, tmp_path):
     cfg = make_config("validate_nccl", tmp_path, f"parallel={layout}", *SMALL)
-    validate_nccl.run(cfg)
+    metrics = validate_nccl.run(cfg)
+    assert metrics["ranks"] == 4 and metrics["rank_cpu_s"] > 0  # every rank's CPU time, for the stage's energy
     table = {row["pattern"]: row for row in read_json(cfg.io.nccl_report)["patterns"]}
     assert set(table) == patterns
     for row in table.values():

@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from trainflow.atomic import write_text_atomic
 from trainflow.config import CONF_DIR, ClusterConfig, TrainflowConfig
 from trainflow.config.layout import ParallelDims
+from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.nvml import NodeGpus
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.nccl_env import audit_env, node_checks, stripe_count, versions
@@ -108,6 +109,7 @@ class BandwidthJob:
             hosts = [None] * world
             node = {**node_checks(), **gpu_slowdowns()}
             facts = {"host": os.uname().nodename, "node": node, "versions": versions(), "patterns": patterns}
+            facts["cpu_s"] = cpu_seconds()  # this rank's CPU time: the stage's energy counts every rank's
             dist.all_gather_object(hosts, facts)
         return {"rank": rank, "world_size": world, "backend": self.cluster.backend, "sweep": rows, "hosts": hosts}
 
@@ -180,10 +182,9 @@ def run(cfg: TrainflowConfig) -> dict:
         result = run_job(executor, BandwidthJob(cfg))[0]
     except LaunchError as err:
         raise LaunchError(f"validate_nccl failed: {err}") from err
-    hosts = [h["host"] for h in result["hosts"]]
-    result["patterns"], exclude = judge(
-        [h.pop("patterns") for h in result["hosts"]], hosts, cfg.cluster.gate_busbw_gbps
-    )
+    hosts, rows = [h["host"] for h in result["hosts"]], [h.pop("patterns") for h in result["hosts"]]
+    result["patterns"], exclude = judge(rows, hosts, cfg.cluster.gate_busbw_gbps)
+    rank_cpu_s = sum(h.pop("cpu_s") for h in result["hosts"])  # the stage's energy counts every rank's CPU time
     for row in result["patterns"]:
         log.info(
             "%-17s %d groups of %d, %d bytes: slowest %.3f GB/s busbw (gate %s)",
@@ -223,7 +224,7 @@ def run(cfg: TrainflowConfig) -> dict:
         raise StageError("validate_nccl failed: " + "; ".join(problems))
     write_json(cfg.io.nccl_report, result)
     log.info("Validated %s over %d ranks: passed", cfg.cluster.backend, result["world_size"])
-    return {"ranks": result["world_size"]}
+    return {"ranks": result["world_size"], "rank_cpu_s": rank_cpu_s}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="validate_nccl")
