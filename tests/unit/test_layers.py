@@ -4,6 +4,7 @@ so nothing imports the stages and the file-moving stages stay free of torch."""
 from __future__ import annotations
 
 import ast
+import sys
 
 from tests.conftest import REPO
 
@@ -55,3 +56,10 @@ def test_modules_import_only_lower_layers():
         if top != "__init__" and (bad := {n for n in imported(path) if n != top and LAYERS[n] >= LAYERS[top]}):
             upward[str(path.relative_to(SRC))] = sorted(bad)
     assert not upward, f"imports of a layer not below the importer's: {upward}"
+
+
+def test_no_benchmark_shadows_a_standard_module():
+    """A benchmark runs with benchmarks/ first on sys.path: a file named like a standard module (tokenize.py)
+    would be imported by torch in its place and break every benchmark."""
+    stems = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    assert not stems & sys.stdlib_module_names

@@ -1,6 +1,6 @@
 """Tokenisation throughput: prepare_data's shard jobs vs calling `tokenizers`' encode_batch directly.
 
-    python benchmarks/tokenize.py [--quick] [--dir /tmp]
+    python benchmarks/tokenize_shards.py [--quick] [--dir /tmp]
 
 Goals: one shard job >= 0.8x encode_batch on the same text in one process, per core; two shard jobs at
 once near 2x one (near-linear in cores for 1 -> 2 workers).
