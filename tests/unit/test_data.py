@@ -92,6 +92,8 @@ def test_batches_are_a_pure_function_of_seed_and_step(tokens):
     assert not torch.equal(a.batch("train", 4, 8, slice(0, 8))[0], x1)
     # a read step 5 ahead in the background while returning step 4; b reads it when asked: the same batch.
     assert torch.equal(a.batch("train", 5, 8, slice(0, 8))[0], b.batch("train", 5, 8, slice(0, 8))[0])
+    a.batch("val", 0, 8, slice(0, 8))  # an evaluation between steps keeps step 6's read in flight
+    assert a.ahead is not None and a.ahead[0][0] == 6
     a.close(), b.close()
 
 

@@ -78,12 +78,15 @@ class TokenSampler:
     def batch(self, split: str, index: int, global_batch: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `rows` of the global batch number `index` of `split`: (B, T) inputs and targets. A training batch
         starts the read of the next one in the background."""
-        key = (split, index, global_batch, rows.start, rows.stop, rows.step)
-        ahead, self.ahead = self.ahead, None
-        windows = ahead[1].result() if ahead and ahead[0] == key else self.windows(split, index, global_batch, rows)
-        if split == "train":
-            after = (split, index + 1, global_batch, rows.start, rows.stop, rows.step)
+        if split == "train":  # an evaluation between two steps leaves the next step's read running
+            key = (index, global_batch, rows.start, rows.stop, rows.step)
+            ahead, self.ahead = self.ahead, None
+            hit = ahead is not None and ahead[0] == key
+            windows = ahead[1].result() if hit else self.windows(split, index, global_batch, rows)
+            after = (index + 1, global_batch, rows.start, rows.stop, rows.step)
             self.ahead = (after, self.reader.submit(self.windows, split, index + 1, global_batch, rows))
+        else:
+            windows = self.windows(split, index, global_batch, rows)
         window = torch.from_numpy(windows)
         return window[:, :-1], window[:, 1:]
 
