@@ -7,7 +7,7 @@ import math
 from trainflow.config import EnergyConfig
 from trainflow.energy.accounting import campaign_gwh, facility, stage_energy
 from trainflow.nccl_env import audit_env
-from trainflow.stages.validate_nccl import bus_factor
+from trainflow.parallel.gate import bus_factor
 
 
 def test_seed_campaign_energy():
@@ -37,7 +37,7 @@ def test_stage_energy_prefers_counters_and_states_the_model():
 
 
 def test_bus_bandwidth_factor_is_nccl_tests_all_reduce():
-    assert bus_factor(2) == 1.0 and bus_factor(8) == 1.75
+    assert bus_factor("all_reduce", 2) == 1.0 and bus_factor("all_reduce", 8) == 1.75
 
 
 def test_audit_maps_the_seeds_names_and_flags_unknown_ones():

@@ -17,6 +17,14 @@ from trainflow.energy.dvfs import dvfs_clocks, dvfs_saving_j, lowered_s, phase_t
 J_PER_KWH = 3.6e6
 
 
+def stage_label(s: dict) -> str:
+    """A stage_energy row's name: train_segment[1], prepare_data/shard-00003 (one of a stage's jobs), or the stage."""
+    if s["stage"] == "train_segment":
+        return f"train_segment[{s['segment']}]"
+    job = s.get("job")
+    return f"{s['stage']}/{job}" if job and job != s["stage"] else s["stage"]
+
+
 def stage_energy(metrics: dict, *, energy: EnergyConfig, gpus: int) -> dict:
     """IT energy of one stage from its metrics file, with the source of each part."""
     nodes = metrics.get("nodes")  # a training segment: its nodes' windows, summed once per node

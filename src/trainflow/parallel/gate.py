@@ -37,7 +37,12 @@ class Pattern:
     op: str
 
     def bus_factor(self, n: int) -> float:
-        return {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n}.get(self.op, 1)
+        return bus_factor(self.op, n)
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' correction from algorithm to bus bandwidth of `op` over n ranks (send/recv: 1)."""
+    return {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n}.get(op, 1)
 
 
 PATTERNS = {name: Pattern(name[:2], name[3:]) for name in GATE_PATTERNS}  # <mesh dim>_<op>

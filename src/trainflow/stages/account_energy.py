@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from trainflow.config import CONF_DIR, TrainflowConfig
-from trainflow.energy.accounting import dvfs_outcome, facility, stage_energy
+from trainflow.energy.accounting import dvfs_outcome, facility, stage_energy, stage_label
 from trainflow.energy.node import actions_taken
 from trainflow.energy.phases import phase_energy
 from trainflow.energy.slurm import consumed_energy
@@ -117,7 +117,7 @@ def run(cfg: TrainflowConfig) -> dict:
     for s in stages:
         log.info(
             "Accounted %-18s %8.1f J IT (CPU %s; GPU %s)",
-            f"{s['stage']}[{s['segment']}]",
+            stage_label(s),
             s["it_j"],
             s["cpu_source"],
             s["gpu_source"],

@@ -21,6 +21,7 @@ from omegaconf import DictConfig  # noqa: E402
 from trainflow.atomic import atomic_path, write_text_atomic  # noqa: E402
 from trainflow.config import CONF_DIR, TrainflowConfig  # noqa: E402
 from trainflow.config.run_folder import PLOTS  # noqa: E402
+from trainflow.energy.accounting import stage_label  # noqa: E402
 from trainflow.energy.phases import mean_gpu_busy_pct, power_series, trace_host  # noqa: E402
 from trainflow.plan.versus import measured_split, side_by_side  # noqa: E402
 from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
@@ -227,14 +228,6 @@ def leak_check(segments: list[dict], leak_mb: float) -> list[str]:
     worst = max(growth)
     remedy = "FAIL: find the kernel with CUDA_LAUNCH_BLOCKING=1, read torch.cuda.memory_summary()"
     return [item, f"{worst:+.1f} MB", "pass" if worst <= leak_mb else remedy]
-
-
-def stage_label(s: dict) -> str:
-    """train_segment[1], prepare_data/shard-00003 (one of a stage's jobs), or the stage's name."""
-    if s["stage"] == "train_segment":
-        return f"train_segment[{s['segment']}]"
-    job = s.get("job")
-    return f"{s['stage']}/{job}" if job and job != s["stage"] else s["stage"]
 
 
 def fp8_text(fp8: dict | None) -> str:

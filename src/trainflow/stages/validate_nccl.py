@@ -32,16 +32,11 @@ from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.nvml import NodeGpus
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.nccl_env import audit_env, node_checks, stripe_count, versions
-from trainflow.parallel.gate import judge, time_patterns
+from trainflow.parallel.gate import bus_factor, judge, time_patterns
 from trainflow.plan.build import build_plan
 from trainflow.stage import StageError, run_stage, write_json
 
 log = logging.getLogger("trainflow.validate_nccl")
-
-
-def bus_factor(world: int) -> float:
-    """nccl-tests' all_reduce correction from algorithm to bus bandwidth."""
-    return 2 * (world - 1) / world
 
 
 def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
@@ -61,8 +56,9 @@ def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
             times.append(time.perf_counter() - start)
         t = sorted(times)[len(times) // 2]
         size = n * 4
+        algbw = size / t / 1e9
         rows.append(
-            {"bytes": size, "time_s": t, "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * bus_factor(world)}
+            {"bytes": size, "time_s": t, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor("all_reduce", world)}
         )
         expected = float(world ** (cluster.sweep_iters + 1))  # all ones, summed once per all_reduce
         if not torch.allclose(buf[:1].cpu(), torch.tensor([expected])):
