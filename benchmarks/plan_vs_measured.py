@@ -143,6 +143,8 @@ def block_flops_per_s(cfg, cores: int, tp_block_s: float) -> float:
     seconds = max(run_ranks(block_rank, groups * p.tp, cfg, groups))
     rows = cfg.train.global_batch // (p.dp * p.microbatches)
     flops = rows * m.seq_len * (6 * (layer_params(m, tp=p.tp) - 2 * m.dim) + 12 * m.dim * m.seq_len // p.tp)
+    if seconds <= tp_block_s:
+        raise RuntimeError(f"block probe: {seconds:.4f} s, under the plan's tp all-reduces ({tp_block_s:.4f} s)")
     return flops / (seconds - tp_block_s)
 
 
