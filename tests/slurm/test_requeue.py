@@ -49,9 +49,12 @@ def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tokens):
     logs = "".join(p.read_text() for p in sorted(Path(limited.io.submitit).glob("*_0_log.*")))
     assert summary["completed"] and summary["restart_count"] >= 1, logs[-3000:]
     assert "Requeued job" in logs
-    # Each interruption saved mid-segment at the step the ranks agreed on, and the next job resumed there.
+    # Each interruption saved at the step the ranks agreed on, and the next job resumed there. On a loaded
+    # machine the signal can come after the last step (during the final evaluation or summary): that saves
+    # step 120, and the requeued job only finishes the segment.
     saved = [int(s) for s in re.findall(r"Resumed from the checkpoint of step (\d+)", logs)]
-    assert saved and all(0 < s < 120 for s in saved) and len(saved) == summary["restart_count"], logs[-3000:]
+    assert saved and saved == sorted(saved) and 0 < saved[0] and saved[-1] <= 120, logs[-3000:]
+    assert len(saved) == summary["restart_count"], logs[-3000:]
     assert summary["state_digest"] == expected["state_digest"]
     assert [r["loss"] for r in summary["steps"]] == [r["loss"] for r in expected["steps"]]
     assert summary["evals"] == expected["evals"]
