@@ -58,8 +58,8 @@ from trainflow.config import compose
 from trainflow.model import Block, Llama, rope_tables
 from trainflow.parallel.tensor_parallel import TP_PLAN
 from trainflow.plan.build import build_plan
-from trainflow.plan.memory import layer_params
-from trainflow.plan.step import OPTIMIZER_BYTES
+from trainflow.plan.memory import checked_layout
+from trainflow.plan.step import OPTIMIZER_BYTES, block_flops_per_token
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import read_json
 from trainflow.stages import prepare_data, train_segment
@@ -92,7 +92,7 @@ def timed(fn, repeats: int) -> float:
 def matmul_flops_per_s(cfg) -> float:
     """FLOP/s of one microbatch's forward matmuls through one block and the head at the layout's shapes."""
     m, p = cfg.model, cfg.parallel
-    tokens = cfg.train.global_batch // (p.dp * p.microbatches) * m.seq_len
+    tokens = checked_layout(cfg)[1] * m.seq_len
     q, kv, f = m.n_heads * m.head_dim // p.tp, m.n_kv_heads * m.head_dim // p.tp, m.ffn_dim // p.tp
     x, wide = torch.randn(tokens, m.dim), torch.randn(tokens, max(q, f))
     shapes = [
@@ -120,7 +120,7 @@ def block_rank(rank: int, world: int, cfg, groups: int) -> float:
     (groups, tp) mesh: the block split over tp as trainflow.parallel.tensor_parallel splits it (DTensor and
     its all-reduces), the `groups` copies running at once as the layout's ranks do."""
     m, p = cfg.model, cfg.parallel
-    rows = cfg.train.global_batch // (p.dp * p.microbatches)
+    rows = checked_layout(cfg)[1]
     torch.manual_seed(0)
     block, (cos, sin) = Block(m), rope_tables(m.head_dim, m.seq_len, m.rope_theta)
     if p.tp > 1:
@@ -141,8 +141,7 @@ def block_flops_per_s(cfg, cores: int, tp_block_s: float) -> float:
     m, p = cfg.model, cfg.parallel
     groups = max(1, min(cores, p.world_size) // p.tp)
     seconds = max(run_ranks(block_rank, groups * p.tp, cfg, groups))
-    rows = cfg.train.global_batch // (p.dp * p.microbatches)
-    flops = rows * m.seq_len * (6 * (layer_params(m, tp=p.tp) - 2 * m.dim) + 12 * m.dim * m.seq_len // p.tp)
+    flops = checked_layout(cfg)[1] * m.seq_len * 3 * sum(block_flops_per_token(m, tp=p.tp))  # forward + backward
     if seconds <= tp_block_s:
         raise RuntimeError(f"block probe: {seconds:.4f} s, under the plan's tp all-reduces ({tp_block_s:.4f} s)")
     return flops / (seconds - tp_block_s)

@@ -102,6 +102,13 @@ def model_flops_per_token(m: ModelConfig) -> float:
     return 6.0 * matmul + 12.0 * m.n_layers * m.dim * m.seq_len
 
 
+def block_flops_per_token(m: ModelConfig, *, tp: int) -> tuple[float, float]:
+    """Forward FLOPs per token of one block on one tp rank: its matmul weights (2 each) and attention's
+    QK^T and AV over the full T x T (4 T d / tp). Backward is twice these."""
+    linears = layer_params(m, tp=tp) - 2 * m.dim  # block matmul weights on one tp rank
+    return 2.0 * linears, 4.0 * m.seq_len * (m.n_heads * m.head_dim // tp)
+
+
 def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
     """The step of a composed config (its layout checked as training checks it)."""
     t = cfg.train
@@ -145,10 +152,10 @@ def step_plan(
     algorithm = cluster.allreduce_algorithm
 
     layers = m.n_layers // p
-    linears = layer_params(m, tp=tp) - 2 * m.dim  # block matmul weights on one tp rank
+    linear_flops, attention_flops = block_flops_per_token(m, tp=tp)
     passes = 4 if recompute else 3  # forward, backward (2x), and the recomputed forward
-    block_linear_s = layers * tokens * 2 * linears / linear_s
-    block_attention_s = layers * tokens * 4 * m.seq_len * (m.n_heads * m.head_dim // tp) / flops_s
+    block_linear_s = layers * tokens * linear_flops / linear_s
+    block_attention_s = layers * tokens * attention_flops / flops_s
     head_s = tokens * 2 * m.dim * m.vocab_size / flops_s
     activation_bytes = tokens * m.dim
     tp_s = layers * (
