@@ -38,7 +38,8 @@ from _common import emit, log, median
 from torch._inductor.utils import fresh_cache
 
 from trainflow.config import ConfigError, compose
-from trainflow.model import Llama, cross_entropy, flops_per_token
+from trainflow.config.shape import flops_per_token
+from trainflow.model import Llama, cross_entropy
 from trainflow.train.compile import apply_compile
 from trainflow.train.controls import build_optimizer
 

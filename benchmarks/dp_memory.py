@@ -47,7 +47,8 @@ from _common import bench_model, emit, log, run_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainflow.config import ParallelDims, compose
-from trainflow.model import Llama, count_params, cross_entropy
+from trainflow.config.shape import total_params
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.data_parallel import apply_ddp, apply_fsdp
 from trainflow.parallel.grad_reducer import local
 from trainflow.plan.memory import device_memory
@@ -149,7 +150,7 @@ def main() -> None:
     emit(
         {
             "benchmark": "dp_memory",
-            "model": {**shape, "params": count_params(m), "tokens_per_rank": shape["seq_len"]},
+            "model": {**shape, "params": total_params(m), "tokens_per_rank": shape["seq_len"]},
             "dp": DP,
             "modes": rows,
             "shard_over_replicate": {"state": round(state_ratio, 3), "peak": round(peak_ratio, 3)},

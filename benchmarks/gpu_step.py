@@ -17,7 +17,7 @@ weights, cross_entropy, backward, clip_grad_norm_, `build_optimizer`'s fused Ada
 set up as the Trainer does: `apply_activations` (recompute) first, then `apply_compile` inside it.
 Batches are random tokens drawn on the GPU. The first --warmup steps (compilation, allocator growth) are
 not timed; their total is `warmup_s`. Each timed step ends in a synchronising `loss.item()`, and the
-median step gives tokens/s. MFU = tokens/s x flops_per_token / peak, with trainflow.model's
+median step gives tokens/s. MFU = tokens/s x flops_per_token / peak, with trainflow.config.shape's
 flops_per_token (6 per matmul weight plus attention; recompute's extra forward is not counted, as in
 torchtitan) and the peak of the cluster preset (989 TFLOP/s: H100/H200 dense bf16) unless --peak-tflops
 says otherwise. Peak memory is torch.cuda.max_memory_allocated over the timed steps.
@@ -33,7 +33,8 @@ import torch
 from _common import emit, log, median
 
 from trainflow.config import ConfigError, compose
-from trainflow.model import Llama, cross_entropy, flops_per_token
+from trainflow.config.shape import flops_per_token
+from trainflow.model import Llama, cross_entropy
 from trainflow.train.activations import apply_activations
 from trainflow.train.compile import apply_compile
 from trainflow.train.controls import build_optimizer

@@ -3,6 +3,9 @@
     python -c "from trainflow.config import compose; from trainflow.model import Llama; \
         print(Llama(compose('train_segment').model).num_params())"
 
+Its shape (each linear's features, parameter and FLOP counts) is trainflow.config.shape's, which counts without
+torch; tests/unit/test_shape.py holds the two against each other.
+
 RMSNorm before attention and MLP, rotary position embeddings, grouped-query attention (n_kv_heads
 key/value heads, each shared by n_heads / n_kv_heads query heads), a SwiGLU MLP and an untied
 output head: the architecture of Llama 2 and 3, with Hugging Face's LlamaForCausalLM parameter
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainflow.config import ModelConfig
+from trainflow.config.shape import linear_shapes
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,16 +48,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (x.float() * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
+def linears(m: ModelConfig, prefix: str) -> dict[str, nn.Linear]:
+    """The block's linears under `prefix` (attention, feed_forward), shaped as trainflow.config.shape says."""
+    return {
+        name.removeprefix(f"{prefix}."): nn.Linear(d_in, d_out, bias=False)
+        for name, (d_in, d_out) in linear_shapes(m).items()
+        if name.startswith(f"{prefix}.")
+    }
+
+
 class Attention(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
         self.head_dim = m.head_dim
         self.n_rep = m.n_heads // m.n_kv_heads
         # Separate q/k/v (not one fused qkv) so column-parallel sharding splits whole heads.
-        self.wq = nn.Linear(m.dim, m.n_heads * m.head_dim, bias=False)
-        self.wk = nn.Linear(m.dim, m.n_kv_heads * m.head_dim, bias=False)
-        self.wv = nn.Linear(m.dim, m.n_kv_heads * m.head_dim, bias=False)
-        self.wo = nn.Linear(m.n_heads * m.head_dim, m.dim, bias=False)
+        layers = linears(m, "attention")
+        self.wq, self.wk, self.wv, self.wo = (layers[n] for n in ("wq", "wk", "wv", "wo"))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -66,13 +77,12 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 is the gate, w3 the up and w2 the down projection."""
 
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, m: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate: column-parallel under TP
-        self.w3 = nn.Linear(dim, hidden, bias=False)  # up: column-parallel under TP
-        self.w2 = nn.Linear(hidden, dim, bias=False)  # down: row-parallel under TP
+        layers = linears(m, "feed_forward")
+        self.w1, self.w3, self.w2 = (layers[n] for n in ("w1", "w3", "w2"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -84,7 +94,7 @@ class Block(nn.Module):
         self.attention_norm = nn.RMSNorm(m.dim, eps=m.norm_eps)
         self.attention = Attention(m)
         self.ffn_norm = nn.RMSNorm(m.dim, eps=m.norm_eps)
-        self.feed_forward = FeedForward(m.dim, m.ffn_dim)
+        self.feed_forward = FeedForward(m)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -137,23 +147,6 @@ class Llama(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def count_params(m: ModelConfig) -> int:
-    """Parameters of the model `m` describes, counted on the meta device (no memory, any size)."""
-    with torch.device("meta"):
-        return Llama(m).num_params()
-
-
-def flops_per_token(m: ModelConfig) -> float:
-    """Training FLOPs per token: 6 per weight of every matmul, plus attention's QK^T and AV.
-
-    The matmul weights exclude the embedding table (a lookup); with grouped-query attention wk/wv are
-    narrower, which counting parameters captures. Attention scores and their weighted sum cost
-    2 * 2 * T * dim per layer and token forward (full T x T, as PaLM's appendix B counts it), x3 with backward.
-    """
-    matmul_params = count_params(m) - m.vocab_size * m.dim - (2 * m.n_layers + 1) * m.dim
-    return 6 * matmul_params + 12 * m.n_layers * m.dim * m.seq_len
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import make_config
-from trainflow.config.checks import block_linear_sizes
+from trainflow.config.shape import linear_shapes
 from trainflow.errors import ConfigError
 from trainflow.fp8 import Float8Linear, apply_fp8, load_backend, sync_amax_history
 from trainflow.fp8.cast import (
@@ -31,7 +31,7 @@ from trainflow.fp8.cast import (
     scale_from_amax,
 )
 from trainflow.fp8.ops import fp8_gemm, reference_fp8_gemm, scaled_mm_fp8_gemm
-from trainflow.model import Block, Llama, cross_entropy
+from trainflow.model import Llama, cross_entropy
 
 U32 = 2.0**-24  # fp32's unit roundoff
 
@@ -310,9 +310,7 @@ def test_apply_fp8_swaps_only_the_block_linears(tmp_path):
     assert apply_fp8(model, recipe="delayed", history_len=8) == "reference"
     assert dict(model.named_parameters()) == params  # the same Parameter objects under the same names
     swapped = {n for n, mod in model.named_modules() if isinstance(mod, Float8Linear)}
-    assert swapped == {
-        f"layers.{i}.{name}" for i in range(cfg.model.n_layers) for name in block_linear_sizes(cfg.model)
-    }
+    assert swapped == {f"layers.{i}.{name}" for i in range(cfg.model.n_layers) for name in linear_shapes(cfg.model)}
     assert type(model.output) is nn.Linear and type(model.tok_embeddings) is nn.Embedding
     assert set(model.state_dict()) - set(plain.state_dict()) == {f"{n}.amax_history" for n in swapped}
     tokens = torch.randint(0, cfg.model.vocab_size, (2, 33))
@@ -320,14 +318,6 @@ def test_apply_fp8_swaps_only_the_block_linears(tmp_path):
     loss = cross_entropy(plain(tokens[:, :-1]), tokens[:, 1:])
     # At initialisation the logits are small and fp8 rounding of the block GEMMs moves the loss by little.
     assert abs(loss8.item() - loss.item()) < 1e-3 * loss.item()
-
-
-def test_block_linear_sizes_match_the_model():
-    cfg = make_config("train_segment", "/tmp", "model=tiny")
-    with torch.device("meta"):
-        block = Block(cfg.model)
-    real = {n: (mod.in_features, mod.out_features) for n, mod in block.named_modules() if isinstance(mod, nn.Linear)}
-    assert real == block_linear_sizes(cfg.model)
 
 
 def test_sizes_not_multiples_of_16_are_refused_with_the_layer_and_the_fix(tmp_path):

@@ -15,10 +15,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainflow.config import ConfigError, ParallelDims, compose
-from trainflow.model import Llama, count_params, cross_entropy
+from trainflow.config.shape import block_params, linear_params, total_params
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.data_parallel import apply_fsdp
 from trainflow.parallel.pipeline import split_model
-from trainflow.plan.memory import FP32, chunks_in_flight, device_memory, layer_params
+from trainflow.plan.memory import FP32, chunks_in_flight, device_memory
 from trainflow.plan.peak import peak_bytes
 from trainflow.train.activations import apply_activations
 from trainflow.train.controls import build_optimizer
@@ -71,16 +72,15 @@ def fake_process_group(world: int):
 def test_parameters_are_the_models(name):
     m = model_config(name)
     e = estimate(m)
-    assert e.parameters == 4 * count_params(m)
+    assert e.parameters == 4 * total_params(m)
     assert e.gradients == e.parameters and e.optimizer_state == 2 * e.parameters
 
 
 def test_tensor_parallel_splits_the_block_linears_only():
     m = model_config("llama3_70b")
-    linears = layer_params(m) - 2 * m.dim
-    assert layer_params(m, tp=8) == 2 * m.dim + linears // 8
+    linears = linear_params(m)
     sharded = estimate(m, ParallelDims(dp=1, tp=8, pp=1, world_size=8)).parameters // 4
-    assert sharded == count_params(m) - m.n_layers * linears * 7 // 8
+    assert sharded == total_params(m) - m.n_layers * linears * 7 // 8
 
 
 def test_pipeline_ranks_hold_their_stage_of_the_model():
@@ -101,9 +101,9 @@ def test_shard_divides_the_state_by_dp(name, dp):
     """FSDP's shards are equal in size (it pads them): parameters / dp rounded up, for gradients and AdamW too."""
     m = model_config(name)
     e = estimate(m, sharded(dp))
-    assert e.parameters == 4 * -(-count_params(m) // dp)
+    assert e.parameters == 4 * -(-total_params(m) // dp)
     assert e.gradients == e.parameters and e.optimizer_state == 2 * e.parameters
-    assert e.parameters * dp - 4 * count_params(m) < 4 * dp  # at most one padding element per rank
+    assert e.parameters * dp - 4 * total_params(m) < 4 * dp  # at most one padding element per rank
 
 
 def test_only_shard_gathers():
@@ -127,7 +127,7 @@ def test_shard_gathers_the_root_twice_when_it_outweighs_the_blocks():
     root = 2 * m.vocab_size * m.dim + m.dim
     assert estimate(m, sharded(2), precision="bf16").gathered == 2 * root * 2
     m = model_config("tiny")
-    root, block, head = 2 * m.vocab_size * m.dim + m.dim, layer_params(m), m.vocab_size * m.dim + m.dim
+    root, block, head = 2 * m.vocab_size * m.dim + m.dim, block_params(m), m.vocab_size * m.dim + m.dim
     assert estimate(m, sharded(2)).gathered == (root + 3 * block + head + block) * FP32
 
 

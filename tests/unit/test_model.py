@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from trainflow.config import compose
-from trainflow.model import Llama, count_params, flops_per_token, rope_tables, rotate
+from trainflow.config.shape import flops_per_token, total_params
+from trainflow.model import Llama, rope_tables, rotate
 
 PUBLISHED = {"llama3_8b": 8.03e9, "llama2_70b": 68.98e9, "llama3_70b": 70.55e9}
 
@@ -14,7 +15,7 @@ PUBLISHED = {"llama3_8b": 8.03e9, "llama2_70b": 68.98e9, "llama3_70b": 70.55e9}
 @pytest.mark.parametrize("preset", sorted(PUBLISHED))
 def test_presets_have_the_published_parameter_counts(preset):
     m = compose("train_segment", [f"model={preset}"]).model
-    assert abs(count_params(m) / PUBLISHED[preset] - 1) < 0.005
+    assert abs(total_params(m) / PUBLISHED[preset] - 1) < 0.005
     assert m.ffn_dim == {"llama3_8b": 14336}.get(preset, 28672)
 
 

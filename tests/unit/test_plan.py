@@ -23,7 +23,7 @@ from trainflow.plan.collectives import (
 )
 from trainflow.plan.fit import capacity_bytes, overflow
 from trainflow.plan.memory import device_memory
-from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, model_flops_per_token, step_plan
+from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, step_plan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
 from trainflow.stages import validate_nccl
@@ -116,14 +116,6 @@ def test_tp_all_reduces_per_block_are_what_torch_runs():
         dist.destroy_process_group()
     assert forward.get_total_counts() == TP_FORWARD * m.n_layers
     assert backward.get_total_counts() == TP_BACKWARD * m.n_layers
-
-
-def test_model_flops_match_the_models_count():
-    from trainflow.model import flops_per_token
-
-    for name in ("tiny", "llama3_70b"):
-        m = config(f"model={name}").model
-        assert model_flops_per_token(m) == flops_per_token(m)
 
 
 def test_memory_capacity_and_shard_groups():

@@ -25,6 +25,7 @@ from trainflow.config.schema import (
     ModelConfig,
     TrainflowConfig,
 )
+from trainflow.config.shape import linear_shapes
 from trainflow.errors import ConfigError
 
 
@@ -160,21 +161,6 @@ def train_errors(cfg: TrainflowConfig) -> list[str]:
 FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) take features in multiples of 16
 
 
-def block_linear_sizes(m: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in features, out features) of each linear in a block of trainflow.model (tests/unit/test_fp8.py checks
-    the table against a real Block)."""
-    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    return {
-        "attention.wq": (m.dim, q),
-        "attention.wk": (m.dim, kv),
-        "attention.wv": (m.dim, kv),
-        "attention.wo": (q, m.dim),
-        "feed_forward.w1": (m.dim, m.ffn_dim),
-        "feed_forward.w3": (m.dim, m.ffn_dim),
-        "feed_forward.w2": (m.ffn_dim, m.dim),
-    }
-
-
 def fp8_errors(cfg: TrainflowConfig) -> list[str]:
     """FP8 runs inside bf16 training, on tensor-core tiles of 16, on whole (not tensor-parallel) linears."""
     t, m, errors = cfg.train, cfg.model, []
@@ -190,7 +176,7 @@ def fp8_errors(cfg: TrainflowConfig) -> list[str]:
         )
     bad = [
         f"layers.*.{name} is a {d_in} -> {d_out} Linear"
-        for name, (d_in, d_out) in block_linear_sizes(m).items()
+        for name, (d_in, d_out) in linear_shapes(m, tp=cfg.parallel.tp).items()
         if d_in % FP8_TILE or d_out % FP8_TILE
     ]
     if bad:

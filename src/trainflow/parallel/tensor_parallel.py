@@ -9,19 +9,14 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-# Megatron's layout: the linears into attention heads / the SwiGLU width column-parallel, the ones out
-# row-parallel, so a block needs one all-reduce in attention and one in the MLP, forward and backward.
-# wk / wv shard whole key/value heads (config.layout checks tp divides n_kv_heads), so each rank's
-# query heads find their shared key/value head locally.
-TP_PLAN = {
-    "attention.wq": ColwiseParallel(),
-    "attention.wk": ColwiseParallel(),
-    "attention.wv": ColwiseParallel(),
-    "attention.wo": RowwiseParallel(),
-    "feed_forward.w1": ColwiseParallel(),
-    "feed_forward.w3": ColwiseParallel(),
-    "feed_forward.w2": RowwiseParallel(),
-}
+from trainflow.config.shape import SPLITS
+
+# Megatron's layout (trainflow.config.shape.SPLITS): the linears into attention heads / the SwiGLU width
+# column-parallel, the ones out row-parallel, so a block needs one all-reduce in attention and one in the MLP,
+# forward and backward. wk / wv shard whole key/value heads (config.layout checks tp divides n_kv_heads), so each
+# rank's query heads find their shared key/value head locally.
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+TP_PLAN = {name: STYLES[split]() for name, split in SPLITS.items()}
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from trainflow.checkpoint.interval import young_daly_steps
 from trainflow.config.schema import TrainflowConfig
+from trainflow.config.shape import total_params
 from trainflow.energy.accounting import campaign_gwh
-from trainflow.plan.memory import layer_params
 
 CHECKPOINT_BYTES_PER_PARAM = 12
 """fp32 weights and AdamW's two fp32 moments."""
@@ -44,16 +44,10 @@ class CampaignPlan:
     tokens_per_joule: float
 
 
-def parameters(cfg: TrainflowConfig) -> int:
-    """Parameters of the model (trainflow.model.count_params without torch)."""
-    m = cfg.model
-    return m.n_layers * layer_params(m) + 2 * m.vocab_size * m.dim + m.dim
-
-
 def plan_campaign(cfg: TrainflowConfig, *, step_s: float) -> CampaignPlan:
     """The campaign of train.total_steps steps of step_s seconds each."""
     c, t = cfg.cluster, cfg.train
-    n = parameters(cfg)
+    n = total_params(cfg.model)
     checkpoint_bytes = CHECKPOINT_BYTES_PER_PARAM * n
     save_s = checkpoint_bytes / (c.storage_write_gbps * 1e9)
     mtbf_s = c.mtbf_hours * 3600

@@ -100,6 +100,14 @@ from dataclasses import dataclass
 
 from trainflow.config.layout import ParallelDims
 from trainflow.config.schema import ACTIVATION_MODES, ModelConfig, TrainflowConfig
+from trainflow.config.shape import (
+    block_params,
+    embedding_params,
+    head_params,
+    linear_params,
+    output_params,
+    stage_params,
+)
 from trainflow.errors import ConfigError
 
 FP32, BF16 = 4, 2
@@ -139,14 +147,6 @@ class MemoryEstimate:
             + self.activations
             + self.gathered
         )
-
-
-def layer_params(m: ModelConfig, *, tp: int = 1) -> int:
-    """One block's parameters on one tensor-parallel rank: its two norms and the sharded linears."""
-    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    attention = m.dim * (q + 2 * kv) + q * m.dim  # wq, wk, wv, wo
-    mlp = 3 * m.dim * m.ffn_dim  # w1, w3, w2
-    return 2 * m.dim + (attention + mlp) // tp
 
 
 def block_saved(m: ModelConfig, *, tp: int, compute: int) -> int:
@@ -239,12 +239,9 @@ def device_memory(
     else:
         kept, live = 0, offloaded_block_live(m, tp=tp, compute=compute)
 
-    embedding, head = m.vocab_size * m.dim, m.dim + m.vocab_size * m.dim
-    linears = layer_params(m, tp=tp) - 2 * m.dim
-
     def on_rank(rank: int) -> MemoryEstimate:
         first, last = rank == 0, rank == pp - 1
-        params = layers * layer_params(m, tp=tp) + first * embedding + last * head
+        params = stage_params(m, pp_rank=rank, pp=pp, tp=tp)
         heads_held = (dims.microbatches if dims.schedule == "gpipe" else 1) * last
         stored = chunks_in_flight(dims, rank) * (chunk_layers * kept + first * INDEX)
         stored += heads_held * head_saved(m, compute=compute)
@@ -252,14 +249,14 @@ def device_memory(
         peak = max(last * head_transient(m), live - last * head_saved(m, compute=compute))
         shard = dims.shard_size
         held = -(-params // shard)  # FSDP pads every shard to the same size
-        copies = (layers * linears + last * m.vocab_size * m.dim) * BF16 if precision == "bf16" else 0
+        copies = (layers * linear_params(m, tp=tp) + last * output_params(m)) * BF16 if precision == "bf16" else 0
         gathered = 0
         if shard > 1:  # the module docstring's paragraph on sharded data parallel
-            block, ends = layer_params(m, tp=tp), first * embedding + last * head
+            block, ends = block_params(m, tp=tp), first * embedding_params(m) + last * head_params(m)
             if pp > 1:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
                 gathered = params * (compute + FP32) + max(block, ends) * FP32
             else:  # the root throughout, beside its all-gather output or the blocks at work
-                at_work = (3 * block + head) * compute + block * FP32
+                at_work = (3 * block + head_params(m)) * compute + block * FP32
                 gathered = ends * compute + max(ends * compute, at_work)
             copies = 0
         return MemoryEstimate(

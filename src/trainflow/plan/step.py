@@ -9,7 +9,7 @@ b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
 - compute: FLOPs / (cluster.peak_tflops x cluster.matmul_efficiency). Forward FLOPs per token are 2 per
   matmul weight the rank holds (tensor parallel splits the block linears; the output head is whole on
   every tp rank, as trainflow.parallel.tensor_parallel leaves it) plus attention's 4 T d / tp (QK^T and
-  AV over the full T x T, as trainflow.model.flops_per_token counts them); backward is twice forward and
+  AV over the full T x T, as trainflow.config.shape counts them); backward is twice forward and
   activations=recompute runs the blocks' forward once more. FP8 divides the block linears' time by
   cluster.fp8_speedup (attention and the head stay bf16).
 - tp: the all-reduces inside a block, over the tp group, not overlapped: forward, RowwiseParallel's two
@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 
 from trainflow.config.layout import ParallelDims
 from trainflow.config.schema import ClusterConfig, ModelConfig, TrainflowConfig
+from trainflow.config.shape import block_flops_per_token, flops_per_token, output_params, stage_params
 from trainflow.plan.collectives import (
     Link,
     allreduce_seconds,
@@ -51,7 +52,7 @@ from trainflow.plan.collectives import (
     group_link,
     shard_seconds,
 )
-from trainflow.plan.memory import COMPUTE_BYTES, FP32, checked_layout, layer_params
+from trainflow.plan.memory import COMPUTE_BYTES, FP32, checked_layout
 
 OPTIMIZER_BYTES = 40
 """Bytes AdamW and clipping move per parameter: read weight, gradient and two moments and write three back
@@ -94,19 +95,6 @@ class StepPlan:
     """The whole gradient reduction of the slowest rank, before overlap."""
     bubble_fraction: float
     """(p-1)/(v m + p-1): the schedule's idle share on its busiest rank."""
-
-
-def model_flops_per_token(m: ModelConfig) -> float:
-    """trainflow.model.flops_per_token without torch: 6 per matmul weight (blocks and head) + 12 L d T."""
-    matmul = m.n_layers * (layer_params(m) - 2 * m.dim) + m.vocab_size * m.dim
-    return 6.0 * matmul + 12.0 * m.n_layers * m.dim * m.seq_len
-
-
-def block_flops_per_token(m: ModelConfig, *, tp: int) -> tuple[float, float]:
-    """Forward FLOPs per token of one block on one tp rank: its matmul weights (2 each) and attention's
-    QK^T and AV over the full T x T (4 T d / tp). Backward is twice these."""
-    linears = layer_params(m, tp=tp) - 2 * m.dim  # block matmul weights on one tp rank
-    return 2.0 * linears, 4.0 * m.seq_len * (m.n_heads * m.head_dim // tp)
 
 
 def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
@@ -156,7 +144,7 @@ def step_plan(
     passes = 4 if recompute else 3  # forward, backward (2x), and the recomputed forward
     block_linear_s = layers * tokens * linear_flops / linear_s
     block_attention_s = layers * tokens * attention_flops / flops_s
-    head_s = tokens * 2 * m.dim * m.vocab_size / flops_s
+    head_s = tokens * 2 * output_params(m) / flops_s
     activation_bytes = tokens * m.dim
     tp_s = layers * (
         (TP_FORWARD * (2 if recompute else 1))
@@ -178,11 +166,9 @@ def step_plan(
     exchanges = 2 * v * mb if p > 1 else 0
     activation = exchanges * pp_link.seconds(activation_bytes * FP32)
     schedule = (mb + (p - 1) / v) * w_max + activation
-    embedding, head = m.vocab_size * m.dim, m.dim + m.vocab_size * m.dim
-
     splits, dp_totals = [], []
     for rank, (compute, tp_comm, backward) in enumerate(works):
-        params = layers * layer_params(m, tp=tp) + (rank == 0) * embedding + (rank == p - 1) * head
+        params = stage_params(m, pp_rank=rank, pp=p, tp=tp)
         if dims.dp_mode == "shard":
             dp_total, dp_exposed = _sharded_dp(
                 params,
@@ -215,7 +201,7 @@ def step_plan(
     worst = max(range(p), key=lambda r: splits[r].total)
     slowest = splits[worst]
     tokens_per_device = dims.dp * mb * tokens / slowest.total / dims.world_size
-    flops = model_flops_per_token(m)
+    flops = flops_per_token(m)
     return StepPlan(
         split=slowest,
         per_pp_rank=splits,

@@ -29,9 +29,10 @@ from trainflow.checkpoint.state import build_state, load_state
 from trainflow.config import TrainflowConfig, as_dict
 from trainflow.config.layout import ParallelDims
 from trainflow.config.run_folder import evals_log, steps_log
+from trainflow.config.shape import flops_per_token
 from trainflow.data.sampler import TokenSampler
 from trainflow.errors import TrainflowError
-from trainflow.model import Llama, cross_entropy, flops_per_token
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import Parallelized, parallelize_model
 from trainflow.progress import Progress
 from trainflow.train.activations import apply_activations
