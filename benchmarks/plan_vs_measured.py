@@ -55,11 +55,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import parallelize_module
 
 from trainflow.config import compose
+from trainflow.config.shape import block_flops_per_token
 from trainflow.model import Block, Llama, rope_tables
 from trainflow.parallel.tensor_parallel import TP_PLAN
 from trainflow.plan.build import build_plan
 from trainflow.plan.memory import checked_layout
-from trainflow.plan.step import OPTIMIZER_BYTES, block_flops_per_token
+from trainflow.plan.step import OPTIMIZER_BYTES
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import read_json
 from trainflow.stages import prepare_data, train_segment
