@@ -21,11 +21,17 @@ from trainflow.atomic import write_json, write_text_atomic  # noqa: F401  (re-ex
 from trainflow.config import TrainflowConfig, TrainflowError, as_dict, to_config
 from trainflow.energy.meter import Reading, delta
 
-log = logging.getLogger("trainflow")
+log = logging.getLogger(__name__)
 
 
 class StageError(TrainflowError):
     """A stage that ran and found its inputs or results unacceptable."""
+
+
+def stage_log(module_file: str) -> logging.Logger:
+    """A stage module's logger, named for its stage (trainflow.<stage>) whether it runs under `python -m` or is
+    imported: its file name is the stage's name."""
+    return logging.getLogger(f"trainflow.{Path(module_file).stem}")
 
 
 def read_json(path: str | Path) -> dict:

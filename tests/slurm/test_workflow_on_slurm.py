@@ -20,11 +20,12 @@ import pytest
 from tests.conftest import REPO, read_json
 from tests.slurm.conftest import final_states
 from tests.workflow.test_workflow import job_counts, snakemake
+from trainflow.config import ALLOCATING, STAGES
 
 pytestmark = pytest.mark.slurm
 
 PROFILE = ("--profile", str(REPO / "profiles/slurm_local"))
-LIGHT = {"prepare_data_shard", "prepare_data", "stage_data", "verify_checkpoint", "account_energy", "report"}
+LIGHT = {*(set(STAGES) - set(ALLOCATING)), "prepare_data_shard"}  # the stages sent to Slurm by the plugin
 PLUGIN_JOB = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S+/rule_(\w+)/")
 SUBMITIT_JOB = re.compile(r"Submitted slurm job (\d+)")
 

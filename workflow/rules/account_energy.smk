@@ -8,7 +8,7 @@ rule account_energy:
     log:
         RUN.log("account_energy"),
     params:
-        config_hash=stage_hash("account_energy"),
+        config_hash=rule_hash("account_energy"),
         io=lambda w, input, output: stage_command(
             metrics=list(input.metrics),
             segment_reports=list(input.segments),

@@ -6,7 +6,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from trainflow.config import STAGE_READS, ConfigError, config_hash
+from trainflow.config import ConfigError, stage_hash
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import corpus_files, shard_groups
 from trainflow.data.record import DataError, record_path
@@ -57,9 +57,10 @@ def shard_files(wildcards):
     return SHARD_FILES[int(wildcards.shard)]
 
 
-def stage_hash(stage):
-    """The rule's params: a change in the config a stage reads reruns it and what follows."""
-    return config_hash(CFG, STAGE_READS[stage])
+def rule_hash(stage):
+    """The rule's params: the hash of what the stage reads (trainflow.config.stages), so a change there reruns it
+    and what follows."""
+    return stage_hash(CFG, stage)
 
 
 def stage_command(**io):

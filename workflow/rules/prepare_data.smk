@@ -12,7 +12,7 @@ rule prepare_data_tokenizer:
     log:
         RUN.log("prepare_data", "tokenizer"),
     params:
-        config_hash=stage_hash("prepare_data"),
+        config_hash=rule_hash("prepare_data"),
         io=lambda w, output: stage_command(tokens=output.tokenizer, stage_metrics=output.metrics),
     resources:
         mem_mb=4000,
@@ -35,7 +35,7 @@ rule prepare_data_shard:
     wildcard_constraints:
         shard=r"\d{5}",
     params:
-        config_hash=stage_hash("prepare_data"),
+        config_hash=rule_hash("prepare_data"),
         io=lambda w, output: stage_command(tokens=output.shard, stage_metrics=output.metrics),
     resources:
         mem_mb=4000,
@@ -56,7 +56,7 @@ rule prepare_data:
     log:
         RUN.log("prepare_data"),
     params:
-        config_hash=stage_hash("prepare_data"),
+        config_hash=rule_hash("prepare_data"),
         io=lambda w, output: stage_command(tokens=output.tokens, stage_metrics=output.metrics),
     resources:
         mem_mb=1000,

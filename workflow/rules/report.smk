@@ -13,7 +13,7 @@ rule report:
     log:
         RUN.log("report"),
     params:
-        config_hash=stage_hash("report"),
+        config_hash=rule_hash("report"),
         io=lambda w, input, output: stage_command(
             segment_reports=list(input.segments),
             nccl_report=input.nccl,

@@ -14,7 +14,7 @@ rule stage_data:
     log:
         RUN.log("stage_data"),
     params:
-        config_hash=stage_hash("stage_data"),
+        config_hash=rule_hash("stage_data"),
         io=lambda w, input, output: stage_command(
             tokens=input.tokens, staged_tokens=output.tokens, stage_metrics=output.metrics
         ),

@@ -16,7 +16,7 @@ rule train_segment:
     wildcard_constraints:
         segment=r"\d+",
     params:
-        config_hash=stage_hash("train_segment"),
+        config_hash=rule_hash("train_segment"),
         io=lambda w, input, output: stage_command(
             staged_tokens=input.tokens,
             checkpoints=CHECKPOINTS,

@@ -6,7 +6,7 @@ rule validate_nccl:
     log:
         RUN.log("validate_nccl"),
     params:
-        config_hash=stage_hash("validate_nccl"),
+        config_hash=rule_hash("validate_nccl"),
         io=lambda w, output: stage_command(
             nccl_report=output.report, stage_metrics=output.metrics, submitit=RUN.submitit("validate_nccl")
         ),

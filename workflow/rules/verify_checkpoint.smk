@@ -7,7 +7,7 @@ rule verify_checkpoint:
     log:
         RUN.log("verify_checkpoint"),
     params:
-        config_hash=RUN.train_hash,
+        config_hash=rule_hash("verify_checkpoint"),
         io=lambda w, output: stage_command(
             checkpoints=CHECKPOINTS, verify_report=output.report, stage_metrics=output.metrics
         ),

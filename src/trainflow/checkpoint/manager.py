@@ -35,7 +35,7 @@ from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
 from trainflow.checkpoint.writer import ChecksummingWriter
 from trainflow.errors import TrainflowError
 
-log = logging.getLogger("trainflow.checkpoint")
+log = logging.getLogger(__name__)
 
 
 class CheckpointWriteError(TrainflowError):

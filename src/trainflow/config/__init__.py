@@ -6,13 +6,12 @@
 
 from trainflow.config.checks import validate
 from trainflow.config.compose import CONF_DIR, compose, one_line, to_config
-from trainflow.config.hashing import STAGE_READS, as_dict, config_hash
+from trainflow.config.hashing import as_dict, config_hash, stage_hash
 from trainflow.config.layout import ParallelDims, parallel_errors
 from trainflow.config.schema import (
     BYTE_VOCAB,
     RUN_NAME,
     SCHEDULES,
-    STAGES,
     CheckpointConfig,
     ClusterConfig,
     DataConfig,
@@ -27,15 +26,18 @@ from trainflow.config.schema import (
     TrainConfig,
     TrainflowConfig,
 )
+from trainflow.config.stages import ALLOCATING, STAGE_READS, STAGE_TABLE, STAGES
 from trainflow.errors import ConfigError, TrainflowError
 
 __all__ = [
+    "ALLOCATING",
     "BYTE_VOCAB",
     "CONF_DIR",
     "RUN_NAME",
     "SCHEDULES",
     "STAGE_READS",
     "STAGES",
+    "STAGE_TABLE",
     "CheckpointConfig",
     "ClusterConfig",
     "ConfigError",
@@ -57,6 +59,7 @@ __all__ = [
     "config_hash",
     "one_line",
     "parallel_errors",
+    "stage_hash",
     "to_config",
     "validate",
 ]

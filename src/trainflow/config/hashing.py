@@ -1,4 +1,4 @@
-"""What reruns what: the config subtrees each stage reads, and their hash (each rule's params).
+"""What reruns what: the hash of the config subtrees a stage reads (config.stages.STAGE_READS), its rule's params.
 
 python -c "from trainflow.config import compose, config_hash; print(config_hash(compose('report'), ('model',)))"
 """
@@ -12,18 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from trainflow.config.schema import TrainflowConfig
-
-# The config subtrees each stage reads: their hash is the rule's params, so a change reruns exactly
-# the stages that read it (and, through their outputs, what follows).
-STAGE_READS: dict[str, tuple[str, ...]] = {
-    "prepare_data": ("data",),
-    "stage_data": ("data",),
-    "validate_nccl": ("parallel", "cluster", "model", "train", "checkpoint", "energy"),  # and the plan
-    "train_segment": ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster"),
-    "verify_checkpoint": (),
-    "account_energy": ("energy", "cluster"),
-    "report": ("model", "parallel", "train", "cluster", "energy", "observe"),
-}
+from trainflow.config.stages import STAGE_READS
 
 
 def as_dict(node: Any) -> Any:
@@ -35,3 +24,8 @@ def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...]) -> str:
     """A short stable hash of the named config subtrees."""
     blob = json.dumps({s: as_dict(getattr(cfg, s)) for s in sections}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def stage_hash(cfg: TrainflowConfig, stage: str) -> str:
+    """The hash of what `stage` reads: its rule's params, so a change there reruns it and what follows."""
+    return config_hash(cfg, STAGE_READS[stage])

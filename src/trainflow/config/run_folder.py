@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow.config.hashing import STAGE_READS, config_hash
+from trainflow.config.hashing import stage_hash
 from trainflow.config.schema import TrainflowConfig
 
 PLOTS = ("loss", "throughput", "breakdown", "power")
@@ -42,7 +42,7 @@ class RunFolder:
     @classmethod
     def of(cls, cfg: TrainflowConfig) -> RunFolder:
         s = cfg.storage
-        return cls(s.root, s.capacity, s.fast, config_hash(cfg, STAGE_READS["train_segment"]))
+        return cls(s.root, s.capacity, s.fast, stage_hash(cfg, "train_segment"))
 
     @property
     def tokens(self) -> str:

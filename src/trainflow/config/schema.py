@@ -17,15 +17,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-STAGES = (
-    "prepare_data",
-    "stage_data",
-    "validate_nccl",
-    "train_segment",
-    "verify_checkpoint",
-    "account_energy",
-    "report",
-)
+from trainflow.config.stages import STAGES
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 ACTIVATION_MODES = ("keep", "recompute", "offload")
 DP_MODES = ("replicate", "shard")

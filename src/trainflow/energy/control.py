@@ -24,7 +24,7 @@ from trainflow.energy.dvfs import clock_for
 from trainflow.energy.nvml import NodeGpus
 from trainflow.errors import ConfigError
 
-log = logging.getLogger("trainflow.energy")
+log = logging.getLogger(__name__)
 
 
 class GpuControls:

@@ -47,7 +47,7 @@ from trainflow.export.source import (
 
 __all__ = ["ExportError", "choose_model", "export", "read_model"]
 
-log = logging.getLogger("trainflow.export")
+log = logging.getLogger(__name__)
 
 
 def export(checkpoint: Path, out: Path, given: ModelConfig | None = None) -> Path:

@@ -11,9 +11,7 @@ import yaml
 
 from trainflow.config import CONF_DIR, TrainflowError, compose
 from trainflow.export import __doc__ as DOC
-from trainflow.export import export
-
-log = logging.getLogger("trainflow.export")
+from trainflow.export import export, log
 
 
 def main(argv: list[str] | None = None) -> None:

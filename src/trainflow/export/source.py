@@ -29,7 +29,7 @@ from trainflow.data.index import first_shard
 from trainflow.data.record import DataError, check_size
 from trainflow.model import Llama
 
-log = logging.getLogger("trainflow.export")
+log = logging.getLogger(__name__)
 
 MODEL_TYPES = get_type_hints(ModelConfig)  # field name -> int, float or str
 

@@ -32,7 +32,7 @@ from submitit.local.local import LocalJob
 from trainflow.errors import TrainflowError
 from trainflow.launch.task import task_marker
 
-log = logging.getLogger("trainflow.launch")
+log = logging.getLogger(__name__)
 
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}

@@ -10,28 +10,23 @@ device-hours, and the DVFS / power-cap actions with the estimated saving.
 
 from __future__ import annotations
 
-import logging
-
 import hydra
 from omegaconf import DictConfig
 
-from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.config import ALLOCATING, CONF_DIR, TrainflowConfig
 from trainflow.energy.accounting import dvfs_outcome, facility, stage_energy, stage_label
 from trainflow.energy.node import actions_taken
 from trainflow.energy.phases import phase_energy
 from trainflow.energy.slurm import consumed_energy
-from trainflow.stage import StageError, read_json, run_stage, write_json
+from trainflow.stage import StageError, read_json, run_stage, stage_log, write_json
 
-log = logging.getLogger("trainflow.account_energy")
-
-JOB_STAGES = ("train_segment", "validate_nccl")
-"""Stages whose work runs on the training allocation's GPUs (the others use the CPU of one process)."""
+log = stage_log(__file__)
 
 
 def here_or_model(metrics: dict, executor: str) -> dict:
     """A job stage's metrics without node windows (validate_nccl), with the counters of the stage's own process
     dropped where they describe the submitting node rather than the job's (any executor but local)."""
-    if metrics["stage"] in JOB_STAGES and "nodes" not in metrics and executor != "local":
+    if metrics["stage"] in ALLOCATING and "nodes" not in metrics and executor != "local":
         return {**metrics, "rapl_j": None, "gpu_j": None}
     return metrics
 
@@ -58,7 +53,7 @@ def run(cfg: TrainflowConfig) -> dict:
     gpus = c.nodes * c.gpus_per_node
     metrics = [read_json(p) for p in cfg.io.metrics]
     stages = [
-        stage_energy(here_or_model(m, c.executor), energy=e, gpus=gpus if m["stage"] in JOB_STAGES else 0)
+        stage_energy(here_or_model(m, c.executor), energy=e, gpus=gpus if m["stage"] in ALLOCATING else 0)
         for m in metrics
     ]
     summaries = {s["segment"]: s for s in map(read_json, cfg.io.segment_reports)}

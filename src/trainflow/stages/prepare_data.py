@@ -11,7 +11,6 @@ What a job does follows the file it is asked to write (io.tokens; the workflow g
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -28,9 +27,9 @@ from trainflow.data.index import shard_number, shard_recipe, write_index
 from trainflow.data.record import DataError, check_size
 from trainflow.data.tokenizer import ByteTokenizer, HfTokenizer, load_pretrained, load_tokenizer, train_bpe
 from trainflow.data.tokens import write_shard
-from trainflow.stage import run_stage
+from trainflow.stage import run_stage, stage_log
 
-log = logging.getLogger("trainflow.prepare_data")
+log = stage_log(__file__)
 
 
 def documents(data: DataConfig, files: list[str], max_bytes: int) -> Documents:

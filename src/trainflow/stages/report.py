@@ -7,7 +7,6 @@ Markdown with PNG plots beside it; every stage's output is linked by a path rela
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -24,9 +23,9 @@ from trainflow.config.run_folder import PLOTS  # noqa: E402
 from trainflow.energy.accounting import stage_label  # noqa: E402
 from trainflow.energy.phases import mean_gpu_busy_pct, power_series, trace_host  # noqa: E402
 from trainflow.plan.versus import measured_split, side_by_side  # noqa: E402
-from trainflow.stage import StageError, read_json, run_stage  # noqa: E402
+from trainflow.stage import StageError, read_json, run_stage, stage_log  # noqa: E402
 
-log = logging.getLogger("trainflow.report")
+log = stage_log(__file__)
 
 
 def plot_loss(steps: list[dict], evals: list[dict], out: Path) -> None:

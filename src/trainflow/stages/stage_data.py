@@ -12,7 +12,6 @@ The staged index is written last: training reads it, so a half-staged corpus has
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +24,9 @@ from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.crc import file_crc
 from trainflow.data.index import Shard, read_index, write_index_file
 from trainflow.data.record import DataError, read_record, record_path, recorded, write_record
-from trainflow.stage import StageError, run_stage
+from trainflow.stage import StageError, run_stage, stage_log
 
-log = logging.getLogger("trainflow.stage_data")
+log = stage_log(__file__)
 RERUN_PREPARE = "prepare_data (snakemake --forcerun prepare_data)"
 
 

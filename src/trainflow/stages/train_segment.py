@@ -9,7 +9,6 @@ which resumes from that checkpoint. `checkpoint()` returns a fresh instance: no 
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -24,10 +23,10 @@ from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.node import actions_taken, node_window, power_folder, sum_nodes
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
-from trainflow.stage import StageError, run_stage, write_json
+from trainflow.stage import StageError, run_stage, stage_log, write_json
 from trainflow.train.trainer import Trainer
 
-log = logging.getLogger("trainflow.train_segment")
+log = stage_log(__file__)
 
 
 class TrainSegment(submitit.helpers.Checkpointable):

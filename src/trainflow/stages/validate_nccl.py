@@ -15,7 +15,6 @@ in device memory stops the stage, and with it the DAG, before any allocation or 
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
@@ -34,9 +33,9 @@ from trainflow.launch import LaunchError, build_executor, distributed_task, run_
 from trainflow.nccl_env import audit_env, node_checks, stripe_count, versions
 from trainflow.parallel.gate import bus_factor, judge, time_patterns
 from trainflow.plan.build import build_plan
-from trainflow.stage import StageError, run_stage, write_json
+from trainflow.stage import StageError, run_stage, stage_log, write_json
 
-log = logging.getLogger("trainflow.validate_nccl")
+log = stage_log(__file__)
 
 
 def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:

@@ -6,7 +6,6 @@ lists, every rank's among them) and re-read every file against the manifest's CR
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -16,9 +15,9 @@ from omegaconf import DictConfig
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify
 from trainflow.config import CONF_DIR, TrainflowConfig
-from trainflow.stage import StageError, run_stage, write_json
+from trainflow.stage import StageError, run_stage, stage_log, write_json
 
-log = logging.getLogger("trainflow.verify_checkpoint")
+log = stage_log(__file__)
 
 
 def verify_all(root: Path) -> dict:

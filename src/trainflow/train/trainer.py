@@ -42,7 +42,7 @@ from trainflow.train.profile import StepProfiler, memory_mb
 from trainflow.train.step_log import StepLog
 from trainflow.train.tensorboard import TensorBoardLog
 
-log = logging.getLogger("trainflow.train")
+log = logging.getLogger(__name__)
 
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

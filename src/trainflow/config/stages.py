@@ -1,0 +1,44 @@
+"""The stage table: every stage of the DAG, the config it reads (its rule's hash) and whether it submits its own
+allocation of the training shape. STAGES, STAGE_READS (config.hashing), the stages whose work runs on the
+allocation (energy accounting) and the Snakefile's localrules derive from it; tests/unit/test_stage_table.py holds
+the Snakefile, workflow/rules/, conf/ and trainflow.stages against it.
+
+    python -c "from trainflow.config.stages import STAGE_TABLE; [print(s) for s in STAGE_TABLE]"
+
+A stage's name is its rule (workflow/rules/<name>.smk), its module (trainflow.stages.<name>), its primary Hydra
+config (conf/<name>.yaml), its log folder (logs/<name>/) and its metrics file (metrics/<name>.json).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRAIN_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster")
+"""What training reads: also the name of its checkpoint series (config.run_folder.RunFolder.train_hash)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    reads: tuple[str, ...]
+    """The config subtrees whose hash is the rule's params: a change in them reruns the stage and what follows."""
+    allocates: bool = False
+    """Submits its own allocation of the training shape through submitit and waits (a Snakemake localrule); its
+    work runs on that allocation's nodes."""
+
+
+STAGE_TABLE = (
+    Stage("prepare_data", ("data",)),
+    Stage("stage_data", ("data",)),
+    # and the plan, which reads model, train, checkpoint and energy too
+    Stage("validate_nccl", ("parallel", "cluster", "model", "train", "checkpoint", "energy"), allocates=True),
+    Stage("train_segment", TRAIN_READS, allocates=True),
+    Stage("verify_checkpoint", TRAIN_READS),  # the checkpoint series it verifies is named by what training reads
+    Stage("account_energy", ("energy", "cluster")),
+    Stage("report", ("model", "parallel", "train", "cluster", "energy", "observe")),
+)
+
+STAGES = tuple(s.name for s in STAGE_TABLE)
+STAGE_READS = {s.name: s.reads for s in STAGE_TABLE}
+ALLOCATING = tuple(s.name for s in STAGE_TABLE if s.allocates)
+"""Stages whose work runs on the training allocation (validate_nccl, train_segment): localrules in the Snakefile."""

@@ -1,0 +1,42 @@
+"""The stage table (trainflow.config.stages) against what the repository holds for each stage: its rule file and the
+rules in it, its module and the config its @hydra.main composes, its primary config, and the Snakefile's localrules."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from trainflow.config import ALLOCATING, CONF_DIR, STAGES
+
+
+def test_every_stage_has_a_rule_file_a_module_and_a_primary_config_and_nothing_else_does():
+    rules = {p.stem for p in (REPO / "workflow/rules").glob("*.smk")} - {"common"}
+    modules = {p.stem for p in (REPO / "src/trainflow/stages").glob("*.py")} - {"__init__"}
+    primaries = {p.stem for p in CONF_DIR.glob("*.yaml")} - {"trainflow"}
+    assert rules == modules == primaries == set(STAGES)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_is_named_alike_everywhere(stage):
+    smk = (REPO / f"workflow/rules/{stage}.smk").read_text()
+    assert re.search(rf"^rule {stage}:", smk, re.M), f"workflow/rules/{stage}.smk has no rule {stage}"
+    rules = re.findall(r"^rule (\w+):", smk, re.M)
+    # Every rule of the file (prepare_data's tokenizer and shard jobs too) hashes what the stage reads, runs the
+    # stage's module and logs under the stage's folder.
+    assert re.findall(r'config_hash=rule_hash\("(\w+)"\)', smk) == [stage] * len(rules)
+    assert re.findall(r"-m trainflow\.stages\.(\w+)", smk) == [stage] * len(rules)
+    assert re.findall(r'RUN\.log\("(\w+)"', smk) == [stage] * len(rules)
+    module = (REPO / f"src/trainflow/stages/{stage}.py").read_text()
+    assert f'config_name="{stage}"' in module and f"python -m trainflow.stages.{stage}" in module
+    assert yaml.safe_load((CONF_DIR / f"{stage}.yaml").read_text())["stage"] == stage
+
+
+def test_localrules_are_the_stages_that_submit_their_own_allocation():
+    block = re.search(r"^localrules:\n((?:[ \t]+\w+,?\n)+)", (REPO / "Snakefile").read_text(), re.M)
+    assert block, "the Snakefile has no localrules: block"
+    assert set(re.findall(r"\w+", block[1])) == {"all", *ALLOCATING}
+    for stage in ALLOCATING:  # they run where Snakemake runs: no Slurm resources of their own
+        assert "resources:" not in (REPO / f"workflow/rules/{stage}.smk").read_text()
