@@ -65,8 +65,8 @@ def main() -> None:
                 "model.n_layers=4",
                 "model.seq_len=8192",
                 "cluster=alps_gh200",
-                "cluster.nodes=1",
-                "cluster.gpus_per_node=1",
+                "cluster.allocation.nodes=1",
+                "cluster.allocation.gpus_per_node=1",
                 "parallel=single",
                 f"train.global_batch={args.batch}",
                 "train.precision=bf16",
@@ -77,7 +77,7 @@ def main() -> None:
     except ConfigError as err:
         sys.exit(f"gpu_step: {err}")
     m, t = cfg.model, cfg.train
-    peak_tflops = args.peak_tflops or cfg.cluster.peak_tflops
+    peak_tflops = args.peak_tflops or cfg.cluster.hardware.peak_tflops
     device = torch.device("cuda")
     torch.manual_seed(t.seed)
     with device:

@@ -9,7 +9,7 @@ of calibrate-then-measure (this VM's speed drifts by up to 2x between minutes, s
 Calibration, on this machine, one thread per rank as the trainer runs:
 - matmul probe: the forward matmuls of one microbatch through one block and the output head, at the
   layout's own shapes (tokens per microbatch, tp-split widths), timed; achieved FLOP/s becomes
-  cluster.peak_tflops with matmul_efficiency 1.
+  cluster.hardware.peak_tflops with matmul_efficiency 1.
 - block probe, beside it: one trainflow Block's forward and backward on one microbatch at the layout's
   shapes, split over a tp group exactly as training splits it (DTensor, TP_PLAN), as many copies at once
   as the layout runs ranks on this machine's cores; its model FLOPs per rank over its time less the plan's
@@ -26,10 +26,10 @@ Calibration, on this machine, one thread per rank as the trainer runs:
   fraction) of them compete and each computes at cores / that of both FLOP/s (stated, not fitted; at
   dp2 x tp2 x pp2, 8 ranks with a 1/3 bubble on 2 cores: 0.375 of a core).
 - gloo all_reduce probe: 2 ranks, 16 KiB and 4 MiB fp32, median of 20; the two points of t = 2 alpha +
-  S / B (a ring of two) give cluster.intra_node_gbps and intra_node_latency_us (one node: every group is
+  S / B (a ring of two) give cluster.hardware.intra_node_gbps and intra_node_latency_us (one node: every group is
   inside it).
 - AdamW probe: gradient clipping and one step of trainflow's optimizer on the model's tensors give
-  cluster.memory_gbps through trainflow.plan.step.OPTIMIZER_BYTES, at cores / ranks (every rank steps at once).
+  cluster.hardware.memory_gbps through trainflow.plan.step.OPTIMIZER_BYTES, at cores / ranks (every rank steps at once).
 Everything else (overlap_fraction) is conf/cluster/local.yaml's.
 
 Measured: train_segment.run (the real launcher: submitit's local executor, one process per rank, gloo)
@@ -203,19 +203,19 @@ def one_layout(name: str, base: list[str], link: dict, cores: int, root: Path, t
     cfg = compose("train_segment", base)
     p = cfg.parallel
     links = {
-        "cluster.matmul_efficiency": 1.0,
-        "cluster.intra_node_gbps": link["gbps"],
-        "cluster.intra_node_latency_us": link["latency_us"],
+        "cluster.hardware.matmul_efficiency": 1.0,
+        "cluster.hardware.intra_node_gbps": link["gbps"],
+        "cluster.hardware.intra_node_latency_us": link["latency_us"],
     }
     # The plan's bubble share and tp all-reduces of one block and microbatch (neither depends on the rates).
     first = plan_of(base, links)
     tp_block_s = first["per_pp_rank"][0]["tp"] / (cfg.model.n_layers // p.pp * p.microbatches)
     share = min(1.0, cores / (p.world_size * (1 - first["bubble_fraction"])))
     # Every rank steps its optimizer at once, after the schedule: the plain share of the cores.
-    common = {**links, "cluster.memory_gbps": adamw_bytes_per_s(cfg) * min(1.0, cores / p.world_size) / 1e9}
+    common = {**links, "cluster.hardware.memory_gbps": adamw_bytes_per_s(cfg) * min(1.0, cores / p.world_size) / 1e9}
     probes = {"matmul": matmul_flops_per_s(cfg) * share, "block": block_flops_per_s(cfg, cores, tp_block_s) * share}
     preds = {
-        probe: plan_of(base, {"cluster.peak_tflops": flops / 1e12, **common})["per_pp_rank"][0]
+        probe: plan_of(base, {"cluster.hardware.peak_tflops": flops / 1e12, **common})["per_pp_rank"][0]
         for probe, flops in probes.items()
     }
     log(f"plan_vs_measured: {name}: predicted {sum(preds['block'].values()):.3f} s per step (block probe); training")

@@ -89,8 +89,8 @@ KNOWN_NCCL = {
 }
 # The seed's names that NCCL does not have, and what to use instead.
 SEED_ALIASES = {
-    "NCCL_TIMEOUT": "not an NCCL variable: set cluster.collective_timeout_s (PyTorch's init_process_group timeout, "
-    "TORCH_NCCL_* watchdog); NCCL's transport timeout is NCCL_IB_TIMEOUT",
+    "NCCL_TIMEOUT": "not an NCCL variable: set cluster.runtime.collective_timeout_s (PyTorch's init_process_group "
+    "timeout, TORCH_NCCL_* watchdog); NCCL's transport timeout is NCCL_IB_TIMEOUT",
     "NCCL_NSOCKS_P2P_NIC": (
         "not an NCCL variable: sockets per connection are NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS"
     ),

@@ -11,7 +11,7 @@ from tests.conftest import make_config
 from trainflow.stage import StageError, read_json
 from trainflow.stages import validate_nccl
 
-SMALL = ("cluster.sweep_mb=[1.0]", "cluster.sweep_iters=2", "train.global_batch=8")
+SMALL = ("cluster.gate.sweep_mb=[1.0]", "cluster.gate.sweep_iters=2", "train.global_batch=8")
 
 
 @pytest.mark.parametrize(
@@ -33,9 +33,9 @@ def test_every_pattern_of_the_layout_is_timed_on_its_groups(layout, patterns, tm
 
 def test_a_pattern_below_its_gate_stops_and_writes_the_exclude_list(tmp_path):
     cfg = make_config(
-        "validate_nccl", tmp_path, "parallel=dp2_tp2", *SMALL, "cluster.gate_busbw_gbps.tp_all_reduce=1e6"
+        "validate_nccl", tmp_path, "parallel=dp2_tp2", *SMALL, "cluster.gate.busbw_gbps.tp_all_reduce=1e6"
     )
-    with pytest.raises(StageError, match=r"tp_all_reduce busbw .* below cluster.gate_busbw_gbps.tp_all_reduce") as err:
+    with pytest.raises(StageError, match=r"tp_all_reduce busbw .* below cluster.gate.busbw_gbps.tp_all_reduce") as err:
         validate_nccl.run(cfg)
     excluded = Path(cfg.io.nccl_report).with_name("nccl-exclude.txt")
     host = excluded.read_text().strip()

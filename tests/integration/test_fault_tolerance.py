@@ -24,7 +24,7 @@ BASE = (
     "train.segments=2",
     "train.segment_steps=6",
     "checkpoint.interval_steps=2",
-    "cluster.collective_timeout_s=10",
+    "cluster.runtime.collective_timeout_s=10",
 )
 
 

@@ -37,7 +37,7 @@ def test_tensor_and_pipeline_parallel_segment_on_four_slurm_ranks(tmp_path, toke
         "train_segment",
         tmp_path,
         "cluster=slurm_local",
-        f"cluster.nodes={shape}",
+        f"cluster.allocation.nodes={shape}",
         "parallel=tp2_pp2",
         "train.segments=1",
         tokens=tokens,

@@ -130,9 +130,9 @@ def test_job_that_used_up_its_requeues_ends_the_stage_and_the_rerun_resumes(tmp_
         tmp_path,
         *work,
         "cluster=slurm_local",
-        "cluster.time_min=1",
-        "cluster.signal_delay_s=10",
-        "cluster.max_requeues=1",
+        "cluster.allocation.time_min=1",
+        "cluster.allocation.signal_delay_s=10",
+        "cluster.allocation.max_requeues=1",
         tokens=tokens,
     )
     line, ended_at = run_bounded(limited, bound_s=480)

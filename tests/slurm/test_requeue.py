@@ -34,7 +34,12 @@ WORK = (
     "train.log_every=10",
     "checkpoint.interval_steps=1000",
 )
-LIMITED = ("cluster=slurm_local", "cluster.time_min=1", "cluster.signal_delay_s=10", "cluster.max_requeues=5")
+LIMITED = (
+    "cluster=slurm_local",
+    "cluster.allocation.time_min=1",
+    "cluster.allocation.signal_delay_s=10",
+    "cluster.allocation.max_requeues=5",
+)
 
 
 def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tokens):

@@ -31,7 +31,7 @@ def sbatch_script(overrides: list[str], folder: Path, monkeypatch) -> str:
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
     cfg = compose("train_segment", overrides)
     executor = build_executor(
-        cfg.cluster, world_size=cfg.parallel.world_size, folder=folder, name=f"{cfg.run}-train-{cfg.segment}"
+        cfg.cluster.allocation, world_size=cfg.parallel.world_size, folder=folder, name=f"{cfg.run}-train-{cfg.segment}"
     )
     slurm = executor._executor
     text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from trainflow.config import ClusterConfig, ParallelDims, compose
+from trainflow.config import AllocationConfig, ClusterConfig, HardwareConfig, ParallelDims, compose
 from trainflow.plan.campaign import plan_campaign
 from trainflow.plan.collectives import (
     Link,
@@ -30,17 +30,19 @@ from trainflow.stages import validate_nccl
 
 SEED = ("experiment=llama70b_alps",)  # bf16, activations recomputed: the campaign as configured
 ALPS = ClusterConfig(
-    nodes=1024,
-    peak_tflops=989.0,
-    matmul_efficiency=0.7,
-    fp8_speedup=2.0,
-    memory_gbps=4000.0,
-    allreduce_algorithm="ring",
-    overlap_fraction=0.8,
-    intra_node_gbps=150.0,
-    intra_node_latency_us=3.0,
-    inter_node_gbps=25.0,
-    inter_node_latency_us=10.0,
+    allocation=AllocationConfig(nodes=1024),
+    hardware=HardwareConfig(
+        peak_tflops=989.0,
+        matmul_efficiency=0.7,
+        fp8_speedup=2.0,
+        memory_gbps=4000.0,
+        allreduce_algorithm="ring",
+        overlap_fraction=0.8,
+        intra_node_gbps=150.0,
+        intra_node_latency_us=3.0,
+        inter_node_gbps=25.0,
+        inter_node_latency_us=10.0,
+    ),
 )
 
 
@@ -62,7 +64,7 @@ def test_ring_and_tree_all_reduce_bytes_and_times():
 
 def test_a_groups_link_is_its_slowest_level():
     def link(size, stride):
-        return group_link(ALPS, size=size, stride=stride, ranks_per_node=4)
+        return group_link(ALPS.hardware, size=size, stride=stride, ranks_per_node=4)
 
     assert link(4, 1) == Link(150.0, 3.0)  # tp4 inside a node: NVLink
     assert link(8, 1) == Link(100.0, 10.0)  # tp8 over two nodes: 4 NICs of 25 GB/s
@@ -120,9 +122,14 @@ def test_tp_all_reduces_per_block_are_what_torch_runs():
 
 def test_memory_capacity_and_shard_groups():
     cfg = config("parallel=dp2_tp2_pp2", "cluster=slurm_local")
-    assert cfg.cluster.device_memory_gb == cfg.cluster.mem_gb  # a CPU's device memory is the host's
-    assert capacity_bytes(cfg.cluster, 8) == cfg.cluster.mem_gb * 1e9 / 8  # CPU: a rank's share of the node
-    assert capacity_bytes(dataclasses.replace(cfg.cluster, device="cuda"), 8) == cfg.cluster.device_memory_gb * 1e9
+    assert cfg.cluster.hardware.device_memory_gb == cfg.cluster.allocation.mem_gb  # a CPU's device memory is the host's
+    assert capacity_bytes(cfg.cluster, 8) == cfg.cluster.allocation.mem_gb * 1e9 / 8  # CPU: a rank's share of the node
+    assert (
+        capacity_bytes(
+            dataclasses.replace(cfg.cluster, runtime=dataclasses.replace(cfg.cluster.runtime, device="cuda")), 8
+        )
+        == cfg.cluster.hardware.device_memory_gb * 1e9
+    )
     hsdp = ParallelDims(dp=4, tp=1, pp=1, world_size=4, dp_mode="shard", dp_shard=2)
     fsdp, replicate = dataclasses.replace(hsdp, dp_shard=4), dataclasses.replace(hsdp, dp_mode="replicate", dp_shard=1)
     state = {
@@ -135,9 +142,9 @@ def test_memory_capacity_and_shard_groups():
 def test_young_daly_interval_from_the_predicted_write():
     cfg = config(*SEED)
     plan = plan_campaign(cfg, step_s=10.0)
-    save = 12 * 70_553_706_496 / (cfg.cluster.storage_write_gbps * 1e9)  # Llama 3 70B's published parameters
+    save = 12 * 70_553_706_496 / (cfg.cluster.hardware.storage_write_gbps * 1e9)  # Llama 3 70B's published parameters
     assert plan.save_s == pytest.approx(save)
-    want = math.sqrt(2 * save * cfg.cluster.mtbf_hours * 3600)
+    want = math.sqrt(2 * save * cfg.cluster.hardware.mtbf_hours * 3600)
     assert plan.interval_steps == round(want / 10.0)
     hours = plan.steps * 10.0 / 3600 + plan.steps // plan.interval_steps * save / 3600
     assert plan.facility_gwh == pytest.approx(4096 * cfg.energy.gpu_watts * hours * cfg.energy.pue / 1e9)
@@ -175,7 +182,7 @@ def test_an_overflowing_plan_stops_validate_nccl_before_any_launch(monkeypatch, 
         raise AssertionError("validate_nccl launched a job for a plan that does not fit")
 
     monkeypatch.setattr(validate_nccl, "build_executor", no_launch)
-    cfg = compose("validate_nccl", ["experiment=smoke", f"storage.root={tmp_path}", "cluster.mem_gb=0.001"])
+    cfg = compose("validate_nccl", ["experiment=smoke", f"storage.root={tmp_path}", "cluster.allocation.mem_gb=0.001"])
     with pytest.raises(StageError, match=r"stopped before launching: the plan does not fit.* of 0\.0005 GB"):
         validate_nccl.run(cfg)
 

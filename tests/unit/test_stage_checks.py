@@ -10,7 +10,7 @@ import pytest
 
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manifest import write_manifest
-from trainflow.config import ClusterConfig
+from trainflow.config import ClusterConfig, GateConfig
 from trainflow.nccl_env import mps_running, stripe_count
 from trainflow.parallel.gate import judge
 from trainflow.stage import StageError
@@ -49,10 +49,10 @@ def sweep_result(busbw: float, versions=(("2.21.5", "1.22.0"),)) -> dict:
 
 
 def test_gate_stops_below_the_threshold_and_on_misaligned_versions():
-    cluster = ClusterConfig(min_busbw_gbps=200.0, versions_allowed={})
+    cluster = ClusterConfig(gate=GateConfig(min_busbw_gbps=200.0))
     assert gate(sweep_result(230.0), cluster) == []
     (low,) = gate(sweep_result(150.0), cluster)
-    assert "busbw 150.000 GB/s" in low and "cluster.min_busbw_gbps(200.0)" in low
+    assert "busbw 150.000 GB/s" in low and "cluster.gate.min_busbw_gbps(200.0)" in low
     (mixed,) = gate(sweep_result(230.0, versions=(("2.21.5", "1.22.0"), ("2.21.5", "1.15.2"))), cluster)
     assert "versions differ across nodes" in mixed
 
@@ -60,7 +60,7 @@ def test_gate_stops_below_the_threshold_and_on_misaligned_versions():
 def test_the_version_table_names_each_node_off_it():
     hosts = sweep_result(0, versions=(("2.21.5", "1.22.0"), ("2.18.1", "1.22.0"), ("2.21.5", None)))["hosts"]
     nccl, libfabric = version_problems(hosts, {"nccl": ["2.20", "2.21"], "libfabric": ["1.22"]})
-    assert nccl.startswith("nccl n1: 2.18.1 is not in cluster.versions_allowed.nccl (2.20 | 2.21*)")
+    assert nccl.startswith("nccl n1: 2.18.1 is not in cluster.gate.versions_allowed.nccl (2.20 | 2.21*)")
     assert libfabric.startswith("libfabric n2: None is not in")  # a component the table pins must be there
     assert version_problems(hosts, {}) == []
 
@@ -84,7 +84,7 @@ def test_patterns_are_judged_on_their_slowest_group_and_name_its_hosts():
     assert tp["passed"] is False and exclude == ["b"]
     dp = next(r for r in table if r["pattern"] == "dp_all_reduce")
     assert dp["passed"] is None  # no gate for it: reported only
-    (line,) = gate({**sweep_result(1.0), "patterns": table}, ClusterConfig(min_busbw_gbps=0.0, versions_allowed={}))
+    (line,) = gate({**sweep_result(1.0), "patterns": table}, ClusterConfig(gate=GateConfig(min_busbw_gbps=0.0)))
     assert "tp_all_reduce busbw 0.262 GB/s on the slowest of its 2 groups (ranks [2, 3], hosts b)" in line
 
 
@@ -102,9 +102,9 @@ def test_a_checkpoint_folder_striped_too_thin_stops_the_gate(tmp_path, monkeypat
     monkeypatch.setenv("PATH", f"{lfs.parent}:{os.environ['PATH']}")
     count, source = stripe_count(str(tmp_path))
     assert (count, source) == (2, "lfs getstripe -c")
-    cluster = ClusterConfig(min_busbw_gbps=0.0, versions_allowed={}, min_stripe_count=4)
+    cluster = ClusterConfig(gate=GateConfig(min_busbw_gbps=0.0, min_stripe_count=4))
     (line,) = gate({**sweep_result(1.0), "checkpoint_stripes": {"count": count}}, cluster)
-    assert "stripe count 2 is below cluster.min_stripe_count(4): lfs setstripe -c 4 <folder>" in line
+    assert "stripe count 2 is below cluster.gate.min_stripe_count(4): lfs setstripe -c 4 <folder>" in line
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert stripe_count(str(tmp_path)) == (None, "not applicable: no lfs command (not a Lustre file system)")
 

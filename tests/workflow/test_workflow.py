@@ -66,7 +66,7 @@ def test_dry_run_plans_every_stage(tmp_path):
         ("model.n_layr=2", "unknown config key 'model.n_layr' (ModelConfig has no field 'n_layr')"),
         ("parallel.tp=3", "model.n_heads(4) is not divisible by tp(3)"),
         ("optim.lr=-1", "optim.lr(-1.0) must be > 0"),
-        ("cluster.mtbf_hours=0", "cluster.mtbf_hours(0.0) must be > 0"),
+        ("cluster.hardware.mtbf_hours=0", "cluster.hardware.mtbf_hours(0.0) must be > 0"),
     ],
 )
 def test_bad_config_fails_before_any_stage(tmp_path, overrides, message):

@@ -1,21 +1,21 @@
-"""trainflow's configuration: the schema (schema), its checks (checks, layout), composition with Hydra
-(compose, overrides) and what reruns what (hashing). Nothing here imports torch.
+"""trainflow's configuration: the schema (schema, cluster, domain), the model's shape (shape), the stage table
+(stages), its checks (checks, layout), composition with Hydra (compose, overrides), the run folder's paths
+(run_folder) and what reruns what (hashing). Nothing here imports torch.
 
     python -c "from trainflow.config import compose; print(compose('train_segment', ['model=tiny']))"
 """
 
 from trainflow.config.checks import validate
+from trainflow.config.cluster import AllocationConfig, ClusterConfig, GateConfig, HardwareConfig, RuntimeConfig
 from trainflow.config.compose import CONF_DIR, compose, one_line, to_config
+from trainflow.config.domain import RUN_NAME, Domain
 from trainflow.config.hashing import as_dict, config_hash, stage_hash
 from trainflow.config.layout import ParallelDims, parallel_errors
 from trainflow.config.schema import (
     BYTE_VOCAB,
-    RUN_NAME,
     SCHEDULES,
     CheckpointConfig,
-    ClusterConfig,
     DataConfig,
-    Domain,
     EnergyConfig,
     FaultConfig,
     IOConfig,
@@ -35,9 +35,10 @@ __all__ = [
     "CONF_DIR",
     "RUN_NAME",
     "SCHEDULES",
-    "STAGE_READS",
     "STAGES",
+    "STAGE_READS",
     "STAGE_TABLE",
+    "AllocationConfig",
     "CheckpointConfig",
     "ClusterConfig",
     "ConfigError",
@@ -45,11 +46,14 @@ __all__ = [
     "Domain",
     "EnergyConfig",
     "FaultConfig",
+    "GateConfig",
+    "HardwareConfig",
     "IOConfig",
     "ModelConfig",
     "OptimConfig",
     "ParallelConfig",
     "ParallelDims",
+    "RuntimeConfig",
     "StorageConfig",
     "TrainConfig",
     "TrainflowConfig",

@@ -6,7 +6,7 @@ and composed before any stage runs, so a bad or hostile string fails in one line
 Every stage's command line repeats these overrides, so what they may do is narrower than what Hydra
 allows on a command line: no flags (`--config-dir`, `-m`), no `hydra.*` keys or `hydra/` groups (Hydra
 instantiates callbacks and logging handlers from them), no sweeps, no package changes, group options
-by name only (`cluster=../x` would load any YAML file), and no `cluster.setup` (shell lines of the
+by name only (`cluster=../x` would load any YAML file), and no `cluster.allocation.setup` (shell lines of the
 sbatch script belong in a reviewed conf/cluster preset).
 """
 
@@ -74,7 +74,7 @@ def check(word: str, source: str) -> None:
         raise ConfigError(f"{refuse} moves a config package ('@'); set the keys themselves")
     if key in GROUPS and not (override.is_delete() or re.fullmatch(OPTION, str(override.value()))):
         raise ConfigError(f"{refuse} must name a preset in conf/{key}/ by its name alone")
-    if re.fullmatch(r"cluster\.setup(\..*)?", key):
+    if re.fullmatch(r"cluster\.allocation\.setup(\..*)?", key):
         raise ConfigError(f"{refuse} sets shell lines of the sbatch script; put them in a conf/cluster/ preset")
 
 

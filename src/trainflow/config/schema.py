@@ -8,73 +8,19 @@ time. A field with a domain carries it beside its type (`checked(...)`); config.
 
 from __future__ import annotations
 
-import math
-import operator
-import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from trainflow.config.cluster import ClusterConfig
+from trainflow.config.domain import RUN_NAME, checked
 from trainflow.config.stages import STAGES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 ACTIVATION_MODES = ("keep", "recompute", "offload")
 DP_MODES = ("replicate", "shard")
-GATE_PATTERNS = ("dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "tp_all_reduce", "pp_send_recv")
-"""The collectives validate_nccl times on the layout's own groups: <mesh dim>_<op> (trainflow.parallel.gate)."""
-VERSION_COMPONENTS = ("torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
-"""What validate_nccl reads on every node (trainflow.nccl_env.versions) and cluster.versions_allowed may pin."""
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
-
-
-@dataclass(frozen=True)
-class Domain:
-    """The values a config field may take; config.checks checks every field that has one."""
-
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    one_of: tuple[str, ...] = ()
-    pattern: str = ""
-    """A regular expression the whole string (or each list item) must match."""
-    fix: str = ""
-    """What to do instead, appended to the error."""
-
-    def violation(self, value: Any) -> str | None:
-        """Why `value` lies outside the domain (None: it does not)."""
-        bounds = (
-            (self.gt, ">", operator.gt),
-            (self.ge, ">=", operator.ge),
-            (self.lt, "<", operator.lt),
-            (self.le, "<=", operator.le),
-        )
-        if any(b is not None for b, _, _ in bounds) and not math.isfinite(value):
-            return "must be a finite number"
-        for bound, sign, holds in bounds:
-            if bound is not None and not holds(value, bound):
-                return f"must be {sign} {bound:g}"
-        fix = f" ({self.fix})" if self.fix else ""
-        if self.one_of and value not in self.one_of:
-            return "must be one of " + ", ".join(self.one_of) + fix
-        if self.pattern and not re.fullmatch(self.pattern, value):
-            return f"must match {self.pattern}{fix}"
-        return None
-
-
-def checked(default: Any = MISSING, *, factory: Any = None, **domain: Any) -> Any:
-    """A dataclass field with its domain beside its default (see Domain)."""
-    metadata = {"domain": Domain(**{k: tuple(v) if k == "one_of" else v for k, v in domain.items()})}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-# Strings that reach a command line or an sbatch script: no whitespace, quotes or shell syntax.
-SLURM_WORD = r"[\w.,:@%+=&|!*()\[\]-]*"
-RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 
 
 @dataclass
@@ -147,21 +93,21 @@ class ParallelConfig:
     dp: int = checked(ge=1)
     tp: int = checked(ge=1)
     pp: int = checked(ge=1)
-    virtual_stages: int = checked(ge=1)
+    virtual_stages: int = checked(1, ge=1)
     """Model chunks per pipeline rank; >= 2 only with the interleaved_1f1b schedule."""
-    schedule: str = checked(one_of=SCHEDULES)
+    schedule: str = checked("1f1b", one_of=SCHEDULES)
     """Pipeline schedule: gpipe, 1f1b or interleaved_1f1b (ignored when pp = 1)."""
-    microbatches: int = checked(ge=1)
+    microbatches: int = checked(1, ge=1)
     """Microbatches per step and data-parallel rank (the pipeline's m)."""
-    bucket_mb: float = checked(gt=0)
+    bucket_mb: float = checked(25.0, gt=0)
     """Gradient all-reduce bucket size; the seed uses 128 MB-1 GB on GPU clusters."""
     overlap: bool = True
     """Overlap gradient communication with the backward pass."""
-    dp_mode: str = checked(one_of=DP_MODES)
+    dp_mode: str = checked("replicate", one_of=DP_MODES)
     """replicate: every data-parallel rank holds the whole model, gradients and AdamW state (DDP, or
     GradReducer beside tp / pp); shard: FSDP2 shards all three over dp (ZeRO-3), gathering each block's
     parameters for its forward and backward."""
-    dp_shard: int = checked(ge=0)
+    dp_shard: int = checked(0, ge=0)
     """Under dp_mode=shard, how many data-parallel ranks one shard group spans: 0 (or dp) shards over all of
     dp (FSDP); a divisor of dp between 2 and dp/2 is HSDP: dp/dp_shard replicas, each sharded dp_shard ways
     (keep a group inside a node or a fast network island, as torchtitan's data_parallel_shard_degree)."""
@@ -228,80 +174,12 @@ class TrainConfig:
 @dataclass
 class CheckpointConfig:
     interval_steps: int = checked(ge=0)
-    """Fixed save interval; 0 = Young/Daly from the measured save time and cluster.mtbf_hours."""
+    """Fixed save interval; 0 = Young/Daly from the measured save time and cluster.hardware.mtbf_hours."""
     keep: int = checked(ge=1)
     """Newest checkpoints kept besides the segment-end ones."""
     io_threads: int = checked(ge=1)
     """Threads per rank that write (one file each) and read a checkpoint."""
     max_interval_steps: int = checked(1000, ge=1)
-
-
-@dataclass
-class ClusterConfig:
-    name: str = MISSING
-    executor: str = checked(one_of=("local", "slurm"))
-    """submitit executor for distributed stages: `local` (processes here) or `slurm`."""
-    device: str = checked(one_of=("cpu", "cuda"))
-    backend: str = checked(one_of=("gloo", "nccl"))
-    nodes: int = checked(ge=1)
-    gpus_per_node: int = checked(ge=0)
-    cpus_per_task: int = checked(ge=1)
-    mem_gb: float = checked(gt=0)
-    partition: str = checked(pattern=SLURM_WORD)
-    account: str = checked(pattern=SLURM_WORD)
-    time_min: int = checked(ge=1)
-    """Slurm time limit of one training job; a segment longer than this is requeued."""
-    signal_delay_s: int = checked(ge=0)
-    """Seconds before the time limit at which Slurm sends USR2 (submitit's pre-timeout signal)."""
-    max_requeues: int = checked(ge=0)
-    constraint: str = checked(pattern=SLURM_WORD)
-    """Slurm node features, e.g. the seed's THP-off / vBoost node setup."""
-    setup: list[str] = MISSING
-    """Shell lines run in the sbatch script before the tasks start."""
-    mtbf_hours: float = checked(gt=0)
-    collective_timeout_s: int = checked(gt=0)
-    """torch.distributed collective timeout (the seed's "NCCL_TIMEOUT 300 s")."""
-    env: dict[str, str] = MISSING
-    """Environment for every rank (NCCL_* tuning lives here)."""
-    peak_tflops: float = checked(gt=0)
-    """Dense peak per device, for MFU; the CPU default is a stated rough figure."""
-    # The planner's assumptions (trainflow.plan); each yaml in conf/cluster/ states its source beside the value.
-    device_memory_gb: float = checked(gt=0)
-    """Memory of one device the plan must fit in (GH200: 96 GB HBM3); on a CPU device the node's host memory,
-    which the plan shares among the node's ranks."""
-    memory_gbps: float = checked(gt=0)
-    """Device memory bandwidth, for the optimizer step (memory-bound; GH200 HBM3: 4 TB/s)."""
-    matmul_efficiency: float = checked(gt=0, le=1)
-    """Share of peak_tflops the model's matmuls reach (large bf16 GEMMs on Hopper: ~0.7)."""
-    fp8_speedup: float = checked(ge=1)
-    """Matmul throughput of FP8 over bf16 (Hopper's dense FP8 peak is twice its bf16 peak): the planner's FP8 remedy."""
-    intra_node_gbps: float = checked(gt=0)
-    """Bandwidth per direction between two devices of a node (GH200 in an Alps node: 6 NVLink-4 links, 150 GB/s)."""
-    intra_node_latency_us: float = checked(ge=0)
-    """One hop inside a node, per message."""
-    inter_node_gbps: float = checked(gt=0)
-    """Network bandwidth per device per direction (Alps: one 200 Gb/s Slingshot-11 NIC per GH200)."""
-    inter_node_latency_us: float = checked(ge=0)
-    """One hop across the network, per message."""
-    allreduce_algorithm: str = checked(one_of=("ring", "tree"))
-    """The all-reduce the plan assumes; match env NCCL_ALGO where it is set."""
-    overlap_fraction: float = checked(ge=0, le=1)
-    """Share of backward during which the bucketed gradient all-reduce runs hidden (pp = 1, parallel.overlap)."""
-    storage_write_gbps: float = checked(gt=0)
-    """Aggregate checkpoint write bandwidth of storage.capacity (the seed: 847 GB of 70B state in 2 min)."""
-    min_busbw_gbps: float = checked(ge=0)
-    """validate_nccl's gate on all_reduce bus bandwidth (seed: >= 200 GB/s on GH200)."""
-    sweep_mb: list[float] = checked(gt=0)
-    sweep_iters: int = checked(ge=1)
-    gate_busbw_gbps: dict[str, float] = MISSING
-    """validate_nccl's gate per pattern of the layout (trainflow.parallel.gate: dp_all_reduce, dp_reduce_scatter,
-    dp_all_gather, tp_all_reduce, pp_send_recv) on the slowest group's bus bandwidth at the largest sweep_mb;
-    a pattern left out is measured and reported, not gated."""
-    versions_allowed: dict[str, list[str]] = MISSING
-    """Version prefixes every node must match, per component (torch, cuda, nccl, libfabric, aws_ofi_nccl): the
-    compatibility table (the seed lost 30 % to an NCCL / libfabric mismatch). A component left out is not checked."""
-    min_stripe_count: int = checked(ge=0)
-    """Lustre stripe count the checkpoint folder needs (seed: >= 4), read with `lfs getstripe -c` where lfs exists."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from trainflow.atomic import fsync_path
 from trainflow.config import ModelConfig
-from trainflow.config.checks import unsafe_path
+from trainflow.config.security import unsafe_path
 from trainflow.export.source import ExportError
 
 # trainflow's module names -> Hugging Face's: inside each block, then outside the blocks.
@@ -70,7 +70,7 @@ def hf_config(m: ModelConfig, eot_id: int | None) -> dict:
 
 
 def check_out(out: Path, series: Path) -> None:
-    """OUT is a path trainflow writes (the rules of config.checks.path_errors), new or empty, and outside
+    """OUT is a path trainflow writes (the rules of config.security.path_errors), new or empty, and outside
     the checkpoint series (a file there would make its checkpoints incomplete)."""
     if why := unsafe_path("OUT", str(out)):
         raise ExportError(why)

@@ -23,7 +23,8 @@ from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, read_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import InPlaceReader
 from trainflow.config import ModelConfig, TrainflowError
-from trainflow.config.checks import domain_errors, model_errors
+from trainflow.config.checks import domain_errors
+from trainflow.config.rules import model_errors
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.index import first_shard
 from trainflow.data.record import DataError, check_size

@@ -1,5 +1,5 @@
 """Swap a Llama's block linears for Float8Linear in place (the sizes they need are checked with the config:
-trainflow.config.checks.fp8_errors).
+trainflow.config.rules.fp8_errors).
 
     backend = apply_fp8(part, recipe="delayed", history_len=16)           # per model chunk
 

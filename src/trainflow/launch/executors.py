@@ -2,7 +2,7 @@
 controller reports how each task ended (submitit's forgets).
 
     python -c "from trainflow.config import compose; from trainflow.launch import build_executor; \
-        print(build_executor(compose('train_segment').cluster, world_size=2, folder='/tmp/j', name='x'))"
+        print(build_executor(compose('train_segment').cluster.allocation, world_size=2, folder='/tmp/j', name='x'))"
 """
 
 from __future__ import annotations
@@ -18,34 +18,36 @@ from pathlib import Path
 import submitit
 from submitit.local.local import Controller, LocalJob, LocalJobEnvironment
 
-from trainflow.config import ClusterConfig
+from trainflow.config import AllocationConfig
 
 
-def build_executor(cluster: ClusterConfig, *, world_size: int, folder: str | Path, name: str) -> submitit.Executor:
-    """An executor for one job of `world_size` tasks shaped by the cluster config."""
-    tasks_per_node = world_size // cluster.nodes
-    if cluster.executor == "local":
+def build_executor(
+    allocation: AllocationConfig, *, world_size: int, folder: str | Path, name: str
+) -> submitit.Executor:
+    """An executor for one job of `world_size` tasks shaped by cluster.allocation."""
+    tasks_per_node = world_size // allocation.nodes
+    if allocation.executor == "local":
         executor = LocalExecutor(folder=folder)
-        executor.update_parameters(timeout_min=cluster.time_min, tasks_per_node=tasks_per_node, nodes=1)
+        executor.update_parameters(timeout_min=allocation.time_min, tasks_per_node=tasks_per_node, nodes=1)
         return executor
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=cluster.max_requeues)
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=allocation.max_requeues)
     params = dict(
         name=name,
-        timeout_min=cluster.time_min,
-        nodes=cluster.nodes,
+        timeout_min=allocation.time_min,
+        nodes=allocation.nodes,
         tasks_per_node=tasks_per_node,
-        cpus_per_task=cluster.cpus_per_task,
-        mem_gb=cluster.mem_gb,
-        slurm_signal_delay_s=cluster.signal_delay_s,
+        cpus_per_task=allocation.cpus_per_task,
+        mem_gb=allocation.mem_gb,
+        slurm_signal_delay_s=allocation.signal_delay_s,
     )
-    if cluster.setup:
-        params["slurm_setup"] = list(cluster.setup)
-    if cluster.gpus_per_node:
-        params["gpus_per_node"] = cluster.gpus_per_node
+    if allocation.setup:
+        params["slurm_setup"] = list(allocation.setup)
+    if allocation.gpus_per_node:
+        params["gpus_per_node"] = allocation.gpus_per_node
     for key, value in (
-        ("slurm_partition", cluster.partition),
-        ("slurm_account", cluster.account),
-        ("slurm_constraint", cluster.constraint),
+        ("slurm_partition", allocation.partition),
+        ("slurm_account", allocation.account),
+        ("slurm_constraint", allocation.constraint),
     ):
         if value:
             params[key] = value

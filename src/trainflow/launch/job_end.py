@@ -55,13 +55,13 @@ REMEDIES = (
     (
         re.compile(r"timed out|timeout|watchdog", re.IGNORECASE),
         "the seed's remedy for collective timeouts: check the network's RDMA / transport configuration "
-        "(libfabric, aws-ofi-nccl, NCCL_IB_* / FI_* in cluster.env), rerun with NCCL_DEBUG=INFO in cluster.env, "
-        "and raise cluster.collective_timeout_s (seed: 300 s) if the links are only slow",
+        "(libfabric, aws-ofi-nccl, NCCL_IB_* / FI_* in cluster.runtime.env), rerun with NCCL_DEBUG=INFO in "
+        "cluster.runtime.env, and raise cluster.runtime.collective_timeout_s (seed: 300 s) if the links are only slow",
     ),
     (
         re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE),
-        "the seed's remedy for device memory: rerun with CUDA_LAUNCH_BLOCKING=1 in cluster.env to find the kernel "
-        "and read the caching allocator's state (torch.cuda.memory_summary()); python -m trainflow.plan shows "
+        "the seed's remedy for device memory: rerun with CUDA_LAUNCH_BLOCKING=1 in cluster.runtime.env to find the "
+        "kernel and read the caching allocator's state (torch.cuda.memory_summary()); python -m trainflow.plan shows "
         "which term overflows (train.activations=recompute, parallel.dp_mode=shard, more tp / pp)",
     ),
 )

@@ -1,6 +1,6 @@
 """What each task of a job does first: mark where it runs, join the default process group.
 
-with distributed_task(cfg.cluster) as (rank, world_size, device): ...   # inside a submitit task
+with distributed_task(cfg.cluster.runtime) as (rank, world_size, device): ...   # inside a submitit task
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
-from trainflow.config import CONF_DIR, ClusterConfig
+from trainflow.config import CONF_DIR, RuntimeConfig
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ def configure_logging() -> None:
 
 
 @contextlib.contextmanager
-def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.device]]:
+def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.device]]:
     """Rank, world size and device of this task inside the default process group, in a marked task."""
     # Imported here, not at the top: the local controller (`python -m trainflow.launch`) imports this package
     # and would wait 3 s for torch.
@@ -64,17 +64,17 @@ def distributed_task(cluster: ClusterConfig) -> Iterator[tuple[int, int, torch.d
 
     configure_logging()
     with marked_task():
-        os.environ.update(cluster.env)
+        os.environ.update(runtime.env)
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
-        if cluster.device == "cuda":
+        if runtime.device == "cuda":
             device = torch.device("cuda", env.local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        backend = cluster.backend
+        backend = runtime.backend
         dist.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=cluster.collective_timeout_s),
+            timeout=datetime.timedelta(seconds=runtime.collective_timeout_s),
             device_id=device if backend == "nccl" else None,
         )
         try:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainflow.config.layout import ParallelDims
-from trainflow.config.schema import GATE_PATTERNS
+from trainflow.config.cluster import GATE_PATTERNS
 
 
 @dataclass(frozen=True)

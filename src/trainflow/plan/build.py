@@ -16,23 +16,6 @@ from trainflow.plan.remedies import remedies
 from trainflow.plan.seed import is_seed_layout, seed_comparison
 from trainflow.plan.step import plan_step
 
-ASSUMPTIONS = (
-    "peak_tflops",
-    "matmul_efficiency",
-    "fp8_speedup",
-    "memory_gbps",
-    "intra_node_gbps",
-    "intra_node_latency_us",
-    "inter_node_gbps",
-    "inter_node_latency_us",
-    "allreduce_algorithm",
-    "overlap_fraction",
-    "storage_write_gbps",
-    "device_memory_gb",
-    "mtbf_hours",
-)
-"""The cluster fields the plan rests on (each yaml in conf/cluster/ gives its source)."""
-
 
 def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> dict:
     """Memory, step split, throughput, checkpoint interval and campaign energy of cfg."""
@@ -56,7 +39,7 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> dict:
             "cluster": c.name,
             "devices": p.world_size,
         },
-        "assumptions": {k: getattr(c, k) for k in ASSUMPTIONS},
+        "assumptions": asdict(c.hardware),  # each preset in conf/cluster/ gives every value's source
         "parameters": campaign.parameters,
         "memory": {
             **asdict(memory),

@@ -4,13 +4,13 @@
         print(plan_campaign(compose('train_segment', ['experiment=llama70b_alps']), step_s=3.53))"
 
 A checkpoint holds what trainflow.checkpoint.state saves: fp32 weights and AdamW's two fp32 moments,
-12 bytes per parameter; it is written at cluster.storage_write_gbps (aggregate, all ranks together).
+12 bytes per parameter; it is written at cluster.hardware.storage_write_gbps (aggregate, all ranks together).
 The interval is checkpoint.interval's Young/Daly formula on that predicted write time, capped as the
 trainer caps it (checkpoint.max_interval_steps); `waste` is Young's first-order share of the campaign
 lost to saving and to redoing work after a failure, save / interval + interval / (2 MTBF).
 
 Energy is the seed's own estimate, devices x watts x time x PUE (trainflow.energy.accounting's
-campaign_gwh): energy.gpu_watts per GPU, or energy.cpu_watts_per_core x cluster.cpus_per_task per CPU
+campaign_gwh): energy.gpu_watts per GPU, or energy.cpu_watts_per_core x cluster.allocation.cpus_per_task per CPU
 rank. The energy stage measures what a run really drew; this is the plan's figure before it.
 """
 
@@ -49,8 +49,8 @@ def plan_campaign(cfg: TrainflowConfig, *, step_s: float) -> CampaignPlan:
     c, t = cfg.cluster, cfg.train
     n = total_params(cfg.model)
     checkpoint_bytes = CHECKPOINT_BYTES_PER_PARAM * n
-    save_s = checkpoint_bytes / (c.storage_write_gbps * 1e9)
-    mtbf_s = c.mtbf_hours * 3600
+    save_s = checkpoint_bytes / (c.hardware.storage_write_gbps * 1e9)
+    mtbf_s = c.hardware.mtbf_hours * 3600
     interval_steps = min(
         cfg.checkpoint.max_interval_steps, young_daly_steps(save_s=save_s, mtbf_s=mtbf_s, step_s=step_s)
     )
@@ -60,7 +60,11 @@ def plan_campaign(cfg: TrainflowConfig, *, step_s: float) -> CampaignPlan:
     steps = t.total_steps
     seconds = steps * step_s + steps // interval_steps * save_s
     world = cfg.parallel.world_size
-    watts = cfg.energy.gpu_watts if c.device == "cuda" else cfg.energy.cpu_watts_per_core * c.cpus_per_task
+    watts = (
+        cfg.energy.gpu_watts
+        if c.runtime.device == "cuda"
+        else cfg.energy.cpu_watts_per_core * c.allocation.cpus_per_task
+    )
     gwh = campaign_gwh(gpus=world, watts=watts, hours=seconds / 3600, pue=cfg.energy.pue)
     tokens = steps * t.global_batch * cfg.model.seq_len
     return CampaignPlan(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainflow.config.schema import ClusterConfig
+from trainflow.config.cluster import HardwareConfig
 
 ALGORITHMS = ("ring", "tree")
 
@@ -46,13 +46,13 @@ class Link:
         return hops * self.latency_us * 1e-6 + nbytes / (self.gbps * 1e9)
 
 
-def group_link(cluster: ClusterConfig, *, size: int, stride: int, ranks_per_node: int) -> Link:
+def group_link(hw: HardwareConfig, *, size: int, stride: int, ranks_per_node: int) -> Link:
     """The link a group of `size` ranks, `stride` apart in rank order, is limited by (module docstring)."""
     per_node = 1 if stride >= ranks_per_node else max(1, min(size, ranks_per_node // stride))
     if size <= per_node:
-        return Link(gbps=cluster.intra_node_gbps, latency_us=cluster.intra_node_latency_us)
-    gbps = min(cluster.intra_node_gbps, per_node * cluster.inter_node_gbps)
-    return Link(gbps=gbps, latency_us=cluster.inter_node_latency_us)
+        return Link(gbps=hw.intra_node_gbps, latency_us=hw.intra_node_latency_us)
+    gbps = min(hw.intra_node_gbps, per_node * hw.inter_node_gbps)
+    return Link(gbps=gbps, latency_us=hw.inter_node_latency_us)
 
 
 def allreduce_bytes(nbytes: float, n: int, algorithm: str) -> float:

@@ -3,9 +3,9 @@
     python -c "from trainflow.config import compose; from trainflow.plan.fit import overflow; \
         print(overflow(compose('train_segment', ['experiment=llama70b_alps'])))"
 
-On a GPU the capacity is cluster.device_memory_gb; on a CPU device, where it is the node's host memory
-(the CPU presets set it to cluster.mem_gb), a rank's share of it: device_memory_gb / ranks per node. The estimate is
-trainflow.plan.memory's (the worst pipeline rank's peak); the line names its largest term and the fix
+On a GPU the capacity is cluster.hardware.device_memory_gb; on a CPU device, where it is the node's host memory (the
+CPU presets set it to cluster.allocation.mem_gb), a rank's share of it: device_memory_gb / ranks per node. The estimate
+is trainflow.plan.memory's (the worst pipeline rank's peak); the line names its largest term and the fix
 for that term.
 """
 
@@ -19,9 +19,9 @@ GB = 1e9
 
 def capacity_bytes(cluster: ClusterConfig, world_size: int) -> float:
     """Bytes one rank may hold (module docstring)."""
-    if cluster.device == "cpu":
-        return cluster.device_memory_gb * GB / max(1, world_size // cluster.nodes)
-    return cluster.device_memory_gb * GB
+    if cluster.runtime.device == "cpu":
+        return cluster.hardware.device_memory_gb * GB / max(1, world_size // cluster.allocation.nodes)
+    return cluster.hardware.device_memory_gb * GB
 
 
 def plan_memory(cfg: TrainflowConfig) -> MemoryEstimate:
@@ -35,7 +35,7 @@ def plan_memory(cfg: TrainflowConfig) -> MemoryEstimate:
         precision=t.precision,
         activations=t.activations,
         offload_to_disk=bool(t.offload_dir),
-        device=cfg.cluster.device,
+        device=cfg.cluster.runtime.device,
     )
 
 
@@ -52,7 +52,9 @@ def overflow(cfg: TrainflowConfig, memory: MemoryEstimate | None = None) -> str 
         "FSDP's gathered parameters": memory.gathered,
     }
     name, size = max(terms.items(), key=lambda kv: kv[1])
-    where = "cluster.device_memory_gb" + ("" if cfg.cluster.device == "cuda" else " shared by a node's ranks")
+    where = "cluster.hardware.device_memory_gb" + (
+        "" if cfg.cluster.runtime.device == "cuda" else " shared by a node's ranks"
+    )
     return (
         f"the plan does not fit: pipeline rank {memory.pp_rank} needs {memory.total / GB:.3g} GB of "
         f"{capacity / GB:.3g} GB ({where}); {name} take {size / GB:.3g} GB: {_fix(name, cfg)}"

@@ -220,7 +220,7 @@ def device_memory(
     """The memory of the worst pipeline rank of a training step with sequences of m.seq_len tokens.
 
     micro_batch is sequences per microbatch (train.global_batch / (dp * microbatches)); offload_to_disk
-    is whether train.offload_dir is set; device is cluster.device (it decides where host offload lands).
+    is whether train.offload_dir is set; device is cluster.runtime.device (it decides where host offload lands).
     dims is a checked layout (ParallelDims.from_config holds it against the model's shape).
     """
     errors = _input_errors(micro_batch=micro_batch, precision=precision, activations=activations, device=device)
@@ -279,7 +279,7 @@ def _input_errors(*, micro_batch: int, precision: str, activations: str, device:
     if activations not in ACTIVATION_MODES:
         errors.append(f"activations({activations!r}) must be one of {', '.join(ACTIVATION_MODES)} (train.activations)")
     if device not in DEVICES:
-        errors.append(f"device({device!r}) must be one of {', '.join(DEVICES)} (cluster.device)")
+        errors.append(f"device({device!r}) must be one of {', '.join(DEVICES)} (cluster.runtime.device)")
     if micro_batch < 1:
         errors.append(f"micro_batch({micro_batch}) must be >= 1: train.global_batch / (dp * microbatches) sequences")
     return errors

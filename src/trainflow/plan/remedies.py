@@ -23,9 +23,9 @@ from trainflow.plan.step import plan_step
 def changes(cfg: TrainflowConfig) -> list[tuple[str, dict[str, object], bool]]:
     """(name, overrides, fp8) of every remedy that applies to this config."""
     p, t, c = cfg.parallel, cfg.train, cfg.cluster
-    other = "ring" if c.allreduce_algorithm == "tree" else "tree"
+    other = "ring" if c.hardware.allreduce_algorithm == "tree" else "tree"
     out: list[tuple[str, dict[str, object], bool]] = [
-        (f"{other} all-reduce", {"cluster.allreduce_algorithm": other}, False)
+        (f"{other} all-reduce", {"cluster.hardware.allreduce_algorithm": other}, False)
     ]
     if p.pp > 1 and p.schedule == "interleaved_1f1b":
         out.append(("1F1B instead of interleaved", {"parallel.schedule": "1f1b", "parallel.virtual_stages": 1}, False))
@@ -38,7 +38,7 @@ def changes(cfg: TrainflowConfig) -> list[tuple[str, dict[str, object], bool]]:
         batch = t.global_batch if t.global_batch % (p.dp * m) == 0 else 2 * t.global_batch
         out.append((f"{m} microbatches", {"parallel.microbatches": m, "train.global_batch": batch}, False))
     out.append(("FP8 matmuls", {}, True))
-    per_node = p.world_size // c.nodes
+    per_node = p.world_size // c.allocation.nodes
     if p.tp > per_node > 1 and p.tp % per_node == 0:
         dp = p.dp * p.tp // per_node
         m = max(p.pp, t.global_batch // dp) if p.pp > 1 else 1
@@ -69,7 +69,9 @@ def remedies(cfg: TrainflowConfig) -> list[dict]:
     """Each remedy's step, throughput and memory beside the plan's."""
     rows = []
     for name, overrides, fp8 in changes(cfg):
-        label = " ".join(f"{k}={v}" for k, v in overrides.items()) or "cluster.fp8_speedup on the block linears"
+        label = (
+            " ".join(f"{k}={v}" for k, v in overrides.items()) or "cluster.hardware.fp8_speedup on the block linears"
+        )
         try:
             changed = apply(cfg, overrides)
         except ConfigError as err:

@@ -46,16 +46,18 @@ def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> dict:
     compute_share = 1 - sum(SEED_SHARES.values())
     tokens_per_device = t.global_batch * m.seq_len / p.world_size
     efficiency = (
-        step.model_flops_per_token * tokens_per_device / (cfg.cluster.peak_tflops * 1e12 * compute_share * step_at_seed)
+        step.model_flops_per_token
+        * tokens_per_device
+        / (cfg.cluster.hardware.peak_tflops * 1e12 * compute_share * step_at_seed)
     )
     chunk_microbatches = (p.pp - 1) * (1 - SEED_SHARES["bubble"]) / SEED_SHARES["bubble"]
     one_f_one_b = (p.pp - 1) / (p.microbatches + p.pp - 1)
-    per_node = p.world_size // cfg.cluster.nodes
+    per_node = p.world_size // cfg.cluster.allocation.nodes
     notes = [
         f"580 tokens/s/GPU at global_batch {t.global_batch} x {m.seq_len} tokens on {p.world_size} devices is a "
         f"{step_at_seed:.2f} s step; the seed's 35 + 20 + 15 % leave {compute_share:.0%} of it for compute, which "
-        f"needs matmuls at {efficiency:.0%} of peak_tflops (cluster.matmul_efficiency: "
-        f"{cfg.cluster.matmul_efficiency})",
+        f"needs matmuls at {efficiency:.0%} of peak_tflops (cluster.hardware.matmul_efficiency: "
+        f"{cfg.cluster.hardware.matmul_efficiency})",
         f"a {SEED_SHARES['bubble']:.0%} bubble needs v*m = {chunk_microbatches:.0f}; this layout's "
         f"v={p.virtual_stages}, m={p.microbatches} gives {step.bubble_fraction:.1%}, "
         f"1F1B at m={p.microbatches} {one_f_one_b:.1%}",

@@ -6,12 +6,12 @@
 The step as trainflow runs it (trainflow.parallel.runtime), per pipeline rank r, with m microbatches of
 b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
 
-- compute: FLOPs / (cluster.peak_tflops x cluster.matmul_efficiency). Forward FLOPs per token are 2 per
+- compute: FLOPs / (cluster.hardware.peak_tflops x matmul_efficiency). Forward FLOPs per token are 2 per
   matmul weight the rank holds (tensor parallel splits the block linears; the output head is whole on
   every tp rank, as trainflow.parallel.tensor_parallel leaves it) plus attention's 4 T d / tp (QK^T and
   AV over the full T x T, as trainflow.config.shape counts them); backward is twice forward and
   activations=recompute runs the blocks' forward once more. FP8 divides the block linears' time by
-  cluster.fp8_speedup (attention and the head stay bf16).
+  cluster.hardware.fp8_speedup (attention and the head stay bf16).
 - tp: the all-reduces inside a block, over the tp group, not overlapped: forward, RowwiseParallel's two
   (wo, w2) of b T d elements in the compute dtype; backward, one per ColwiseParallel linear (wq, wk, wv,
   w1, w3: five, where Megatron fuses to two), of the fp32 gradient of the norm's output, which enters the
@@ -26,14 +26,14 @@ b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
   stream stays fp32 between stages), over the pp link, exposed.
 - dp: the gradient all-reduce of the rank's fp32 gradients over the dp group in parallel.bucket_mb
   buckets (ring or tree, trainflow.plan.collectives). Hidden behind backward only without a pipeline and
-  with parallel.overlap: up to cluster.overlap_fraction of the backward, never the last bucket, which
+  with parallel.overlap: up to cluster.hardware.overlap_fraction of the backward, never the last bucket, which
   fills as backward ends. Under a pipeline trainflow's GradReducer launches the buckets after the schedule
   (its docstring), so all of it is exposed. dp_mode=shard: FSDP's reduce-scatter of fp32 gradients and
   all-gathers of the compute-dtype parameters (forward and backward; once under a pipeline, which keeps
   the stage gathered) over the shard group, plus HSDP's all-reduce of the shard over the replicas; hidden
   up to overlap_fraction of the forward and backward without a pipeline, exposed under one.
 - optimizer: AdamW and gradient clipping, memory-bound: OPTIMIZER_BYTES per parameter held at
-  cluster.memory_gbps.
+  cluster.hardware.memory_gbps.
 
 The step lasts as long as its slowest rank; `split` is that rank's, `per_pp_rank` every pipeline rank's.
 """
@@ -131,13 +131,13 @@ def step_plan(
     tokens = micro_batch * m.seq_len
     compute_bytes = COMPUTE_BYTES[precision]
     recompute = activations == "recompute"
-    flops_s = cluster.peak_tflops * 1e12 * cluster.matmul_efficiency
-    linear_s = flops_s * (cluster.fp8_speedup if fp8 else 1.0)
-    ranks_per_node = max(1, dims.world_size // cluster.nodes)
-    tp_link = group_link(cluster, size=tp, stride=1, ranks_per_node=ranks_per_node)
-    dp_link = group_link(cluster, size=dp, stride=tp, ranks_per_node=ranks_per_node)
-    pp_link = group_link(cluster, size=p, stride=dp * tp, ranks_per_node=ranks_per_node)
-    algorithm = cluster.allreduce_algorithm
+    flops_s = cluster.hardware.peak_tflops * 1e12 * cluster.hardware.matmul_efficiency
+    linear_s = flops_s * (cluster.hardware.fp8_speedup if fp8 else 1.0)
+    ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
+    tp_link = group_link(cluster.hardware, size=tp, stride=1, ranks_per_node=ranks_per_node)
+    dp_link = group_link(cluster.hardware, size=dp, stride=tp, ranks_per_node=ranks_per_node)
+    pp_link = group_link(cluster.hardware, size=p, stride=dp * tp, ranks_per_node=ranks_per_node)
+    algorithm = cluster.hardware.allreduce_algorithm
 
     layers = m.n_layers // p
     linear_flops, attention_flops = block_flops_per_token(m, tp=tp)
@@ -185,7 +185,7 @@ def step_plan(
             dp_exposed = dp_total
             if p == 1 and overlap and dp > 1:
                 last_bucket = allreduce_seconds(min(bucket_mb * 2**20, params * FP32), dp, dp_link, algorithm)
-                dp_exposed -= min(dp_total - last_bucket, cluster.overlap_fraction * backward)
+                dp_exposed -= min(dp_total - last_bucket, cluster.hardware.overlap_fraction * backward)
             held = params
         splits.append(
             StepSplit(
@@ -194,7 +194,7 @@ def step_plan(
                 bubble=schedule - activation - mb * (compute + tp_comm),
                 activation=activation,
                 dp=dp_exposed,
-                optimizer=held * OPTIMIZER_BYTES / (cluster.memory_gbps * 1e9),
+                optimizer=held * OPTIMIZER_BYTES / (cluster.hardware.memory_gbps * 1e9),
             )
         )
         dp_totals.append(dp_total)
@@ -207,7 +207,7 @@ def step_plan(
         per_pp_rank=splits,
         step_s=slowest.total,
         tokens_per_s_per_device=tokens_per_device,
-        mfu=tokens_per_device * flops / (cluster.peak_tflops * 1e12),
+        mfu=tokens_per_device * flops / (cluster.hardware.peak_tflops * 1e12),
         model_flops_per_token=flops,
         dp_seconds=dp_totals[worst],
         bubble_fraction=(p - 1) / (v * mb + p - 1),
@@ -227,13 +227,15 @@ def _sharded_dp(
     """FSDP / HSDP's communication of one step, in total and exposed (module docstring)."""
     shard = dims.shard_size
     replicas = dims.dp // shard
-    shard_link = group_link(cluster, size=shard, stride=dims.tp, ranks_per_node=ranks_per_node)
+    shard_link = group_link(cluster.hardware, size=shard, stride=dims.tp, ranks_per_node=ranks_per_node)
     gathers = 1 if dims.pp > 1 else 2
     total = shard_seconds(params * FP32, shard, shard_link) + gathers * shard_seconds(
         params * compute_bytes, shard, shard_link
     )
     if replicas > 1:
-        replica_link: Link = group_link(cluster, size=replicas, stride=dims.tp * shard, ranks_per_node=ranks_per_node)
+        replica_link: Link = group_link(
+            cluster.hardware, size=replicas, stride=dims.tp * shard, ranks_per_node=ranks_per_node
+        )
         total += allreduce_seconds(params * FP32 / shard, replicas, replica_link, algorithm)
-    exposed = total if dims.pp > 1 else max(0.0, total - cluster.overlap_fraction * window)
+    exposed = total if dims.pp > 1 else max(0.0, total - cluster.hardware.overlap_fraction * window)
     return total, exposed

@@ -49,11 +49,11 @@ def run(cfg: TrainflowConfig) -> dict:
         raise StageError(
             "io.metrics is empty: pass the stage metrics files, e.g. 'io.metrics=[runs/x/metrics/prepare_data.json]'"
         )
-    e, c = cfg.energy, cfg.cluster
-    gpus = c.nodes * c.gpus_per_node
+    e, a = cfg.energy, cfg.cluster.allocation
+    gpus = a.nodes * a.gpus_per_node
     metrics = [read_json(p) for p in cfg.io.metrics]
     stages = [
-        stage_energy(here_or_model(m, c.executor), energy=e, gpus=gpus if m["stage"] in ALLOCATING else 0)
+        stage_energy(here_or_model(m, a.executor), energy=e, gpus=gpus if m["stage"] in ALLOCATING else 0)
         for m in metrics
     ]
     summaries = {s["segment"]: s for s in map(read_json, cfg.io.segment_reports)}

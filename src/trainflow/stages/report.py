@@ -93,10 +93,10 @@ def checklist(nccl: dict, segments: list[dict], energy: dict, cfg: TrainflowConf
     busy = mean_gpu_busy_pct([trace for seg in energy["segments"] for trace in seg["power_traces"]])
     best = nccl["sweep"][-1]["busbw_gbps"] if nccl["sweep"] else None
     swap = [h["node"]["no_swapping"] for h in nccl["hosts"]]
-    gpu, gate = cfg.cluster.device == "cuda", cfg.cluster.min_busbw_gbps
+    gpu, gate = cfg.cluster.runtime.device == "cuda", cfg.cluster.gate.min_busbw_gbps
     return [
         [
-            f"collective bandwidth >= {gate:g} GB/s (cluster.min_busbw_gbps)",
+            f"collective bandwidth >= {gate:g} GB/s (cluster.gate.min_busbw_gbps)",
             f"{best:.3f} GB/s" if best is not None else "world size 1",
             "n/a" if best is None else ("pass" if best >= gate else "FAIL"),
         ],
@@ -105,7 +105,7 @@ def checklist(nccl: dict, segments: list[dict], energy: dict, cfg: TrainflowConf
             "-" if busy is None else f"{busy:.1f} %",
             ("n/a (CPU)" if not gpu else "no NVML samples") if busy is None else ("pass" if busy >= 90 else "FAIL"),
         ],
-        ["model FLOPs utilisation (MFU)", f"{summary['mfu']:.1%} of cluster.peak_tflops", "info"],
+        ["model FLOPs utilisation (MFU)", f"{summary['mfu']:.1%} of cluster.hardware.peak_tflops", "info"],
         [
             "no host swapping",
             f"swap used {[h['node']['swap_used_kb'] for h in nccl['hosts']]} kB",
@@ -383,8 +383,9 @@ def run(cfg: TrainflowConfig) -> dict:
         f"Model `{cfg.model.name}` ({last['n_params'] / 1e6:.2f} M parameters), layout "
         f"{data_parallel(last['layout'])} x "
         f"tp{last['layout']['tp']} x pp{last['layout']['pp']} ({last['layout']['schedule']}, v={last['layout']['v']}, "
-        f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.device} rank(s), "
-        f"backend {cfg.cluster.backend}. Precision **{last['precision']}**, activations **{last['activations']}**, "
+        f"m={last['layout']['microbatches']}) on {last['world_size']} {cfg.cluster.runtime.device} rank(s), "
+        f"backend {cfg.cluster.runtime.backend}. Precision **{last['precision']}**, activations "
+        f"**{last['activations']}**, "
         f"torch.compile **{'on' if last['compile'] else 'off'}**, FP8 {fp8_text(last.get('fp8'))}.",
         "",
         "## Training",

@@ -37,7 +37,7 @@ class TrainSegment(submitit.helpers.Checkpointable):
         env = submitit.JobEnvironment()
         power = power_folder(self.cfg.io.segment_report)
         with (
-            distributed_task(self.cfg.cluster) as (_, _, device),
+            distributed_task(self.cfg.cluster.runtime) as (_, _, device),
             node_window(self.cfg.energy, local_rank=env.local_rank, folder=power, segment=self.cfg.segment) as window,
         ):
             summary = Trainer(self.cfg, device, on_phase=window.enter).train()
@@ -77,7 +77,10 @@ def resume_point(cfg: TrainflowConfig) -> str:
 
 def run(cfg: TrainflowConfig) -> dict:
     executor = build_executor(
-        cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=f"{cfg.run}-train-{cfg.segment}"
+        cfg.cluster.allocation,
+        world_size=cfg.parallel.world_size,
+        folder=cfg.io.submitit,
+        name=f"{cfg.run}-train-{cfg.segment}",
     )
     try:
         results = run_job(executor, TrainSegment(cfg))

@@ -4,7 +4,7 @@
 
 Launched like a training segment (same submitit job shape), so it measures the links training
 will use. Bus bandwidth as nccl-tests defines it for all_reduce: algbw = bytes / time,
-busbw = algbw * 2 (n - 1) / n. The largest message's busbw must reach cluster.min_busbw_gbps
+busbw = algbw * 2 (n - 1) / n. The largest message's busbw must reach cluster.gate.min_busbw_gbps
 (seed checklist: >= 200 GB/s); below it, or with version/environment problems, the stage fails
 and the DAG stops before training.
 
@@ -41,12 +41,12 @@ log = stage_log(__file__)
 def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
     """Median all_reduce time per message size, measured after a warm-up; run on every rank."""
     world, rows = dist.get_world_size(), []
-    for mb in cluster.sweep_mb:
+    for mb in cluster.gate.sweep_mb:
         n = int(mb * 2**20) // 4
         buf = torch.ones(n, dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # warm-up: connection setup
         times = []
-        for _ in range(cluster.sweep_iters):
+        for _ in range(cluster.gate.sweep_iters):
             dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(buf)
@@ -59,7 +59,7 @@ def sweep(cluster: ClusterConfig, device: torch.device) -> list[dict]:
         rows.append(
             {"bytes": size, "time_s": t, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor("all_reduce", world)}
         )
-        expected = float(world ** (cluster.sweep_iters + 1))  # all ones, summed once per all_reduce
+        expected = float(world ** (cluster.gate.sweep_iters + 1))  # all ones, summed once per all_reduce
         if not torch.allclose(buf[:1].cpu(), torch.tensor([expected])):
             raise StageError(
                 f"all_reduce of {size} bytes returned {buf[0].item()}, expected {expected}: the collective is broken"
@@ -91,22 +91,28 @@ class BandwidthJob:
         )
 
     def __call__(self) -> dict:
-        with distributed_task(self.cluster) as (rank, world, device):
+        with distributed_task(self.cluster.runtime) as (rank, world, device):
             rows, patterns = [], []
             if world > 1:
                 rows = sweep(self.cluster, device)
                 dims = ParallelDims.from_config(
                     self.parallel, self.model, world_size=world, global_batch=self.global_batch
                 )
-                nbytes = int(max(self.cluster.sweep_mb) * 2**20)
+                nbytes = int(max(self.cluster.gate.sweep_mb) * 2**20)
                 mesh = dims.build_mesh(device.type)
-                patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=self.cluster.sweep_iters, device=device)
+                patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=self.cluster.gate.sweep_iters, device=device)
             hosts = [None] * world
             node = {**node_checks(), **gpu_slowdowns()}
             facts = {"host": os.uname().nodename, "node": node, "versions": versions(), "patterns": patterns}
             facts["cpu_s"] = cpu_seconds()  # this rank's CPU time: the stage's energy counts every rank's
             dist.all_gather_object(hosts, facts)
-        return {"rank": rank, "world_size": world, "backend": self.cluster.backend, "sweep": rows, "hosts": hosts}
+        return {
+            "rank": rank,
+            "world_size": world,
+            "backend": self.cluster.runtime.backend,
+            "sweep": rows,
+            "hosts": hosts,
+        }
 
 
 def gate(result: dict, cluster: ClusterConfig) -> list[str]:
@@ -114,10 +120,10 @@ def gate(result: dict, cluster: ClusterConfig) -> list[str]:
     problems = []
     if result["sweep"]:
         best = result["sweep"][-1]["busbw_gbps"]
-        if best < cluster.min_busbw_gbps:
+        if best < cluster.gate.min_busbw_gbps:
             problems.append(
                 f"all_reduce busbw {best:.3f} GB/s at {result['sweep'][-1]['bytes']} bytes is below "
-                f"cluster.min_busbw_gbps({cluster.min_busbw_gbps}); "
+                f"cluster.gate.min_busbw_gbps({cluster.gate.min_busbw_gbps}); "
                 "check the network (NCCL_DEBUG=INFO) or lower the gate"
             )
     for row in result["patterns"]:
@@ -125,25 +131,26 @@ def gate(result: dict, cluster: ClusterConfig) -> list[str]:
             problems.append(
                 f"{row['pattern']} busbw {row['busbw_gbps']:.3f} GB/s on the slowest of its {row['groups']} groups "
                 f"(ranks {row['slowest_group']}, hosts {','.join(row['slowest_hosts'])}) is below "
-                f"cluster.gate_busbw_gbps.{row['pattern']}({row['threshold_gbps']})"
+                f"cluster.gate.busbw_gbps.{row['pattern']}({row['threshold_gbps']})"
             )
     seen = {(h["versions"]["nccl"], h["versions"]["libfabric"]) for h in result["hosts"]}
     if len(seen) > 1:
         problems.append(
             f"NCCL/libfabric versions differ across nodes {sorted(map(str, seen))}: align them (seed: -30 % on Alps)"
         )
-    problems += version_problems(result["hosts"], cluster.versions_allowed)
+    problems += version_problems(result["hosts"], cluster.gate.versions_allowed)
     stripes = result.get("checkpoint_stripes", {}).get("count")
-    if stripes is not None and 0 < stripes < cluster.min_stripe_count:  # -1: striped over every target
+    if stripes is not None and 0 < stripes < cluster.gate.min_stripe_count:  # -1: striped over every target
         problems.append(
-            f"the checkpoint folder's Lustre stripe count {stripes} is below cluster.min_stripe_count("
-            f"{cluster.min_stripe_count}): lfs setstripe -c {cluster.min_stripe_count} <folder> before training"
+            f"the checkpoint folder's Lustre stripe count {stripes} is below cluster.gate.min_stripe_count("
+            f"{cluster.gate.min_stripe_count}): lfs setstripe -c {cluster.gate.min_stripe_count} <folder> before "
+            "training"
         )
     return problems
 
 
 def version_problems(hosts: list[dict], allowed: dict[str, list[str]]) -> list[str]:
-    """Nodes whose stack is not in the compatibility table (cluster.versions_allowed), one line per component."""
+    """Nodes whose stack is not in the compatibility table (cluster.gate.versions_allowed), one line per component."""
     problems = []
     for component, prefixes in allowed.items():
         bad = sorted(
@@ -153,7 +160,7 @@ def version_problems(hosts: list[dict], allowed: dict[str, list[str]]) -> list[s
         if bad:
             found = ", ".join(f"{host}: {version}" for host, version in bad)
             problems.append(
-                f"{component} {found} is not in cluster.versions_allowed.{component} ({' | '.join(prefixes)}*); "
+                f"{component} {found} is not in cluster.gate.versions_allowed.{component} ({' | '.join(prefixes)}*); "
                 "load the validated stack on those nodes or extend the table after validating it"
             )
     return problems
@@ -171,14 +178,17 @@ def run(cfg: TrainflowConfig) -> dict:
         plan["memory"]["capacity"] / 1e9,
     )
     executor = build_executor(
-        cfg.cluster, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=f"{cfg.run}-validate_nccl"
+        cfg.cluster.allocation,
+        world_size=cfg.parallel.world_size,
+        folder=cfg.io.submitit,
+        name=f"{cfg.run}-validate_nccl",
     )
     try:
         result = run_job(executor, BandwidthJob(cfg))[0]
     except LaunchError as err:
         raise LaunchError(f"validate_nccl failed: {err}") from err
     hosts, rows = [h["host"] for h in result["hosts"]], [h.pop("patterns") for h in result["hosts"]]
-    result["patterns"], exclude = judge(rows, hosts, cfg.cluster.gate_busbw_gbps)
+    result["patterns"], exclude = judge(rows, hosts, cfg.cluster.gate.busbw_gbps)
     rank_cpu_s = sum(h.pop("cpu_s") for h in result["hosts"])  # the stage's energy counts every rank's CPU time
     for row in result["patterns"]:
         log.info(
@@ -194,8 +204,8 @@ def run(cfg: TrainflowConfig) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     count, source = stripe_count(str(folder))
     result["checkpoint_stripes"] = {"folder": str(folder), "count": count, "source": source}
-    result["env_warnings"] = audit_env({**os.environ, **cfg.cluster.env})
-    result["threshold_gbps"] = cfg.cluster.min_busbw_gbps
+    result["env_warnings"] = audit_env({**os.environ, **cfg.cluster.runtime.env})
+    result["threshold_gbps"] = cfg.cluster.gate.min_busbw_gbps
     result["plan"] = plan
     for row in result["sweep"]:
         log.info(
@@ -218,7 +228,7 @@ def run(cfg: TrainflowConfig) -> dict:
     if problems:
         raise StageError("validate_nccl failed: " + "; ".join(problems))
     write_json(cfg.io.nccl_report, result)
-    log.info("Validated %s over %d ranks: passed", cfg.cluster.backend, result["world_size"])
+    log.info("Validated %s over %d ranks: passed", cfg.cluster.runtime.backend, result["world_size"])
     return {"ranks": result["world_size"], "rank_cpu_s": rank_cpu_s}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainflow.config.checks import missing_compiler
+from trainflow.config.host import missing_compiler
 from trainflow.errors import ConfigError
 
 

@@ -105,7 +105,7 @@ class Trainer:
             cfg.io.checkpoints, keep=cfg.checkpoint.keep, pinned=ends, io_threads=cfg.checkpoint.io_threads
         )
         self.planner = IntervalPlanner(
-            mtbf_s=cfg.cluster.mtbf_hours * 3600,
+            mtbf_s=cfg.cluster.hardware.mtbf_hours * 3600,
             fixed_steps=cfg.checkpoint.interval_steps,
             max_steps=cfg.checkpoint.max_interval_steps,
         )
@@ -294,7 +294,7 @@ class Trainer:
 
     def mfu(self, tokens_per_s_per_device: float) -> float:
         """Model FLOPs utilisation: the model's FLOPs per second per device over the device's dense peak."""
-        return tokens_per_s_per_device * self.flops_per_token / (self.cfg.cluster.peak_tflops * 1e12)
+        return tokens_per_s_per_device * self.flops_per_token / (self.cfg.cluster.hardware.peak_tflops * 1e12)
 
     def state_digest(self) -> list[str]:
         """SHA-256 of every rank's local model and optimizer tensors, gathered: equal lists = bitwise equal runs."""

@@ -1,0 +1,119 @@
+"""The cluster, by concern: the allocation a distributed stage submits, how its ranks run, the hardware model the
+planner rests on, and the collective gate's thresholds. One preset per cluster in conf/cluster/, each value with
+its source beside it.
+
+    python -c "from trainflow.config import compose; print(compose('train_segment', ['cluster=alps_gh200']).cluster)"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from trainflow.config.domain import SLURM_WORD, checked
+
+GATE_PATTERNS = ("dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "tp_all_reduce", "pp_send_recv")
+"""The collectives validate_nccl times on the layout's own groups: <mesh dim>_<op> (trainflow.gate)."""
+VERSION_COMPONENTS = ("torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
+"""What validate_nccl reads on every node (trainflow.gate.nodes.versions) and cluster.gate.versions_allowed may
+pin."""
+
+
+@dataclass
+class AllocationConfig:
+    """The job validate_nccl and train_segment submit through submitit: LocalExecutor's processes here, a Slurm job
+    (sbatch + srun) on a cluster."""
+
+    executor: str = checked(one_of=("local", "slurm"))
+    nodes: int = checked(ge=1)
+    gpus_per_node: int = checked(ge=0)
+    """GPUs per node, one task each (0: CPU ranks)."""
+    cpus_per_task: int = checked(ge=1)
+    mem_gb: float = checked(gt=0)
+    time_min: int = checked(ge=1)
+    """Slurm time limit of one training job; a segment longer than this is requeued."""
+    signal_delay_s: int = checked(ge=0)
+    """Seconds before the time limit at which Slurm sends USR2 (submitit's pre-timeout signal)."""
+    max_requeues: int = checked(3, ge=0)
+    partition: str = checked("", pattern=SLURM_WORD)
+    account: str = checked("", pattern=SLURM_WORD)
+    constraint: str = checked("", pattern=SLURM_WORD)
+    """Slurm node features, e.g. the seed's THP-off / vBoost node setup."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run in the sbatch script before the tasks start (a reviewed preset's only: overrides refuse it)."""
+
+
+@dataclass
+class RuntimeConfig:
+    """How every rank of a job runs."""
+
+    device: str = checked(one_of=("cpu", "cuda"))
+    backend: str = checked(one_of=("gloo", "nccl"))
+    collective_timeout_s: int = checked(gt=0)
+    """torch.distributed collective timeout (the seed's "NCCL_TIMEOUT 300 s")."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment for every rank (NCCL_* tuning lives here)."""
+
+
+@dataclass
+class HardwareConfig:
+    """The hardware as the planner models it (trainflow.plan) and MFU measures against; each preset states the
+    source of every value beside it."""
+
+    peak_tflops: float = checked(gt=0)
+    """Dense peak per device, for MFU; the CPU default is a stated rough figure."""
+    matmul_efficiency: float = checked(gt=0, le=1)
+    """Share of peak_tflops the model's matmuls reach (large bf16 GEMMs on Hopper: ~0.7)."""
+    fp8_speedup: float = checked(ge=1)
+    """Matmul throughput of FP8 over bf16 (Hopper's dense FP8 peak is twice its bf16 peak): the planner's FP8 remedy."""
+    memory_gbps: float = checked(gt=0)
+    """Device memory bandwidth, for the optimizer step (memory-bound; GH200 HBM3: 4 TB/s)."""
+    intra_node_gbps: float = checked(gt=0)
+    """Bandwidth per direction between two devices of a node (GH200 in an Alps node: 6 NVLink-4 links, 150 GB/s)."""
+    intra_node_latency_us: float = checked(ge=0)
+    """One hop inside a node, per message."""
+    inter_node_gbps: float = checked(gt=0)
+    """Network bandwidth per device per direction (Alps: one 200 Gb/s Slingshot-11 NIC per GH200)."""
+    inter_node_latency_us: float = checked(ge=0)
+    """One hop across the network, per message."""
+    allreduce_algorithm: str = checked(one_of=("ring", "tree"))
+    """The all-reduce the plan assumes; match runtime.env's NCCL_ALGO where it is set."""
+    overlap_fraction: float = checked(ge=0, le=1)
+    """Share of backward during which the bucketed gradient all-reduce runs hidden (pp = 1, parallel.overlap)."""
+    storage_write_gbps: float = checked(gt=0)
+    """Aggregate checkpoint write bandwidth of storage.capacity (the seed: 847 GB of 70B state in 2 min)."""
+    device_memory_gb: float = checked(gt=0)
+    """Memory of one device the plan must fit in (GH200: 96 GB HBM3); on a CPU device the node's host memory,
+    which the plan shares among the node's ranks."""
+    mtbf_hours: float = checked(gt=0)
+    """Mean time between failures of the allocation: Young/Daly's interval (the planner's and the trainer's)."""
+
+
+@dataclass
+class GateConfig:
+    """validate_nccl's thresholds: what the collective network, the nodes' software stack and the checkpoint
+    folder must show before training starts."""
+
+    min_busbw_gbps: float = checked(ge=0)
+    """The all_reduce sweep over the whole world, at its largest message (seed: >= 200 GB/s on GH200)."""
+    sweep_mb: list[float] = checked(gt=0)
+    sweep_iters: int = checked(ge=1)
+    busbw_gbps: dict[str, float] = field(default_factory=dict)
+    """Per pattern of the layout (dp_all_reduce, dp_reduce_scatter, dp_all_gather, tp_all_reduce, pp_send_recv), on
+    the slowest group's bus bandwidth at the largest sweep_mb; a pattern left out is measured and reported, not
+    gated."""
+    versions_allowed: dict[str, list[str]] = field(default_factory=dict)
+    """Version prefixes every node must match, per component (torch, cuda, nccl, libfabric, aws_ofi_nccl): the
+    compatibility table (the seed lost 30 % to an NCCL / libfabric mismatch). A component left out is not checked."""
+    min_stripe_count: int = checked(0, ge=0)
+    """Lustre stripe count the checkpoint folder needs (seed: >= 4), read with `lfs getstripe -c` where lfs exists."""
+
+
+@dataclass
+class ClusterConfig:
+    name: str = MISSING
+    allocation: AllocationConfig = field(default_factory=AllocationConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    gate: GateConfig = field(default_factory=GateConfig)

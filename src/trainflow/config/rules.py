@@ -1,0 +1,133 @@
+"""The cross-field rules of a composed config, pure functions of its values (the layout's are config.layout's):
+each broken rule is one message naming every value it involves and the fix.
+
+    python -c "from trainflow.config import compose; compose('train_segment', ['train.fp8=delayed'])"
+"""
+
+from __future__ import annotations
+
+from trainflow.config.cluster import GATE_PATTERNS, VERSION_COMPONENTS, ClusterConfig, GateConfig
+from trainflow.config.schema import BYTE_VOCAB, EnergyConfig, ModelConfig, TrainflowConfig
+from trainflow.config.shape import linear_shapes
+
+FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) take features in multiples of 16
+
+
+def rule_errors(cfg: TrainflowConfig) -> list[str]:
+    """Every rule below (the layout's are checked beside them, by config.layout.parallel_errors)."""
+    d, m = cfg.data, cfg.model
+    errors = model_errors(m) + train_errors(cfg) + energy_errors(cfg.energy) + allocation_errors(cfg)
+    if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
+        errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
+    if m.vocab_size < d.vocab_size:
+        errors.append(
+            f"model.vocab_size({m.vocab_size}) < data.vocab_size({d.vocab_size}): the tokenizer's ids "
+            "would overflow the embedding; use a model with at least data.vocab_size rows"
+        )
+    if cfg.fault.rank >= cfg.parallel.world_size:
+        errors.append(f"fault.rank({cfg.fault.rank}) must be < the world size {cfg.parallel.world_size}")
+    return errors
+
+
+def allocation_errors(cfg: TrainflowConfig) -> list[str]:
+    """The layout's ranks fill whole nodes, one per GPU where there are GPUs."""
+    p, a = cfg.parallel, cfg.cluster.allocation
+    if p.world_size % a.nodes:
+        return [
+            f"world size dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
+            f"cluster.allocation.nodes({a.nodes}); change the layout or the node count"
+        ]
+    if a.gpus_per_node and p.world_size // a.nodes != a.gpus_per_node:
+        return [
+            f"world size {p.world_size} / cluster.allocation.nodes({a.nodes}) = {p.world_size // a.nodes} tasks per "
+            f"node != cluster.allocation.gpus_per_node({a.gpus_per_node}); one task drives one GPU"
+        ]
+    return []
+
+
+def table_errors(cluster: ClusterConfig) -> list[str]:
+    """validate_nccl's tables name known patterns and components, with sane values (checked with the domains:
+    a dict's entries have none of their own)."""
+    g: GateConfig = cluster.gate
+    errors = [
+        f"cluster.gate.busbw_gbps has {name!r}, no pattern: use {', '.join(GATE_PATTERNS)}"
+        for name in g.busbw_gbps
+        if name not in GATE_PATTERNS
+    ]
+    errors += [
+        f"cluster.gate.busbw_gbps.{name}({gbps}) must be a number >= 0"
+        for name, gbps in g.busbw_gbps.items()
+        if not (isinstance(gbps, int | float) and gbps >= 0)
+    ]
+    errors += [
+        f"cluster.gate.versions_allowed has {name!r}, which validate_nccl does not read: use "
+        f"{', '.join(VERSION_COMPONENTS)}"
+        for name in g.versions_allowed
+        if name not in VERSION_COMPONENTS
+    ]
+    return errors
+
+
+def energy_errors(e: EnergyConfig) -> list[str]:
+    if e.idle_clock_mhz > e.compute_clock_mhz:
+        return [
+            f"energy.idle_clock_mhz({e.idle_clock_mhz}) > energy.compute_clock_mhz({e.compute_clock_mhz}): DVFS lowers "
+            f"clocks while data loads; choose an idle clock in 1-{e.compute_clock_mhz} MHz"
+        ]
+    return []
+
+
+def model_errors(m: ModelConfig) -> list[str]:
+    errors = []
+    if m.dim % m.n_heads:
+        errors.append(f"model.dim({m.dim}) is not divisible by model.n_heads({m.n_heads})")
+    elif m.head_dim % 2:
+        errors.append(
+            f"model.dim({m.dim}) / n_heads({m.n_heads}) = {m.head_dim} is odd; rotary embeddings need an even head dim"
+        )
+    if m.n_heads % m.n_kv_heads:
+        errors.append(
+            f"model.n_kv_heads({m.n_kv_heads}) does not divide model.n_heads({m.n_heads}): each key/value head serves "
+            f"a whole group of query heads; choose a divisor of {m.n_heads}"
+        )
+    return errors
+
+
+def train_errors(cfg: TrainflowConfig) -> list[str]:
+    """Settings that only make sense together (whether the machine can run them is config.host's)."""
+    t, errors = cfg.train, []
+    if t.offload_dir and t.activations != "offload":
+        errors.append(
+            f"train.offload_dir({t.offload_dir!r}) is set but train.activations is {t.activations}; "
+            "set train.activations=offload or leave offload_dir empty"
+        )
+    if t.fp8 != "none":
+        errors += fp8_errors(cfg)
+    return errors
+
+
+def fp8_errors(cfg: TrainflowConfig) -> list[str]:
+    """FP8 runs inside bf16 training, on tensor-core tiles of 16, on whole (not tensor-parallel) linears."""
+    t, m, errors = cfg.train, cfg.model, []
+    if t.precision != "bf16":
+        errors.append(
+            f"train.fp8={t.fp8} runs inside bf16 training (its GEMMs output bf16) and train.precision is "
+            f"{t.precision}; set train.precision=bf16"
+        )
+    if cfg.parallel.tp > 1:
+        errors.append(
+            f"train.fp8={t.fp8} with parallel.tp({cfg.parallel.tp}) > 1 is not supported: each shard's scale "
+            "would have to be agreed over the tp group; use dp / pp for this model or train.fp8=none"
+        )
+    bad = [
+        f"layers.*.{name} is a {d_in} -> {d_out} Linear"
+        for name, (d_in, d_out) in linear_shapes(m, tp=cfg.parallel.tp).items()
+        if d_in % FP8_TILE or d_out % FP8_TILE
+    ]
+    if bad:
+        errors.append(
+            f"train.fp8: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; fp8 GEMMs need in and "
+            f"out features in multiples of {FP8_TILE} (tensor-core tiles): make model.dim, its head dim "
+            "(dim / n_heads) and model.multiple_of multiples of 16, or set train.fp8=none"
+        )
+    return errors
