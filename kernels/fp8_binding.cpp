@@ -1,16 +1,20 @@
-// The CUDA implementation of the torch op trainflow::fp8_gemm, registered with the dispatcher.
+// The CUDA implementations of the torch ops trainflow::fp8_gemm_sm89 and trainflow::fp8_gemm_sm90.
 //
-//   python -m trainflow.fp8      # builds this file and fp8_gemm.cu with torch.utils.cpp_extension, loads them
+//   python -m trainflow.fp8      # builds this file with the kernel of the visible GPU's architecture, loads it
 //
-// The op's schema is declared once, in src/trainflow/fp8/ops.py (torch.library.define), beside its reference
-// implementation (CPU) and its fake (torch.compile); this file only adds the CUDA kernel (extension-cpp layout).
-// Checks here cover what the kernel assumes; the Python side has already shaped the inputs.
+// One extension per architecture (src/trainflow/fp8/ops.py: build_extension): compiled with
+// -DTRAINFLOW_FP8_SM89 beside fp8_gemm.cu, or with -DTRAINFLOW_FP8_SM90 beside fp8_gemm_sm90.cu, and it registers
+// that kernel's op only. The schemas are declared once, in ops.py (torch.library.define), which also decides
+// which of them becomes the CUDA implementation of trainflow::fp8_gemm (load_backend). Checks here cover what
+// the kernels assume; ops.py has already checked dtypes and shapes for the op itself.
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
+
+#include <cstdint>
 
 #include "fp8_gemm.h"
 
@@ -24,8 +28,14 @@ bool per_row(const at::Tensor& scale, int64_t rows, const char* name) {
   return scale.numel() != 1;
 }
 
-at::Tensor fp8_gemm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                         const at::Tensor& scale_b, at::ScalarType out_dtype) {
+int device_attribute(cudaDeviceAttr attr, const at::Tensor& on) {
+  int value = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, on.device().index()));
+  return value;
+}
+
+void check_inputs(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                  at::ScalarType out_dtype, int capability) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "fp8_gemm: a and b must be 2-D, got ", a.sizes(), " and ", b.sizes());
   TORCH_CHECK(a.size(1) == b.size(1), "fp8_gemm: a ", a.sizes(), " and b ", b.sizes(), " differ in K (dim 1)");
   TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fn || a.scalar_type() == at::kFloat8_e5m2,
@@ -37,24 +47,17 @@ at::Tensor fp8_gemm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Ten
               "fp8_gemm: a, b and the scales must be on one device");
   TORCH_CHECK(a.size(0) <= INT32_MAX && b.size(0) <= INT32_MAX && a.size(1) <= INT32_MAX,
               "fp8_gemm: sizes must fit in 32 bits, got ", a.sizes(), " and ", b.sizes());
-  const c10::cuda::CUDAGuard guard(a.device());
-  int major = 0;
-  int minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device().index()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a.device().index()));
-  TORCH_CHECK(major * 10 + minor >= 89, "fp8_gemm: needs compute capability 8.9 or newer (fp8 tensor cores: ",
-              "Ada, Hopper); device ", a.device(), " is ", major, ".", minor);
+  const int have = device_attribute(cudaDevAttrComputeCapabilityMajor, a) * 10 +
+                   device_attribute(cudaDevAttrComputeCapabilityMinor, a);
+  TORCH_CHECK(have == capability, "fp8_gemm: this kernel's machine code is for sm_", capability, "; device ",
+              a.device(), " is sm_", have, " (trainflow.fp8.load_backend picks the kernel per device)");
+}
 
-  const at::Tensor a_c = a.contiguous();
-  const at::Tensor b_c = b.contiguous();
-  const at::Tensor sa = scale_a.contiguous();
-  const at::Tensor sb = scale_b.contiguous();
-  const bool a_per_row = per_row(sa, a.size(0), "scale_a");
-  const bool b_per_row = per_row(sb, b.size(0), "scale_b");
-  at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
+trainflow::Fp8GemmArgs make_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
+                                 const at::Tensor& sb, const at::Tensor& out, bool a_per_row, bool b_per_row) {
   trainflow::Fp8GemmArgs args{};
-  args.a = a_c.data_ptr();
-  args.b = static_cast<const __nv_fp8_e4m3*>(b_c.data_ptr());
+  args.a = a.data_ptr();
+  args.b = static_cast<const __nv_fp8_e4m3*>(b.data_ptr());
   args.c = out.data_ptr();
   args.scale_a = sa.data_ptr<float>();
   args.scale_b = sb.data_ptr<float>();
@@ -64,12 +67,86 @@ at::Tensor fp8_gemm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Ten
   args.a_e5m2 = a.scalar_type() == at::kFloat8_e5m2;
   args.scale_a_per_row = a_per_row;
   args.scale_b_per_row = b_per_row;
-  args.out_bf16 = out_dtype == at::kBFloat16;
-  const cudaError_t err = trainflow::fp8_gemm(args, c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "fp8_gemm: kernel launch failed: ", cudaGetErrorString(err));
+  args.out_bf16 = out.scalar_type() == at::kBFloat16;
+  return args;
+}
+
+#if defined(TRAINFLOW_FP8_SM89)
+
+at::Tensor fp8_gemm_sm89_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                              const at::Tensor& scale_b, at::ScalarType out_dtype) {
+  check_inputs(a, b, scale_a, scale_b, out_dtype, 89);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const at::Tensor a_c = a.contiguous();
+  const at::Tensor b_c = b.contiguous();
+  const at::Tensor sa = scale_a.contiguous();
+  const at::Tensor sb = scale_b.contiguous();
+  const bool a_per_row = per_row(sa, a.size(0), "scale_a");
+  const bool b_per_row = per_row(sb, b.size(0), "scale_b");
+  at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
+  const auto args = make_args(a_c, b_c, sa, sb, out, a_per_row, b_per_row);
+  const cudaError_t err = trainflow::fp8_gemm_sm89(args, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "fp8_gemm_sm89: kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(trainflow, CUDA, m) { m.impl("fp8_gemm", &fp8_gemm_cuda); }
+TORCH_LIBRARY_IMPL(trainflow, CUDA, m) { m.impl("fp8_gemm_sm89", &fp8_gemm_sm89_cuda); }
+
+#elif defined(TRAINFLOW_FP8_SM90)
+
+// TMA reads from 16-byte aligned bases (the scale vectors are read 16 bytes at a time too): a fresh copy only
+// where a tensor is a view that starts elsewhere.
+at::Tensor aligned(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+// q (rows, cols) fp8, zero-padded to (rows_to, cols_to) where they differ (byte 0 is +0.0 in both formats).
+at::Tensor padded_fp8(const at::Tensor& q, int64_t rows_to, int64_t cols_to) {
+  if (q.size(0) == rows_to && q.size(1) == cols_to) return aligned(q);
+  // constant_pad_nd has no fp8 kernels; the bytes pad as uint8.
+  const at::Tensor bytes = q.contiguous().view(at::kByte);
+  return at::constant_pad_nd(bytes, {0, cols_to - q.size(1), 0, rows_to - q.size(0)}, 0).view(q.scalar_type());
+}
+
+int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+at::Tensor fp8_gemm_sm90_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                              const at::Tensor& scale_b, at::ScalarType out_dtype) {
+  check_inputs(a, b, scale_a, scale_b, out_dtype, 90);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const int64_t m = a.size(0);
+  const int64_t n = b.size(0);
+  const int64_t k = a.size(1);
+  const bool a_per_row = per_row(scale_a, m, "scale_a");
+  const bool b_per_row = per_row(scale_b, n, "scale_b");
+  if (m == 0 || n == 0 || k == 0) return at::zeros({m, n}, a.options().dtype(out_dtype));  // empty sums are 0
+  // Zero columns of K add nothing; zero rows of B (N) make output columns that are cut off below.
+  const int64_t k_pad = round_up(k, trainflow::kSm90AlignK);
+  const int64_t n_pad = round_up(n, trainflow::kSm90AlignN);
+  const at::Tensor a_p = padded_fp8(a, m, k_pad);
+  const at::Tensor b_p = padded_fp8(b, n_pad, k_pad);
+  const at::Tensor sa = aligned(scale_a.reshape({-1}));
+  const at::Tensor sb = b_per_row && n_pad != n ? at::constant_pad_nd(scale_b.reshape({-1}), {0, n_pad - n}, 0)
+                                                 : aligned(scale_b.reshape({-1}));
+  at::Tensor out = at::empty({m, n_pad}, a.options().dtype(out_dtype));
+  auto args = make_args(a_p, b_p, sa, sb, out, a_per_row, b_per_row);
+  const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount, a);  // the persistent grid's size
+  const size_t workspace_bytes = trainflow::fp8_gemm_sm90_workspace_bytes(args, sm_count);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
+  const cudaError_t err =
+      trainflow::fp8_gemm_sm90(args, sm_count, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "fp8_gemm_sm90: CUTLASS refused or failed to launch (M=", m, ", N=", n_pad,
+              ", K=", k_pad, "): ", cudaGetErrorString(err));
+  return n_pad == n ? out : out.narrow(1, 0, n).contiguous();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(trainflow, CUDA, m) { m.impl("fp8_gemm_sm90", &fp8_gemm_sm90_cuda); }
+
+#else
+#error "compile with -DTRAINFLOW_FP8_SM89 or -DTRAINFLOW_FP8_SM90 (src/trainflow/fp8/ops.py: build_extension)"
+#endif

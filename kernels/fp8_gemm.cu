@@ -1,10 +1,16 @@
-// FP8 GEMM on tensor cores: C = diag(scale_a) (A B^T) diag(scale_b), fp8 inputs, fp32 accumulation.
+// FP8 GEMM on Ada (sm_89) tensor cores: C = diag(scale_a) (A B^T) diag(scale_b), fp8 inputs, fp32 accumulation.
 //
-//   nvcc -arch=sm_90a -O3 -c kernels/fp8_gemm.cu   # also sm_89; tests/unit/test_fp8_kernel_build.py does this
+//   nvcc -gencode=arch=compute_89,code=sm_89 -O3 -c kernels/fp8_gemm.cu   # tests/unit/test_fp8_sass.py does this
 //
-// Design (Ampere-style, portable to Ada sm_89 and Hopper sm_90; no wgmma):
+// Design (Ampere-style mma.sync; Hopper runs kernels/fp8_gemm_sm90.cu instead, see below):
 // - A 128x128 block tile of C per 256-thread block, K walked in 64-byte slices. Eight warps in a 2 (m) x 4 (n)
-//   grid, each owning a 64x32 piece of C: 4 x 4 mma.sync.m16n8k32 fragments, 64 fp32 accumulators a thread.
+//   grid, each owning a 64x32 piece of C: 4 x 4 mma.sync.m16n8k32 fragments, 64 fp32 sums a thread (twice
+//   that in registers with the partials below).
+// - fp32 promotion (two-level accumulation): the tensor core adds into its accumulator with fewer bits than fp32
+//   (about 13 of mantissa for fp8 mma on Ada and Hopper, by SageAttention's and DeepGEMM's measurements), so a
+//   running sum over the whole K would lose the low bits of every addition, and the loss grows with K. Each
+//   kPromoteK = 128 of K is therefore summed by the tensor core from zero into `part` fragments, which are then
+//   added into `acc` with ordinary fp32 FADDs (as DeepGEMM and CUTLASS's FP8 mainloop do on Hopper).
 // - Shared memory holds two stages of the A and B slices (40 KiB, static). cp.async copies stage k+1 while the
 //   tensor cores work on stage k. Rows are padded from 64 to 80 bytes so that the 8 rows one ldmatrix phase
 //   reads start in 8 different 16-byte bank groups (80 / 16 = 5, odd): no bank conflicts, no swizzle needed.
@@ -16,6 +22,8 @@
 //   other K (or an offset view) takes the byte-wise load path, correct but slower.
 // - Epilogue: acc * scale_a[row] * scale_b[col] (per-tensor scales are one value), written as fp32 or bf16.
 // A has e4m3 (forward) or e5m2 (backward: gradients) bytes; B is always e4m3.
+// Machine code for sm_89 only: Hopper has no fp8 mma.sync, and nvcc emulates it there with fp16 HMMA plus
+// F2FP conversions (the SASS of an sm_90a build shows it), so other targets get a trap instead of that.
 
 #include <cuda_bf16.h>
 
@@ -31,6 +39,8 @@ constexpr int kBlockN = 128;
 constexpr int kBlockK = 64;            // bytes (= fp8 elements) of K per stage
 constexpr int kRowBytes = kBlockK + 16;  // padded shared-memory row, see the header comment
 constexpr int kStages = 2;
+constexpr int kPromoteK = 128;  // K summed inside the tensor core before each fp32 promotion (at most 128)
+constexpr int kSlicesPerPromotion = kPromoteK / kBlockK;
 constexpr int kWarpsM = 2;
 constexpr int kWarpsN = 4;
 constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -43,6 +53,7 @@ constexpr int kChunksPerThread = kBlockM * kChunksPerRow / kThreads;  // 16-byte
 static_assert(kBlockM == kBlockN, "one copy loop serves both operands");
 static_assert(kBlockM * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
 static_assert(kFragsN % 2 == 0, "B fragments are loaded two n8 tiles per ldmatrix.x4");
+static_assert(kPromoteK % kBlockK == 0 && kPromoteK <= 128, "promotion happens at slice ends, every <= 128 of K");
 
 struct SharedTiles {
   alignas(128) uint8_t a[kStages][kBlockM][kRowBytes];
@@ -129,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) fp8_gemm_kernel(const uint8_t* __res
                                                             const float* __restrict__ scale_b, int m, int n, int k,
                                                             bool scale_a_per_row, bool scale_b_per_row,
                                                             bool vector_path) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+#if !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ >= 890 && __CUDA_ARCH__ < 900)
   __shared__ SharedTiles smem;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -138,7 +149,8 @@ __global__ void __launch_bounds__(kThreads) fp8_gemm_kernel(const uint8_t* __res
   const int block_row = static_cast<int>(blockIdx.y) * kBlockM;
   const int block_col = static_cast<int>(blockIdx.x) * kBlockN;
 
-  float acc[kFragsM][kFragsN][4] = {};
+  float acc[kFragsM][kFragsN][4] = {};   // fp32 sums: only FADDs of promoted partials touch them
+  float part[kFragsM][kFragsN][4] = {};  // the tensor core's sum over the current kPromoteK of K
   const int slices = (k + kBlockK - 1) / kBlockK;
   if (slices > 0) {
     load_slice(smem.a[0], a, m, k, block_row, 0, vector_path);
@@ -180,7 +192,20 @@ __global__ void __launch_bounds__(kThreads) fp8_gemm_kernel(const uint8_t* __res
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) mma_16x8x32<kAE5M2>(acc[i][j], fa[i], fb[j]);
+        for (int j = 0; j < kFragsN; ++j) mma_16x8x32<kAE5M2>(part[i][j], fa[i], fb[j]);
+      }
+    }
+    if ((s + 1) % kSlicesPerPromotion == 0 || s + 1 == slices) {  // promote: acc += part in fp32, part = 0
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc[i][j][e] += part[i][j][e];
+            part[i][j][e] = 0.0f;
+          }
+        }
       }
     }
     __syncthreads();  // everyone is done with this stage before it is overwritten
@@ -207,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) fp8_gemm_kernel(const uint8_t* __res
     }
   }
 #else
-  __trap();  // fp8 mma.sync needs sm_89+; fp8_gemm's caller checks the device before launching
+  __trap();  // built for sm_89 only (see the header); trainflow.fp8.ops never dispatches here elsewhere
 #endif
 }
 
@@ -223,7 +248,7 @@ cudaError_t launch(const Fp8GemmArgs& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t fp8_gemm(const Fp8GemmArgs& args, cudaStream_t stream) {
+cudaError_t fp8_gemm_sm89(const Fp8GemmArgs& args, cudaStream_t stream) {
   if (args.m <= 0 || args.n <= 0) return cudaSuccess;
   if (args.k < 0) return cudaErrorInvalidValue;
   if (args.a_e5m2) {

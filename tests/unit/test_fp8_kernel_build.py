@@ -1,39 +1,86 @@
-"""kernels/fp8_gemm.cu compiles with nvcc for Hopper (sm_90a) and Ada (sm_89), warnings as errors, so the kernel
-cannot rot on machines that cannot run it (torch here may be a CPU build: the .cu needs only CUDA headers).
-Skipped, with the reason, where nvcc is absent. About 9 s + 5 s on the 2-core development machine."""
+"""How kernels/ is built and chosen, on CPU: load_backend's rules per compute capability and the measured facts
+they read from kernels/measured.json (the compiles themselves and their SASS: tests/unit/test_fp8_sass.py).
+
+    .venv/bin/python -m pytest tests/unit/test_fp8_kernel_build.py -q
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
+import torch
 
-from tests.conftest import REPO
+from trainflow.errors import ConfigError
+from trainflow.fp8.ops import (
+    KERNEL_BUILDS,
+    backend_reason,
+    build_extension,
+    choose_backend,
+    kernel_sha256,
+    load_backend,
+    nvcc_flags,
+    read_measured,
+)
 
-SOURCE = REPO / "kernels/fp8_gemm.cu"
-
-
-def find_nvcc() -> Path | None:
-    """nvcc from PATH, else $CUDA_HOME/bin, else /usr/local/cuda/bin."""
-    candidates = [shutil.which("nvcc")]
-    if home := os.environ.get("CUDA_HOME"):
-        candidates.append(str(Path(home) / "bin/nvcc"))
-    candidates.append("/usr/local/cuda/bin/nvcc")
-    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
-
-
-NVCC = find_nvcc()
+SM90 = KERNEL_BUILDS[(9, 0)]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
-def test_kernel_compiles(arch, tmp_path):
-    out = tmp_path / f"fp8_gemm_{arch}.o"
-    flags = [f"-arch={arch}", "-O3", "-std=c++17", "-Werror", "all-warnings"]
-    cmd = [str(NVCC), *flags, "-c", str(SOURCE), "-o", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}"
-    assert out.stat().st_size > 0
+def record(**change) -> dict:
+    """A GPU check's record of today's sm90 sources that passed and ran 5 % faster than _scaled_mm."""
+    base = {
+        "kernel_sha256": kernel_sha256(SM90),
+        "correctness_passed": True,
+        "device": "NVIDIA H200",
+        "seconds": {"kernel": 0.95, "scaled_mm": 1.0},
+    }
+    return base | change
+
+
+def test_ada_runs_the_mma_sync_kernel_and_unknown_gpus_run_scaled_mm():
+    assert choose_backend((8, 9), {})[0] == "sm89_kernel"
+    backend, reason = choose_backend((10, 0), {"sm90": record()})
+    assert backend == "scaled_mm" and "sm_100" in reason
+
+
+def test_hopper_runs_the_cutlass_kernel_only_once_measured_no_slower_than_scaled_mm():
+    backend, reason = choose_backend((9, 0), {})
+    assert backend == "scaled_mm" and "holds no GPU check" in reason  # never the mma.sync kernel on sm_90
+    backend, reason = choose_backend((9, 0), {"sm90": record()})
+    assert backend == "sm90_kernel" and "1.053x torch._scaled_mm" in reason and "NVIDIA H200" in reason
+    assert choose_backend((9, 0), {"sm90": record(seconds={"kernel": 1.0, "scaled_mm": 1.0})})[0] == "sm90_kernel"
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"seconds": {"kernel": 1.1, "scaled_mm": 1.0}}, "0.909x torch._scaled_mm"),
+        ({"correctness_passed": False}, "failed its GPU check"),
+        ({"kernel_sha256": "0" * 64}, "other sources"),  # the kernel changed since it was measured
+    ],
+)
+def test_hopper_stays_on_scaled_mm_when_the_measurement_does_not_hold(change, why):
+    backend, reason = choose_backend((9, 0), {"sm90": record(**change)})
+    assert backend == "scaled_mm" and why in reason
+
+
+def test_the_committed_measurements_are_records_of_known_kernels():
+    measured = read_measured()  # {} until a GPU check is committed
+    archs = {b.arch for b in KERNEL_BUILDS.values()}
+    for arch, rec in measured.items():
+        assert arch in archs, f"kernels/measured.json: {arch!r} is no kernel's architecture ({sorted(archs)})"
+        assert {"kernel_sha256", "correctness_passed", "device", "seconds"} <= rec.keys(), rec
+
+
+def test_each_kernel_builds_one_native_target_without_ptx():
+    for build in KERNEL_BUILDS.values():
+        flags = nvcc_flags(build)
+        targets = [f for f in flags if f.startswith("-gencode=")]
+        assert targets == [f"-gencode={build.gencode}"] and ",code=sm_" in build.gencode  # no PTX for a JIT
+        assert "-DNDEBUG" in flags  # CUTLASS's device asserts would serialise its wgmmas (ptxas C7510)
+    assert SM90.gencode.endswith("sm_90a")  # wgmma needs the arch-specific target, not plain sm_90
+
+
+def test_build_and_load_refuse_what_has_no_kernel():
+    with pytest.raises(ConfigError, match="no fp8 kernel for sm_86"):
+        build_extension(capability=(8, 6))
+    assert load_backend(torch.device("cpu")) == "reference"
+    assert backend_reason(torch.device("cpu")).startswith("reference: cpu: plain PyTorch")
