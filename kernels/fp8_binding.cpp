@@ -96,16 +96,13 @@ TORCH_LIBRARY_IMPL(trainflow, CUDA, m) { m.impl("fp8_gemm_sm89", &fp8_gemm_sm89_
 
 #elif defined(TRAINFLOW_FP8_SM90)
 
-// TMA reads from 16-byte aligned bases (the scale vectors are read 16 bytes at a time too): a fresh copy only
-// where a tensor is a view that starts elsewhere.
-at::Tensor aligned(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
-}
-
-// q (rows, cols) fp8, zero-padded to (rows_to, cols_to) where they differ (byte 0 is +0.0 in both formats).
+// q (rows, cols) fp8 as TMA reads it: contiguous from a 16-byte aligned base (a copy only where q is a view that
+// starts elsewhere), zero-padded to (rows_to, cols_to) where those differ (byte 0 is +0.0 in both formats).
 at::Tensor padded_fp8(const at::Tensor& q, int64_t rows_to, int64_t cols_to) {
-  if (q.size(0) == rows_to && q.size(1) == cols_to) return aligned(q);
+  if (q.size(0) == rows_to && q.size(1) == cols_to) {
+    const at::Tensor c = q.contiguous();
+    return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+  }
   // constant_pad_nd has no fp8 kernels; the bytes pad as uint8.
   const at::Tensor bytes = q.contiguous().view(at::kByte);
   return at::constant_pad_nd(bytes, {0, cols_to - q.size(1), 0, rows_to - q.size(0)}, 0).view(q.scalar_type());
@@ -128,9 +125,10 @@ at::Tensor fp8_gemm_sm90_cuda(const at::Tensor& a, const at::Tensor& b, const at
   const int64_t n_pad = round_up(n, trainflow::kSm90AlignN);
   const at::Tensor a_p = padded_fp8(a, m, k_pad);
   const at::Tensor b_p = padded_fp8(b, n_pad, k_pad);
-  const at::Tensor sa = aligned(scale_a.reshape({-1}));
+  // The epilogue reads the scales one float at a time (no alignment rule), a per-row scale_b up to N = n_pad.
+  const at::Tensor sa = scale_a.reshape({-1}).contiguous();
   const at::Tensor sb = b_per_row && n_pad != n ? at::constant_pad_nd(scale_b.reshape({-1}), {0, n_pad - n}, 0)
-                                                 : aligned(scale_b.reshape({-1}));
+                                                 : scale_b.reshape({-1}).contiguous();
   at::Tensor out = at::empty({m, n_pad}, a.options().dtype(out_dtype));
   auto args = make_args(a_p, b_p, sa, sb, out, a_per_row, b_per_row);
   const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount, a);  // the persistent grid's size

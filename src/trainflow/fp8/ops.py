@@ -48,6 +48,9 @@ BUILD_HINT = "build it on a GPU node with `python -m trainflow.fp8` (needs nvcc 
 A_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.float32, torch.bfloat16)
 SCALED_MM_MULTIPLE = 16  # cuBLASLt's fp8 GEMM wants every dimension a multiple of 16
+MMA_K = 32  # K of one fp8 tensor-core instruction (mma.sync m16n8k32, wgmma m64nNk32)
+PROMOTE_K = 128  # both kernels add the tensor core's partial sums into fp32 at least every 128 of K
+TENSOR_CORE_UNIT = 2.0**-13  # its fp8 accumulator keeps ~13 mantissa bits (SageAttention on Ada; ~14: DeepGEMM)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,27 @@ torch.library.impl(OP, "cpu")(reference_fp8_gemm)
 torch.library.register_fake(OP)(fake_fp8_gemm)
 
 
+def error_bound(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, exact: torch.Tensor, out_dtype
+) -> torch.Tensor:
+    """(M, N) float64: how far fp8_gemm may be from `exact` (the fp64 result) with fp32 promotion every PROMOTE_K.
+
+    Within a slice of PROMOTE_K, the tensor core's partial sum passes PROMOTE_K / MMA_K = 4 instructions, each
+    allowed 2 units of TENSOR_CORE_UNIT of the slice's sum of |a b| (one for its own sum of 32 products, one for
+    the add into the partial): 8 * 2^-13 of sum |a b| over all slices, since each slice counts its |a b| once.
+    The fp32 promotions and the two scale multiplications add (K / PROMOTE_K + 3) * 2^-24 of it; a bf16 output
+    one rounding, 2^-8 of the value. Accumulating the whole K in the tensor core instead truncates a running sum
+    that grows to sum |a b| on same-sign data at each of K / MMA_K instructions: at K = 8192, 40-50 units with
+    13 bits and 20-24 with 14 in the emulation of tests/gpu/test_fp8_kernel.py, 5x and 2.5x this bound.
+    """
+    magnitude = (a.double().abs() @ b.double().abs().t()) * scale_a.double().abs().reshape(-1, 1)
+    magnitude = magnitude * scale_b.double().abs().reshape(1, -1)  # (M, N)
+    k = a.shape[1]
+    units = 2 * (PROMOTE_K // MMA_K) * TENSOR_CORE_UNIT + (-(-k // PROMOTE_K) + 3) * 2.0**-24
+    bound = units * magnitude
+    return bound + 2.0**-8 * (exact.abs() + bound) if out_dtype == torch.bfloat16 else bound
+
+
 def _pad_to_multiple(q: torch.Tensor, multiple: int) -> torch.Tensor:
     """q (rows, cols) with zero rows and columns appended up to multiples of `multiple` (byte 0 is +0.0 in fp8)."""
     rows, cols = -q.shape[0] % multiple, -q.shape[1] % multiple
@@ -146,6 +170,8 @@ def scaled_mm_fp8_gemm(
     """
     _check(a, b, scale_a, scale_b, out_dtype)
     m, n = a.shape[0], b.shape[0]
+    if a.shape[1] == 0:  # empty sums are 0; cuBLASLt is not asked about K = 0
+        return a.new_zeros((m, n), dtype=out_dtype)
     a_p, b_p = (
         _pad_to_multiple(a.contiguous(), SCALED_MM_MULTIPLE),
         _pad_to_multiple(b.contiguous(), SCALED_MM_MULTIPLE),
@@ -213,9 +239,9 @@ def measured_faster(record: dict | None, build: KernelBuild) -> tuple[bool, str]
     """Whether kernels/measured.json's `record` for `build` shows the kernel correct and no slower than
     torch._scaled_mm on these sources; and the fact, in words. The record is benchmarks/fp8_gemm.py's "record"."""
     if not record:
-        return False, f"{MEASURED.name} holds no GPU check of {build.source} (scripts/gpu_check.sh records one)"
+        return False, f"kernels/{MEASURED.name} holds no GPU check of {build.source} (scripts/gpu_check.sh records one)"
     if record.get("kernel_sha256") != kernel_sha256(build):
-        return False, f"{MEASURED.name} measured other sources than today's {build.source} (SHA-256 differs)"
+        return False, f"kernels/{MEASURED.name} measured other sources than today's {build.source} (SHA-256 differs)"
     if not record.get("correctness_passed"):
         return False, f"{build.source} failed its GPU check against the reference ({record.get('device')})"
     kernel_s, scaled_mm_s = record["seconds"]["kernel"], record["seconds"]["scaled_mm"]

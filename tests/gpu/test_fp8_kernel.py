@@ -1,0 +1,121 @@
+"""The fp8 GEMMs on a CUDA GPU against exact (fp64) sums. Skipped without a GPU, except the bound's own check.
+
+    .venv/bin/python -m pytest tests/gpu/test_fp8_kernel.py -q -rs
+
+Two implementations run on the GPU: `kernel`, this architecture's kernel of kernels/ called through its own op
+(trainflow::fp8_gemm_sm89 or _sm90, built here), and `dispatched`, trainflow::fp8_gemm as load_backend set it
+up (on sm_90 today torch._scaled_mm, until kernels/measured.json says otherwise). Each is checked element-wise
+against trainflow.fp8.ops.error_bound, the error fp32 promotion every 128 of K allows, on: M, N, K tails (not
+multiples of any tile, K not of 16), m or n of 1, k = 0, e4m3 and e5m2 A, per-tensor and per-row scales,
+fp32 and bf16 output, and K = 8192 on same-sign data, where accumulating the whole K inside the tensor core
+would break the bound by 2.5x to 5x. That last claim rests on a model of the tensor core's accumulator (13 or
+14 mantissa bits, truncated), so the one CPU test here emulates both accumulations and checks that the bound
+holds for the promoted one and fails for the other: the GPU tests then catch a kernel that does not promote.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainflow.fp8.cast import E4M3, E5M2
+from trainflow.fp8.ops import (
+    KERNEL_BUILDS,
+    MMA_K,
+    PROMOTE_K,
+    build_extension,
+    error_bound,
+    fp8_gemm,
+    load_backend,
+)
+
+SHAPES = [(37, 23, 50), (300, 200, 96), (256, 384, 1000), (1, 129, 64), (77, 1, 48), (130, 260, 8), (16, 16, 0)]
+
+
+def random_fp8(rows: int, cols: int, dtype: torch.dtype, seed: int, same_sign: bool = False, device="cpu"):
+    """fp8 values drawn fresh per seed: normal * 64 (a spread of exponents), or uniform in [1, 2] (same sign)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    if same_sign:
+        x = 1 + torch.rand(rows, cols, generator=g, device=device)
+    else:
+        x = (torch.randn(rows, cols, generator=g, device=device) * 64).clamp(-448, 448)
+    return x.to(dtype)
+
+
+def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x (float64) cut toward zero to `bits` mantissa bits after the leading one: the tensor core's accumulator."""
+    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2^exponent, |mantissa| in [0.5, 1)
+    return torch.ldexp(torch.trunc(mantissa * 2.0 ** (bits + 1)), exponent - bits - 1)
+
+
+def emulated_gemm(a: torch.Tensor, b: torch.Tensor, bits: int, promote: bool) -> torch.Tensor:
+    """a b^T (float64 in, float64 out) as a tensor core of `bits` accumulator bits computes it, one MMA_K
+    instruction at a time: into one running sum over the whole K, or, promoted, into a partial begun from zero
+    every PROMOTE_K and then added to an fp32 sum."""
+    products = (a[:, None, :] * b[None, :, :]).reshape(a.shape[0], b.shape[0], -1, MMA_K).sum(-1)  # (M, N, K/32)
+    total = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+    partial = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
+    for i in range(products.shape[-1]):
+        partial = truncate(partial + products[..., i], bits)
+        if promote and (i + 1) % (PROMOTE_K // MMA_K) == 0:
+            total, partial = total + partial.float(), torch.zeros_like(partial)
+    return total.double() + partial if promote else partial
+
+
+@pytest.mark.parametrize("bits", [13, 14])
+def test_the_bound_holds_for_promotion_and_fails_for_whole_k_accumulation(bits):
+    a = random_fp8(8, 8192, E4M3, seed=1, same_sign=True).double()
+    b = random_fp8(8, 8192, E4M3, seed=2, same_sign=True).double()
+    exact, one = a @ b.t(), torch.ones(1, dtype=torch.float64)
+    bound = error_bound(a, b, one, one, exact, torch.float32)
+    promoted = (emulated_gemm(a, b, bits, promote=True) - exact).abs() / bound
+    whole_k = (emulated_gemm(a, b, bits, promote=False) - exact).abs() / bound
+    assert promoted.max() < 0.5, f"promotion at {bits} bits uses {promoted.max():.2f} of the bound"
+    assert whole_k.min() > 1.5, f"whole-K accumulation at {bits} bits stays within {whole_k.min():.2f} of it"
+
+
+@pytest.fixture(scope="module")
+def implementations() -> dict:
+    """'kernel': this GPU's kernel op, built here; 'dispatched': fp8_gemm after load_backend chose for this GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    capability = torch.cuda.get_device_capability()
+    if capability not in KERNEL_BUILDS:
+        pytest.skip(f"kernels/ has no kernel for sm_{capability[0]}{capability[1]}")
+    build = build_extension()
+    load_backend(torch.device("cuda"))
+    return {"kernel": getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}"), "dispatched": fp8_gemm}
+
+
+def check(gemm, a, b, sa, sb, out_dtype) -> None:
+    """gemm against fp64 sums, element-wise within error_bound, every element finite (all written)."""
+    exact = (a.double() @ b.double().t()) * sa.double().reshape(-1, 1) * sb.double().reshape(1, -1)
+    got = gemm(a, b, sa, sb, out_dtype)
+    assert got.shape == exact.shape and got.dtype == out_dtype
+    err = (got.double() - exact).abs()
+    over = err / error_bound(a, b, sa, sb, exact, out_dtype).clamp(min=1e-300)
+    assert torch.isfinite(got).all() and (over <= 1).all(), f"worst error {over.max().item():.3g}x the bound"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("a_dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_matches_exact_sums_on_tails_and_edges(implementations, impl, a_dtype, out_dtype, per_row):
+    for seed, (m, n, k) in enumerate(SHAPES):
+        a = random_fp8(m, k, a_dtype, seed=10 * seed, device="cuda")
+        b = random_fp8(n, k, E4M3, seed=10 * seed + 1, device="cuda")
+        sa = torch.rand(m if per_row else 1, device="cuda") + 0.01
+        sb = torch.rand(n if per_row else 1, device="cuda") + 0.01
+        check(implementations[impl], a, b, sa, sb, out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("same_sign", [True, False])
+def test_long_k_stays_within_the_fp32_promotion_bound(implementations, impl, same_sign):
+    a = random_fp8(512, 8192, E4M3, seed=3, same_sign=same_sign, device="cuda")
+    b = random_fp8(384, 8192, E4M3, seed=4, same_sign=same_sign, device="cuda")
+    sa, sb = torch.rand(512, device="cuda") + 0.5, torch.tensor([0.75], device="cuda")
+    check(implementations[impl], a, b, sa, sb, torch.float32)
