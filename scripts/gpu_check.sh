@@ -17,21 +17,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WHEELS=(hydra-core omegaconf antlr4-python3-runtime submitit crc32c zstandard nvidia-cutlass)
+PURE=(hydra-core omegaconf antlr4-python3-runtime submitit nvidia-cutlass)  # py3-none-any (antlr4: built from sdist)
+BINARY=(crc32c zstandard)                                                    # CPython 3.12 manylinux wheels
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
-  # The versions CI tests with: those of .venv (scripts/bootstrap.sh), for CPython 3.12 on x86-64 Linux.
-  pins=$(.venv/bin/python -c "import importlib.metadata as m, sys; print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))" "${WHEELS[@]}")
+  # The versions CI tests with: those of .venv (scripts/bootstrap.sh).
+  pins() { .venv/bin/python -c "import importlib.metadata as m, sys; print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))" "$@"; }
   rm -rf .whl && mkdir .whl
-  # shellcheck disable=SC2086  # one argument per pin
+  # shellcheck disable=SC2046  # one argument per pin
+  .venv/bin/python -m pip wheel -q --no-deps -w .whl $(pins "${PURE[@]}")
+  # shellcheck disable=SC2046
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl $pins
+    -d .whl $(pins "${BINARY[@]}")
   exclude=$(git rev-parse --git-path info/exclude)
   mkdir -p "$(dirname "$exclude")" && touch "$exclude"
   grep -qxF '/.whl/' "$exclude" || echo '/.whl/' >>"$exclude"
-  echo "Downloaded $(ls .whl | wc -l) wheels ($(du -sh .whl | cut -f1)) into .whl/ ($pins): carry .whl with the run"
+  echo "Prepared $(ls .whl | wc -l) wheels ($(du -sh .whl | cut -f1)) in .whl/: carry .whl with the run"
+  ls .whl
   exit 0
 fi
 
