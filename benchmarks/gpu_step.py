@@ -1,7 +1,7 @@
 """One GPU's training step on 4 layers of Llama 3 8B at seq 8192: tokens/s, MFU and peak memory.
 
     python benchmarks/gpu_step.py [--batch 1] [--warmup 3] [--steps 10] [--no-compile] [--no-recompute]
-                                  [--peak-tflops 989]
+                                  [--peak-tflops 989] [--fp8 delayed]
 
 Anchor: torchtitan reports ~33-42 % MFU for Llama-3-8B on H100 (its docs/performance.md: 33-39 % for
 Llama 3.1 8B under FSDP on 8 H100 at 500 W, seq 8192, local batch 2, selective activation
@@ -21,6 +21,11 @@ median step gives tokens/s. MFU = tokens/s x flops_per_token / peak, with trainf
 flops_per_token (6 per matmul weight plus attention; recompute's extra forward is not counted, as in
 torchtitan) and the peak of the cluster preset (989 TFLOP/s: H100/H200 dense bf16) unless --peak-tflops
 says otherwise. Peak memory is torch.cuda.max_memory_allocated over the timed steps.
+
+--fp8 dynamic|delayed (train.fp8) swaps the blocks' linears for Float8Linear first, as the Trainer does (before
+recompute and compile), and rolls the delayed recipe's amax histories after each backward; the JSON names the
+fp8_gemm implementation that ran and why (trainflow.fp8.ops.backend_reason). Goal (issue 25): the fp8 step
+>= 1.2x the bf16 step's tokens/s on one H200, not yet measured.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from _common import emit, log, median
 
 from trainflow.config import ConfigError, compose
 from trainflow.config.shape import flops_per_token
+from trainflow.fp8 import apply_fp8, sync_amax_history
+from trainflow.fp8.ops import backend_reason
 from trainflow.model import Llama, cross_entropy
 from trainflow.train.activations import apply_activations
 from trainflow.train.compile import apply_compile
@@ -49,6 +56,7 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="eager blocks (train.compile=false)")
     ap.add_argument("--no-recompute", action="store_true", help="keep every activation (train.activations=keep)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak per GPU (default: alps_gh200's)")
+    ap.add_argument("--fp8", choices=("none", "dynamic", "delayed"), default="none", help="train.fp8 (default none)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_step: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU node")
@@ -72,6 +80,7 @@ def main() -> None:
                 "train.precision=bf16",
                 f"train.activations={'keep' if args.no_recompute else 'recompute'}",
                 f"train.compile={str(not args.no_compile).lower()}",
+                f"train.fp8={args.fp8}",
             ],
         )
     except ConfigError as err:
@@ -82,6 +91,7 @@ def main() -> None:
     torch.manual_seed(t.seed)
     with device:
         model = Llama(m)  # initialised on the GPU: 1.9 B parameters would take long on the host
+    fp8_gemm = apply_fp8(model, recipe=t.fp8, history_len=t.fp8_amax_history) if t.fp8 != "none" else None
     apply_activations([model], t.activations)
     if t.compile:
         apply_compile([model], device)
@@ -95,6 +105,7 @@ def main() -> None:
         with torch.autocast("cuda", dtype=dtype):
             loss = cross_entropy(model(x), y)
         loss.backward()  # outside autocast, as torch's AMP recipe says
+        sync_amax_history([model], None)  # delayed fp8: this step's amaxes into the histories (else nothing)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -124,6 +135,8 @@ def main() -> None:
             "precision": t.precision,
             "activations": t.activations,
             "compile": t.compile,
+            "fp8": t.fp8,
+            "fp8_gemm": backend_reason(device) if fp8_gemm else None,
             "warmup_steps": args.warmup,
             "warmup_s": round(warmup_s, 2),
             "steps": args.steps,
