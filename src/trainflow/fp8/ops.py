@@ -237,7 +237,8 @@ def kernel_sha256(build: KernelBuild) -> str:
 
 def measured_faster(record: dict | None, build: KernelBuild) -> tuple[bool, str]:
     """Whether kernels/measured.json's `record` for `build` shows the kernel correct and no slower than
-    torch._scaled_mm on these sources; and the fact, in words. The record is benchmarks/fp8_gemm.py's "record"."""
+    torch._scaled_mm on these sources; and the fact, in words. Records come from benchmarks/fp8_gemm.py's
+    "measured" ({arch: record}), which scripts/gpu_check.sh writes out as measured.json."""
     if not record:
         return False, f"kernels/{MEASURED.name} holds no GPU check of {build.source} (scripts/gpu_check.sh records one)"
     if record.get("kernel_sha256") != kernel_sha256(build):
@@ -316,7 +317,11 @@ def _load_cuda(capability: tuple[int, int]) -> tuple[str, str]:
                 f"runs the fp8 GEMMs instead: {BUILD_HINT}",
                 stacklevel=4,
             )
-            backend, reason = "scaled_mm", f"torch._scaled_mm (cuBLASLt), because the kernel's build failed: {failure}"
+            name, source = f"sm_{capability[0]}{capability[1]}", KERNEL_BUILDS[capability].source
+            backend, reason = (
+                "scaled_mm",
+                f"{name}: torch._scaled_mm (cuBLASLt), because {source} did not build: {failure}",
+            )
         else:
             torch.library.impl(OP, "cuda")(_kernel_op(build))
             return backend, reason
