@@ -15,7 +15,8 @@ nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) disassembles them. What e
 - the binding (kernels/fp8_binding.cpp) passes g++ -fsyntax-only -Wall -Wextra -Werror for both architectures,
   against the torch headers here (a CPU build lacks one generated CUDA header, stubbed as CUDA builds write it).
 Skipped, with the reason, where nvcc, the cuobjdump wheel, the CUTLASS wheel or g++ is missing. 60-66 s of CPU,
-nearly all of it the CUTLASS build: 46-75 s on the 2-core development machine, 106 s while other work loaded it.
+nearly all of it the CUTLASS build (46 s of wall alone); the module took 75 s and 108 s of wall on the 2-core
+development machine while other work kept its load at 4 and 10.
 """
 
 from __future__ import annotations
