@@ -30,10 +30,10 @@ localrules:
 # file on its own, so deleting one output reruns that stage and what follows.
 rule all:
     input:
-        TOKENS,
-        STAGED_TOKENS,
-        NCCL_REPORT,
-        SEGMENT_REPORTS,
-        VERIFY_REPORT,
-        ENERGY_REPORT,
-        REPORT,
+        rules.prepare_data.output.tokens,
+        rules.stage_data.output.tokens,
+        rules.validate_nccl.output.report,
+        segment_reports,
+        rules.verify_checkpoint.output.report,
+        rules.account_energy.output.report,
+        rules.report.output.report,

@@ -117,7 +117,7 @@ def main() -> None:
         e = device_memory(
             m,
             dims,
-            micro_batch=args.batch,
+            microbatch_size=args.batch,
             precision=args.precision,
             activations=activations,
             offload_to_disk=to_folder,

@@ -27,7 +27,7 @@ Measured, per rank:
 - state: the bytes of the storages behind the parameters, their gradients and AdamW's state, walked
   after the second step's backward (a DTensor counts its local shard; FSDP's padded shard storage is
   counted whole).
-The worst rank is reported. Estimated: `device_memory` of the same layout (micro_batch 1, fp32,
+The worst rank is reported. Estimated: `device_memory` of the same layout (microbatch_size 1, fp32,
 activations kept, device cpu); its parameters + gradients + optimizer_state are compared with the
 measured state, its total with the peak. The estimate leaves out, by design (trainflow.plan.memory),
 DDP's buckets (a second fp32 copy of the gradients as apply_ddp builds DDP) and foreach AdamW's
@@ -127,7 +127,7 @@ def main() -> None:
         e = device_memory(
             m,
             ParallelDims(dp=DP, tp=1, pp=1, world_size=DP, dp_mode=mode),
-            micro_batch=1,
+            microbatch_size=1,
             precision="fp32",
             activations="keep",
             device="cpu",

@@ -20,7 +20,7 @@ wo 1024 -> 8192, w1/w3 8192 -> 3584, w2 3584 -> 8192. A repeat times ITERS back-
 events, on ROTATE input sets (more bytes than the 60 MB L2); the three GEMMs alternate in rotating order within
 each repeat (clock and thermal drift cancel), and the median repeat gives TFLOP/s = 2 M N K / time.
 
-"measured" is the record trainflow.fp8.ops.load_backend reads from kernels/measured.json (commit it from a GPU
+"measured" is the record trainflow.fp8.kernels.load_backend reads from kernels/measured.json (commit it from a GPU
 run): the kernel's source digest, whether it passed, and the seconds of the kernel and of _scaled_mm summed over
 the shapes; the sm_90 kernel is dispatched only where the first is no more than the second.
 """
@@ -34,7 +34,8 @@ import torch
 from _common import emit, log, median
 
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.ops import KERNEL_BUILDS, build_extension, error_bound, kernel_sha256
+from trainflow.fp8.kernels import KERNEL_BUILDS, build_extension, kernel_sha256
+from trainflow.fp8.ops import error_bound
 
 ITERS = 10  # GEMMs per timed repeat
 WARMUP = 3

@@ -24,7 +24,7 @@ says otherwise. Peak memory is torch.cuda.max_memory_allocated over the timed st
 
 --fp8 dynamic|delayed (train.fp8) swaps the blocks' linears for Float8Linear first, as the Trainer does (before
 recompute and compile), and rolls the delayed recipe's amax histories after each backward; the JSON names the
-fp8_gemm implementation that ran and why (trainflow.fp8.ops.backend_reason). Goal (issue 25): the fp8 step
+fp8_gemm implementation that ran and why (trainflow.fp8.kernels.backend_reason). Goal (issue 25): the fp8 step
 >= 1.2x the bf16 step's tokens/s on one H200, not yet measured.
 """
 
@@ -38,14 +38,14 @@ import torch
 from _common import emit, log, median
 
 from trainflow.config import ConfigError, compose
+from trainflow.config.schema import PRECISIONS
 from trainflow.config.shape import flops_per_token
 from trainflow.fp8 import apply_fp8, sync_amax_history
-from trainflow.fp8.ops import backend_reason
+from trainflow.fp8.kernels import backend_reason
 from trainflow.model import Llama, cross_entropy
 from trainflow.train.activations import apply_activations
 from trainflow.train.compile import apply_compile
 from trainflow.train.controls import build_optimizer
-from trainflow.train.trainer import COMPUTE_DTYPES
 
 
 def main() -> None:
@@ -96,7 +96,7 @@ def main() -> None:
     if t.compile:
         apply_compile([model], device)
     opt = build_optimizer(model, cfg.optim, device)
-    dtype = COMPUTE_DTYPES[t.precision]
+    dtype = getattr(torch, PRECISIONS[t.precision].dtype)
 
     def step() -> float:
         """One training step; its loss (reading it waits for the GPU)."""

@@ -46,6 +46,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -60,11 +61,12 @@ from trainflow.model import Block, Llama, rope_tables
 from trainflow.parallel.tensor_parallel import TP_PLAN
 from trainflow.plan.build import build_plan
 from trainflow.plan.memory import checked_layout
-from trainflow.plan.step import OPTIMIZER_BYTES
+from trainflow.plan.step import OPTIMIZER_BYTES, StepPlan
 from trainflow.plan.versus import measured_split, side_by_side
-from trainflow.stage import read_json
+from trainflow.records import read_record
 from trainflow.stages import prepare_data, train_segment
 from trainflow.train.controls import build_optimizer
+from trainflow.train.summary import SegmentSummary
 
 LAYOUTS = ("dp2", "pp2_1f1b", "tp2", "dp2_tp2_pp2")  # parallel presets
 MODEL = [
@@ -192,10 +194,10 @@ def ratio(result: dict, probe: str) -> float:
     return result[f"by_{probe}_probe"]["compare"]["step_s_less_data"]["ratio"]
 
 
-def plan_of(base: list[str], constants: dict) -> dict:
+def plan_of(base: list[str], constants: dict) -> StepPlan:
     """The predicted step of the config `base` with the cluster constants set."""
     cfg = compose("train_segment", base + [f"{k}={v}" for k, v in constants.items()])
-    return build_plan(cfg, with_remedies=False)["step"]
+    return build_plan(cfg, with_remedies=False).step
 
 
 def one_layout(name: str, base: list[str], link: dict, cores: int, root: Path, tokens: Path) -> dict:
@@ -209,20 +211,20 @@ def one_layout(name: str, base: list[str], link: dict, cores: int, root: Path, t
     }
     # The plan's bubble share and tp all-reduces of one block and microbatch (neither depends on the rates).
     first = plan_of(base, links)
-    tp_block_s = first["per_pp_rank"][0]["tp"] / (cfg.model.n_layers // p.pp * p.microbatches)
-    share = min(1.0, cores / (p.world_size * (1 - first["bubble_fraction"])))
+    tp_block_s = first.per_pp_rank[0].tp / (cfg.model.n_layers // p.pp * p.microbatches)
+    share = min(1.0, cores / (p.world_size * (1 - first.bubble_fraction)))
     # Every rank steps its optimizer at once, after the schedule: the plain share of the cores.
     common = {**links, "cluster.hardware.memory_gbps": adamw_bytes_per_s(cfg) * min(1.0, cores / p.world_size) / 1e9}
     probes = {"matmul": matmul_flops_per_s(cfg) * share, "block": block_flops_per_s(cfg, cores, tp_block_s) * share}
     preds = {
-        probe: plan_of(base, {"cluster.hardware.peak_tflops": flops / 1e12, **common})["per_pp_rank"][0]
+        probe: plan_of(base, {"cluster.hardware.peak_tflops": flops / 1e12, **common}).per_pp_rank[0]
         for probe, flops in probes.items()
     }
-    log(f"plan_vs_measured: {name}: predicted {sum(preds['block'].values()):.3f} s per step (block probe); training")
+    log(f"plan_vs_measured: {name}: predicted {preds['block'].total:.3f} s per step (block probe); training")
     run_cfg = compose("train_segment", base + [f"storage.root={root}", f"io.staged_tokens={tokens}"])
     train_segment.run(run_cfg)
-    summary = read_json(run_cfg.io.segment_report)
-    meas = measured_split(summary["steps"])
+    summary = read_record(SegmentSummary, run_cfg.io.segment_report)
+    meas = measured_split(summary.steps)
     result = {
         "core_share": share,
         "flops_per_s": probes,
@@ -230,7 +232,7 @@ def one_layout(name: str, base: list[str], link: dict, cores: int, root: Path, t
         "tp_block_s": tp_block_s,
         "measured": meas,
         **{
-            f"by_{probe}_probe": {"predicted": pred, "compare": side_by_side(pred, meas, layout=summary["layout"])}
+            f"by_{probe}_probe": {"predicted": asdict(pred), "compare": side_by_side(pred, meas, layout=summary.layout)}
             for probe, pred in preds.items()
         },
     }

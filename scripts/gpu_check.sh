@@ -81,7 +81,7 @@ run_step() {
 run_step environment 60 "$PY" - <<'PYTHON'
 import importlib.util, json, shutil, subprocess, sys
 import torch
-from trainflow.fp8.ops import backend_reason
+from trainflow.fp8.kernels import backend_reason
 def out(cmd):
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -102,7 +102,7 @@ PYTHON
 
 run_step build 300 "$PY" - <<'PYTHON'
 import json, sys, time
-from trainflow.fp8.ops import KERNEL_BUILDS, build_extension
+from trainflow.fp8.kernels import KERNEL_BUILDS, build_extension
 result = {}
 for capability, build in KERNEL_BUILDS.items():  # both kernels build here; only this GPU's runs
     t0 = time.perf_counter()

@@ -3,13 +3,13 @@ config composition, "train a segment and return its summary", and the golden-los
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from trainflow.config import TrainflowConfig, compose
 from trainflow.data.tokens import write_shard  # noqa: F401  (imported early: h5py before torch.distributed)
-from trainflow.stage import read_json
 from trainflow.stages import prepare_data, train_segment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +41,11 @@ def fixed_tokens(tmp_path_factory) -> Path:
     )
     prepare_data.run(cfg)
     return out
+
+
+def read_json(path: str | Path) -> dict:
+    """A stage's JSON output as the file holds it (the keys the README documents)."""
+    return json.loads(Path(path).read_text())
 
 
 def run_segment(root: Path, tokens: Path, *overrides: str) -> dict:

@@ -1,14 +1,12 @@
-"""What every stage shares: config from Hydra, one-line errors, and the stage's metrics file.
+"""What every stage shares: config from Hydra, one-line errors, and the job's metrics file.
 
-A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the
-config, meters the stage (wall, CPU, RAPL/NVML energy where readable) and writes
-`io.stage_metrics` (with the resolved config the stage ran with), which `account_energy` and
-`report` read.
+A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the config, meters the
+job (wall, CPU, RAPL/NVML energy where readable) and writes `io.job_metrics` (trainflow.energy.metrics.JobMetrics,
+with the resolved config the job ran with, and the figures run() reported), which `account_energy` and `report` read.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -20,8 +18,11 @@ from omegaconf import DictConfig
 from trainflow.atomic import write_json, write_text_atomic  # noqa: F401  (re-exported for the stages)
 from trainflow.config import TrainflowConfig, TrainflowError, as_dict, to_config
 from trainflow.energy.meter import Reading, delta
+from trainflow.energy.metrics import JobMetrics
 
 log = logging.getLogger(__name__)
+JOB_FIELDS = ("ranks", "rank_cpu_s", "nodes", "node_windows", "tokens", "slurm_job_id")
+"""What a stage's run() may report that JobMetrics keeps as its own fields (the rest goes to its figures)."""
 
 
 class StageError(TrainflowError):
@@ -34,32 +35,26 @@ def stage_log(module_file: str) -> logging.Logger:
     return logging.getLogger(f"trainflow.{Path(module_file).stem}")
 
 
-def read_json(path: str | Path) -> dict:
-    """An earlier stage's JSON output; missing, it is one StageError naming the file and the fix."""
-    path = Path(path)
-    if not path.is_file():
-        raise StageError(
-            f"{path} is missing: the stage that writes it has not run; run the whole DAG or force that stage"
-        )
-    return json.loads(path.read_text())
-
-
 def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
     """Validate, run and meter one stage; expected failures end in one error line and exit 1."""
     try:
         cfg = to_config(raw)
         start = Reading.now()
-        extra = run(cfg) or {}
-        metrics = {
-            "stage": cfg.stage,
-            "segment": cfg.segment,
-            "job": Path(cfg.io.stage_metrics).stem,  # prepare_data's tokenizer and shard jobs: tokenizer, shard-00003
-            **delta(start, Reading.now()),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # a light stage run as a Slurm job (account_energy)
-            **extra,
-            "config": as_dict(cfg),
-        }
-        write_json(cfg.io.stage_metrics, metrics)
+        figures = run(cfg) or {}
+        known = {k: figures.pop(k) for k in JOB_FIELDS if k in figures}
+        metrics = JobMetrics.from_json(
+            {
+                "stage": cfg.stage,
+                "segment": cfg.segment,
+                "job": cfg.job or cfg.stage,
+                **delta(start, Reading.now()),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+                "config": as_dict(cfg),
+                "figures": figures,
+                **known,
+            }
+        )
+        write_json(cfg.io.job_metrics, metrics.to_json())
     except TrainflowError as err:
         log.error("%s: %s", type(err).__name__, err)
         sys.exit(1)

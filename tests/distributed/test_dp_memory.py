@@ -4,13 +4,12 @@ and compare them with each other and with trainflow.plan.memory's estimate."""
 
 from __future__ import annotations
 
-import socket
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
+from tests.support import free_port
 from trainflow.config import ParallelDims, compose
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.data_parallel import apply_ddp, apply_fsdp
@@ -52,9 +51,7 @@ def rank_main(rank: int, port: int, results) -> None:
 
 
 def test_shard_keeps_half_the_state_of_replicate_at_dp2():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     results = mp.get_context("spawn").SimpleQueue()
     mp.spawn(rank_main, args=(port, results), nprocs=WORLD, join=True)
     measured = dict(results.get() for _ in range(WORLD))
@@ -64,7 +61,7 @@ def test_shard_keeps_half_the_state_of_replicate_at_dp2():
             e = device_memory(
                 m,
                 ParallelDims(dp=WORLD, tp=1, pp=1, world_size=WORLD, dp_mode=mode),
-                micro_batch=1,
+                microbatch_size=1,
                 precision="fp32",
                 activations="keep",
             )

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_config
-from trainflow.stage import StageError, read_json
+from tests.conftest import make_config, read_json
+from trainflow.stage import StageError
 from trainflow.stages import validate_nccl
 
 SMALL = ("cluster.gate.sweep_mb=[1.0]", "cluster.gate.sweep_iters=2", "train.global_batch=8")

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, read_json
 from tests.slurm.conftest import final_states
-from tests.workflow.test_workflow import job_counts, snakemake
+from tests.support import job_counts, snakemake
 from trainflow.config import ALLOCATING, STAGES
 
 pytestmark = pytest.mark.slurm
@@ -89,5 +89,5 @@ def test_every_stage_ran_as_a_slurm_job(campaign):
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report
     segments = [read_json(p) for p in sorted(run.glob("train/*/segment-*.json"))]
-    assert [(s["start_step"], s["end_step"], s["world_size"]) for s in segments] == [(0, 6, 2), (6, 12, 2)]
+    assert [(s["start_step"], s["end_step"], s["layout"]["world_size"]) for s in segments] == [(0, 6, 2), (6, 12, 2)]
     assert read_json(run / "verify.json")["failures"] == []

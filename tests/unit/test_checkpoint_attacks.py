@@ -20,10 +20,9 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from tests.unit.test_checkpoint_io import blank_like, one_rank_group, sample_state  # noqa: F401 (a fixture)
 from trainflow.checkpoint.manager import CheckpointManager, CheckpointWriteError, list_steps, step_dir
 from trainflow.checkpoint.manifest import MANIFEST, ChecksumError
+from trainflow.checkpoint.verify import VerifyError, verify_all
 from trainflow.checkpoint.writer import ChecksummedFile
 from trainflow.crc import file_crc
-from trainflow.stage import StageError
-from trainflow.stages.verify_checkpoint import verify_all
 
 
 class CreatesFile:
@@ -113,7 +112,7 @@ def test_an_unlisted_file_makes_the_loader_fall_back_and_the_stage_report_it(tmp
     (step_dir(tmp_path, 3) / "__0_9.distcp").write_bytes(b"planted")
     assert manager.newest_valid(at_most=10) == 2
     manager.close()
-    with pytest.raises(StageError, match=r"holds '__0_9\.distcp', which manifest\.json does not list"):
+    with pytest.raises(VerifyError, match=r"holds '__0_9\.distcp', which manifest\.json does not list"):
         verify_all(tmp_path)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.utils.serialization import config as serialization_config
 
+from tests.support import free_port
 from trainflow.checkpoint.manager import CheckpointManager, list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify, write_manifest
 from trainflow.checkpoint.reader import InPlaceReader
@@ -20,9 +20,7 @@ from trainflow.checkpoint.reader import InPlaceReader
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

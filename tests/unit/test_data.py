@@ -63,6 +63,7 @@ def test_bpe_trains_once_on_a_bounded_sample(tmp_path):
         "data.vocab_size=300",
         f"data.bpe_sample_bytes={len(first.read_text().encode())}",
         f"io.tokens={out}",
+        f"io.tokenizer={out.parent}/tokenizer.json",
     )
     prepare_data.run(cfg)
     expected = train_bpe([first.read_text()], 300).to_json()
@@ -142,7 +143,8 @@ def three_shards(tmp_path_factory):
 def test_a_window_crosses_shards_and_batches_read_the_concatenated_shards(three_shards):
     cfg, summary = three_shards
     index = json.loads(open(cfg.io.tokens).read())
-    assert summary == {"tokens": {"train": index["train_tokens"], "val": index["val_tokens"]}, "shards": 3, "remade": 3}
+    split_tokens = {"train": index["train_tokens"], "val": index["val_tokens"]}
+    assert summary == {"split_tokens": split_tokens, "shards": 3, "remade": 3}
     folder = Path(cfg.io.tokens).parent
     arrays = []
     for entry in index["shards"]:

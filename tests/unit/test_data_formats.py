@@ -185,5 +185,5 @@ def test_memory_stays_bounded_for_a_corpus_larger_than_the_budget(tmp_path):
         check=True,
     )
     result = json.loads(out.stdout.splitlines()[-1])
-    assert sum(result["tokens"].values()) > text_mb * 1_000_000 * 0.9  # the corpus was read, byte tokens
+    assert sum(result["split_tokens"].values()) > text_mb * 1_000_000 * 0.9  # the corpus was read, byte tokens
     assert result["grew_mb"] < budget_mb, result

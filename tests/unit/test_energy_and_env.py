@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+from tests.support import job_metrics
 from trainflow.config import EnergyConfig
 from trainflow.energy.accounting import campaign_gwh, facility, stage_energy
-from trainflow.nccl_env import audit_env
-from trainflow.parallel.gate import bus_factor
+from trainflow.gate.env import audit_env
+from trainflow.gate.patterns import bus_factor
 
 
 def test_seed_campaign_energy():
@@ -18,22 +19,13 @@ def test_seed_campaign_energy():
 
 def test_stage_energy_prefers_counters_and_states_the_model():
     energy = EnergyConfig(cpu_watts_per_core=10, gpu_watts=500)
-    modelled = stage_energy(
-        {"stage": "s", "wall_s": 2.0, "cpu_s": 3.0, "rapl_j": None, "gpu_j": None}, energy=energy, gpus=4
-    )
-    assert modelled["cpu_j"] == 30 and modelled["gpu_j"] == 4000
-    assert modelled["cpu_source"].startswith("model") and modelled["gpu_source"].startswith("model")
-    measured = stage_energy(
-        {"stage": "s", "wall_s": 2.0, "cpu_s": 3.0, "rapl_j": 7.0, "gpu_j": 11.0}, energy=energy, gpus=4
-    )
-    assert (measured["cpu_j"], measured["gpu_j"], measured["cpu_source"], measured["gpu_source"]) == (
-        7.0,
-        11.0,
-        "rapl",
-        "nvml",
-    )
+    modelled = stage_energy(job_metrics(wall_s=2.0, cpu_s=3.0), energy=energy, gpus=4)
+    assert modelled.cpu_j == 30 and modelled.gpu_j == 4000
+    assert modelled.cpu_source.startswith("model") and modelled.gpu_source.startswith("model")
+    measured = stage_energy(job_metrics(wall_s=2.0, cpu_s=3.0, rapl_j=7.0, gpu_j=11.0), energy=energy, gpus=4)
+    assert (measured.cpu_j, measured.gpu_j, measured.cpu_source, measured.gpu_source) == (7.0, 11.0, "rapl", "nvml")
     total = facility(3.6e6, EnergyConfig(pue=1.05, grid_gco2_per_kwh=30))
-    assert math.isclose(total["facility_kwh"], 1.05) and math.isclose(total["co2_g"], 31.5)
+    assert math.isclose(total.facility_kwh, 1.05) and math.isclose(total.co2_g, 31.5)
 
 
 def test_bus_bandwidth_factor_is_nccl_tests_all_reduce():

@@ -10,9 +10,11 @@ import math
 import sys
 import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tests.support import job_metrics, marks
 from trainflow.config import EnergyConfig
 from trainflow.energy import meter, sampler
 from trainflow.energy.accounting import stage_energy
@@ -20,6 +22,7 @@ from trainflow.energy.control import GpuControls
 from trainflow.energy.node import node_window, sum_nodes
 from trainflow.energy.nvml import NodeGpus
 from trainflow.energy.phases import mean_gpu_busy_pct, phase_energy, power_series
+from trainflow.energy.report import StageEnergy
 from trainflow.errors import ConfigError, TrainflowError
 
 
@@ -128,17 +131,14 @@ def test_two_nodes_of_four_ranks_count_each_gpu_and_package_once(node, tmp_path)
             fake_rapl(meter.RAPL_ROOT, 990.0 + 50.0)  # ... and the package 50 J, across its counter's wrap
         windows += [w.result() for w in opened]
     readings = [w for w in windows if w is not None]
-    assert [w["host"] for w in readings] == ["n1", "n2"]  # one window per node: its local rank 0's
+    assert [w.host for w in readings] == ["n1", "n2"]  # one window per node: its local rank 0's
     total = sum_nodes(readings)
-    assert total["gpu_j"] == pytest.approx(2 * 4 * 100.0)  # 2 nodes x 4 GPUs x 100 J, not x 4 ranks again
-    assert total["rapl_j"] == pytest.approx(2 * 50.0)
-    assert total["gpus"] == 8
-    row = stage_energy(
-        {"stage": "train_segment", "wall_s": 10.0, "cpu_s": 1.0, "rank_cpu_s": 8.0, "nodes": total},
-        energy=ENERGY,
-        gpus=8,
-    )
-    assert (row["gpu_j"], row["gpu_source"], row["cpu_source"]) == (pytest.approx(800.0), "nvml", "rapl")
+    assert total.gpu_j == pytest.approx(2 * 4 * 100.0)  # 2 nodes x 4 GPUs x 100 J, not x 4 ranks again
+    assert total.rapl_j == pytest.approx(2 * 50.0)
+    assert total.gpus == 8
+    metrics = job_metrics(stage="train_segment", wall_s=10.0, cpu_s=1.0, rank_cpu_s=8.0, nodes=total.to_json())
+    row = stage_energy(metrics, energy=ENERGY, gpus=8)
+    assert (row.gpu_j, row.gpu_source, row.cpu_source) == (pytest.approx(800.0), "nvml", "rapl")
     with pytest.raises(TrainflowError, match=r"hosts \['n1'\] sent more than one energy window"):
         sum_nodes([readings[0], readings[0]])
     traces = sorted((tmp_path / "power").glob("segment-0-*.jsonl"))
@@ -150,24 +150,23 @@ def test_phase_energy_integrates_the_nodes_counters_over_the_trainers_windows(tm
     trace = tmp_path / "segment-0-n1.jsonl"
     # 100 W of GPU from t=0 to t=10 (cumulative joules), one sampler run
     trace.write_text("".join(json.dumps({"t": t, "since": 0.0, "gpu_j": 100.0 * t}) + "\n" for t in (0.0, 5.0, 10.0)))
-    summary = {
-        "steps": [
-            {"step": 0, "started": 1.0, "data_s": 0.5, "step_s": 2.0},
-            {"step": 1, "started": 3.0, "data_s": 1.0, "step_s": 3.0},
-        ],
-        "saves": [{"step": 2, "started": 6.5, "save_s": 1.5}],
-    }
-    stage = {"wall_s": 12.0, "gpu_j": 1000.0, "gpu_source": "nvml", "cpu_j": 24.0, "cpu_source": "model: 2 CPU-s"}
-    rows = {r["phase"]: r for r in phase_energy(summary, [{"trace": str(trace)}], stage)}
-    assert rows["data"]["seconds"] == pytest.approx(1.5) and rows["data"]["gpu_j"] == pytest.approx(150.0)
-    assert rows["compute"]["gpu_j"] == pytest.approx(100.0 * (1.5 + 2.0))
-    assert rows["checkpoint"]["gpu_j"] == pytest.approx(150.0)
-    assert rows["other"]["gpu_j"] == pytest.approx(1000.0 - 650.0)  # what the counters saw outside the phases
+    steps = marks(
+        {"step": 0, "started": 1.0, "data_s": 0.5, "step_s": 2.0},
+        {"step": 1, "started": 3.0, "data_s": 1.0, "step_s": 3.0},
+    )
+    saves = marks({"step": 2, "started": 6.5, "save_s": 1.5})
+    stage = StageEnergy("train_segment", 0, "train_segment", 12.0, 2.0, 24.0, "model: 2 CPU-s", 1000.0, "nvml", 1024.0)
+    window = SimpleNamespace(trace=str(trace))
+    rows = {r.phase: r for r in phase_energy(steps, saves, [window], stage)}
+    assert rows["data"].seconds == pytest.approx(1.5) and rows["data"].gpu_j == pytest.approx(150.0)
+    assert rows["compute"].gpu_j == pytest.approx(100.0 * (1.5 + 2.0))
+    assert rows["checkpoint"].gpu_j == pytest.approx(150.0)
+    assert rows["other"].gpu_j == pytest.approx(1000.0 - 650.0)  # what the counters saw outside the phases
     # the modelled CPU part is split by time: 24 J over 12 s
-    assert rows["other"]["seconds"] == pytest.approx(12.0 - 6.5)
-    assert rows["compute"]["cpu_j"] == pytest.approx(24.0 * 3.5 / 12.0)
-    assert rows["compute"]["cpu_source"].endswith("split by phase time") and rows["data"]["gpu_source"] == "nvml"
-    assert math.isclose(sum(r["it_j"] for r in rows.values()), 1024.0)
+    assert rows["other"].seconds == pytest.approx(12.0 - 6.5)
+    assert rows["compute"].cpu_j == pytest.approx(24.0 * 3.5 / 12.0)
+    assert rows["compute"].cpu_source.endswith("split by phase time") and rows["data"].gpu_source == "nvml"
+    assert math.isclose(sum(r.it_j for r in rows.values()), 1024.0)
 
 
 def test_power_cap_outside_the_devices_range_is_one_line_before_training(node, tmp_path):
@@ -219,11 +218,11 @@ def test_a_refusing_driver_is_recorded_once_and_the_policy_still_traced(node, tm
             window.enter("data")
             window.enter("compute")
     result = window.result()
-    assert result["actions"] == [
+    assert result.actions == [
         "would have capped every GPU at 660 W; not applied: NVML refused (Insufficient Permissions)",
         "would have locked clocks at 500 MHz while data loads; not applied: NVML refused (Insufficient Permissions)",
     ]
-    assert result["dvfs_applied"] is False and result["dvfs_lowered_phases"] == 2
+    assert result.dvfs_applied is False and result.dvfs_lowered_phases == 2
 
 
 def test_without_nvml_the_window_says_why(monkeypatch, tmp_path):
@@ -233,8 +232,8 @@ def test_without_nvml_the_window_says_why(monkeypatch, tmp_path):
     with node_window(energy, local_rank=0, folder=tmp_path, segment=0) as window:
         pass
     result = window.result()
-    assert result["gpu_j"] is None and result["rapl_j"] is None and result["gpus"] == 0
-    assert result["actions"][0].startswith("would have capped every GPU at 660 W; not applied: NVML unavailable")
+    assert result.gpu_j is None and result.rapl_j is None and result.gpus == 0
+    assert result.actions[0].startswith("would have capped every GPU at 660 W; not applied: NVML unavailable")
 
 
 def test_power_over_time_from_a_trace_with_a_requeued_run(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import marks
 from trainflow.config import EnergyConfig, compose
 from trainflow.energy import control
 from trainflow.energy.accounting import dvfs_outcome
@@ -20,15 +21,15 @@ from trainflow.energy.slurm import consumed_energy
 from trainflow.errors import ConfigError, TrainflowError
 
 # Segment 0 of a smoke run on the 2-core dev VM (dp2, CPU): rank 0's step records and checkpoint saves.
-RECORDED_STEPS = [
+RECORDED_STEPS = marks(
     {"step": 0, "data_s": 0.001065, "step_s": 0.310547},
     {"step": 1, "data_s": 0.001050, "step_s": 0.201638},
     {"step": 2, "data_s": 0.001501, "step_s": 0.098854},
     {"step": 3, "data_s": 0.001031, "step_s": 0.135809},
     {"step": 4, "data_s": 0.001078, "step_s": 0.126566},
     {"step": 5, "data_s": 0.001326, "step_s": 0.121810},
-]
-RECORDED_SAVES = [{"step": 3, "save_s": 0.140263}, {"step": 6, "save_s": 0.222018}]
+)
+RECORDED_SAVES = marks({"step": 3, "save_s": 0.140263}, {"step": 6, "save_s": 0.222018})
 
 
 def test_policy_on_a_recorded_trace_lowers_data_phases_after_a_long_enough_one():
@@ -47,12 +48,12 @@ def test_policy_on_a_recorded_trace_lowers_data_phases_after_a_long_enough_one()
 
 def test_saving_estimate_is_lowered_seconds_times_gpus_times_the_power_shed():
     energy = EnergyConfig(pue=1.05, grid_gco2_per_kwh=30, dvfs=True, gpu_watts=560, dvfs_min_phase_s=0.00105)
-    summary = {"steps": RECORDED_STEPS, "saves": RECORDED_SAVES}
-    out = dvfs_outcome([summary], energy=energy, gpus=8, applied=False)
-    assert out["lowered_phases"] == 4
-    assert out["estimated_saving_j"] == pytest.approx(0.004908 * 8 * 560 * (1 - IDLE_CLOCK_POWER_SHARE))
+    segment = (RECORDED_STEPS, RECORDED_SAVES)
+    out = dvfs_outcome([segment], energy=energy, gpus=8, applied=False, basis="test")
+    assert out.lowered_phases == 4
+    assert out.estimated_saving_j == pytest.approx(0.004908 * 8 * 560 * (1 - IDLE_CLOCK_POWER_SHARE))
     off = EnergyConfig(pue=1.05, grid_gco2_per_kwh=30, dvfs=False, dvfs_min_phase_s=0.00105)
-    assert dvfs_outcome([summary], energy=off, gpus=8, applied=False)["estimated_saving_j"] == 0
+    assert dvfs_outcome([segment], energy=off, gpus=8, applied=False, basis="test").estimated_saving_j == 0
 
 
 def test_live_controller_does_what_the_policy_does_on_the_same_trace(monkeypatch, tmp_path):

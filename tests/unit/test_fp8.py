@@ -6,7 +6,6 @@ apply_fp8 and the size check."""
 from __future__ import annotations
 
 import copy
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import make_config
+from tests.support import free_port
 from trainflow.config.shape import linear_shapes
 from trainflow.errors import ConfigError
 from trainflow.fp8 import Float8Linear, apply_fp8, load_backend, sync_amax_history
@@ -267,9 +267,7 @@ def _sync_rank(rank: int, port: int, out: mp.Queue) -> None:
 @pytest.mark.slow  # two spawned processes: ~5-9 s on the shared 2-core machine
 def test_sync_takes_the_max_over_ranks():
     """Two gloo ranks whose inputs differ: after the sync both hold the larger amax, in the newest slot."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_sync_rank, args=(r, port, out)) for r in range(2)]
@@ -340,8 +338,8 @@ def test_fp8_needs_bf16_and_no_tensor_parallel(tmp_path):
         make_config("train_segment", tmp_path, "train.fp8=dynamic", "train.precision=bf16", "parallel=tp2")
 
 
-def test_bad_recipe_and_device_are_refused():
-    with pytest.raises(ConfigError, match="train.fp8='bf8' is not a recipe"):
-        apply_fp8(nn.Module(), recipe="bf8", history_len=1)
+def test_bad_recipe_and_device_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.fp8\('bf8'\) must be one of none, dynamic, delayed"):
+        make_config("train_segment", tmp_path, "train.fp8=bf8")
     with pytest.raises(ConfigError, match="not meta"):
         load_backend(torch.device("meta"))

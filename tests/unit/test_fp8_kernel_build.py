@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainflow.errors import ConfigError
-from trainflow.fp8.ops import (
+from trainflow.fp8.kernels import (
     KERNEL_BUILDS,
     backend_reason,
     build_extension,

@@ -3,7 +3,7 @@ the binding compiles for both, and the machine code holds the instructions each 
 
     .venv/bin/python -m pytest tests/unit/test_fp8_sass.py -q -rs
 
-The builds use the flags the extension is built with (trainflow.fp8.ops.nvcc_flags, plus torch's own nvcc
+The builds use the flags the extension is built with (trainflow.fp8.kernels.nvcc_flags, plus torch's own nvcc
 flags), once per session and in parallel (fixture `builds`); `cuobjdump --dump-sass` (the pinned
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) disassembles them. What each assertion proves:
 - sm_90a, kernels/fp8_gemm_sm90.cu: every kernel issues QGMMA (wgmma, Hopper's warpgroup MMA, on fp8 operands:
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
 
-from trainflow.fp8.ops import KERNEL_BUILDS, KERNELS, nvcc_flags
+from trainflow.fp8.kernels import KERNEL_BUILDS, KERNELS, nvcc_flags
 
 SM89, SM90 = KERNEL_BUILDS[(8, 9)], KERNEL_BUILDS[(9, 0)]
 # fp32 accumulators per thread in both kernels: a warpgroup's 64x128 of C over 128 threads (sm90), a warp's 64x32

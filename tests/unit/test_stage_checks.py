@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,13 +11,13 @@ import pytest
 
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manifest import write_manifest
-from trainflow.config import ClusterConfig, GateConfig
-from trainflow.nccl_env import mps_running, stripe_count
-from trainflow.parallel.gate import judge
-from trainflow.stage import StageError
-from trainflow.stages.report import node_rows
-from trainflow.stages.validate_nccl import gate, version_problems
-from trainflow.stages.verify_checkpoint import verify_all
+from trainflow.checkpoint.verify import VerifyError, verify_all
+from trainflow.config import GateConfig
+from trainflow.gate.nodes import mps_running, stripe_count
+from trainflow.gate.patterns import judge
+from trainflow.gate.report import HostFacts, NodeFacts, Stripes, SweepRow
+from trainflow.gate.verdict import problems, version_problems
+from trainflow.report.checklist import node_rows
 
 
 def make_checkpoint(root, step: int) -> None:
@@ -32,33 +33,37 @@ def test_verify_all_checks_every_checkpoint_and_names_a_bad_file(tmp_path):
     for step in (2, 4):
         make_checkpoint(tmp_path, step)
     report = verify_all(tmp_path)
-    assert [c["step"] for c in report["checkpoints"]] == [2, 4] and report["files"] == 6 and report["failures"] == []
+    assert [c.step for c in report.checkpoints] == [2, 4] and report.files == 6 and report.failures == []
     bad = step_dir(tmp_path, 2) / ".metadata"
     bad.write_bytes(b"truncated")
-    with pytest.raises(StageError, match=r"1 checkpoint\(s\) failed verification, first: .*\.metadata: 9 bytes"):
+    with pytest.raises(VerifyError, match=r"1 checkpoint\(s\) failed verification, first: .*\.metadata: 9 bytes"):
         verify_all(tmp_path)
-    with pytest.raises(StageError, match="holds no checkpoint"):
+    with pytest.raises(VerifyError, match="holds no checkpoint"):
         verify_all(tmp_path / "empty")
 
 
-def sweep_result(busbw: float, versions=(("2.21.5", "1.22.0"),)) -> dict:
-    hosts = [
-        {"host": f"n{i}", "versions": {"nccl": n, "libfabric": f}, "node": {}} for i, (n, f) in enumerate(versions)
-    ]
-    return {"sweep": [{"bytes": 1 << 26, "busbw_gbps": busbw}], "hosts": hosts, "patterns": []}
+NODE = NodeFacts(thp=None, swap_used_kb=None, mps_daemon=False, gpu_slowdowns=None, gpu_why="no GPU")
+
+
+def hosts_with(versions=(("2.21.5", "1.22.0"),)) -> list[HostFacts]:
+    return [HostFacts(f"n{i}", NODE, {"nccl": n, "libfabric": f}) for i, (n, f) in enumerate(versions)]
+
+
+def sweep_at(busbw: float) -> list[SweepRow]:
+    return [SweepRow(bytes=1 << 26, time_s=1.0, algbw_gbps=busbw, busbw_gbps=busbw)]
 
 
 def test_gate_stops_below_the_threshold_and_on_misaligned_versions():
-    cluster = ClusterConfig(gate=GateConfig(min_busbw_gbps=200.0))
-    assert gate(sweep_result(230.0), cluster) == []
-    (low,) = gate(sweep_result(150.0), cluster)
+    gate = GateConfig(min_busbw_gbps=200.0)
+    assert problems(sweep_at(230.0), [], hosts_with(), None, gate) == []
+    (low,) = problems(sweep_at(150.0), [], hosts_with(), None, gate)
     assert "busbw 150.000 GB/s" in low and "cluster.gate.min_busbw_gbps(200.0)" in low
-    (mixed,) = gate(sweep_result(230.0, versions=(("2.21.5", "1.22.0"), ("2.21.5", "1.15.2"))), cluster)
+    (mixed,) = problems(sweep_at(230.0), [], hosts_with((("2.21.5", "1.22.0"), ("2.21.5", "1.15.2"))), None, gate)
     assert "versions differ across nodes" in mixed
 
 
 def test_the_version_table_names_each_node_off_it():
-    hosts = sweep_result(0, versions=(("2.21.5", "1.22.0"), ("2.18.1", "1.22.0"), ("2.21.5", None)))["hosts"]
+    hosts = hosts_with((("2.21.5", "1.22.0"), ("2.18.1", "1.22.0"), ("2.21.5", None)))
     nccl, libfabric = version_problems(hosts, {"nccl": ["2.20", "2.21"], "libfabric": ["1.22"]})
     assert nccl.startswith("nccl n1: 2.18.1 is not in cluster.gate.versions_allowed.nccl (2.20 | 2.21*)")
     assert libfabric.startswith("libfabric n2: None is not in")  # a component the table pins must be there
@@ -78,13 +83,13 @@ def test_patterns_are_judged_on_their_slowest_group_and_name_its_hosts():
         for tp, dp, t_tp in ranks
     ]
     table, exclude = judge(rows, ["a", "a", "b", "b"], {"tp_all_reduce": 0.5})
-    tp = next(r for r in table if r["pattern"] == "tp_all_reduce")
-    assert tp["slowest_group"] == [2, 3] and tp["slowest_hosts"] == ["b"] and tp["groups"] == 2
-    assert tp["busbw_gbps"] == pytest.approx(mb / 4e-3 / 1e9 * 2 * (2 - 1) / 2)  # nccl-tests' all_reduce factor
-    assert tp["passed"] is False and exclude == ["b"]
-    dp = next(r for r in table if r["pattern"] == "dp_all_reduce")
-    assert dp["passed"] is None  # no gate for it: reported only
-    (line,) = gate({**sweep_result(1.0), "patterns": table}, ClusterConfig(gate=GateConfig(min_busbw_gbps=0.0)))
+    tp = next(r for r in table if r.pattern == "tp_all_reduce")
+    assert tp.slowest_group == [2, 3] and tp.slowest_hosts == ["b"] and tp.groups == 2
+    assert tp.busbw_gbps == pytest.approx(mb / 4e-3 / 1e9 * 2 * (2 - 1) / 2)  # nccl-tests' all_reduce factor
+    assert tp.passed is False and exclude == ["b"]
+    dp = next(r for r in table if r.pattern == "dp_all_reduce")
+    assert dp.passed is None  # no gate for it: reported only
+    (line,) = problems(sweep_at(1.0), table, hosts_with(), None, GateConfig(min_busbw_gbps=0.0))
     assert "tp_all_reduce busbw 0.262 GB/s on the slowest of its 2 groups (ranks [2, 3], hosts b)" in line
 
 
@@ -102,8 +107,8 @@ def test_a_checkpoint_folder_striped_too_thin_stops_the_gate(tmp_path, monkeypat
     monkeypatch.setenv("PATH", f"{lfs.parent}:{os.environ['PATH']}")
     count, source = stripe_count(str(tmp_path))
     assert (count, source) == (2, "lfs getstripe -c")
-    cluster = ClusterConfig(gate=GateConfig(min_busbw_gbps=0.0, min_stripe_count=4))
-    (line,) = gate({**sweep_result(1.0), "checkpoint_stripes": {"count": count}}, cluster)
+    gate = GateConfig(min_busbw_gbps=0.0, min_stripe_count=4)
+    (line,) = problems(sweep_at(1.0), [], hosts_with(), count, gate)
     assert "stripe count 2 is below cluster.gate.min_stripe_count(4): lfs setstripe -c 4 <folder>" in line
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert stripe_count(str(tmp_path)) == (None, "not applicable: no lfs command (not a Lustre file system)")
@@ -118,14 +123,9 @@ def test_node_checks_pass_fail_or_say_why_not(tmp_path):
     (proc / "78").mkdir()
     (proc / "78" / "comm").write_text("nvidia-cuda-mps-control\n")
     assert mps_running(proc)
-    hosts = [
-        {"host": "a", "node": {"thp": "never", "mps_daemon": False, "gpu_slowdowns": None, "gpu_why": "no GPU here"}},
-        {"host": "b", "node": {"thp": "always", "mps_daemon": False, "gpu_slowdowns": None, "gpu_why": "no GPU here"}},
-    ]
-    rows = {
-        row[0]: row[1:]
-        for row in node_rows({"hosts": hosts, "checkpoint_stripes": {"count": None, "source": "n/a: no lfs"}})
-    }
+    node = NodeFacts(thp="never", swap_used_kb=0, mps_daemon=False, gpu_slowdowns=None, gpu_why="no GPU here")
+    hosts = [HostFacts("a", node, {}), HostFacts("b", dataclasses.replace(node, thp="always"), {})]
+    rows = {row[0]: row[1:] for row in node_rows(hosts, Stripes("/ckpt", None, "n/a: no lfs"))}
     assert rows["transparent huge pages off"] == ["a: never, b: always", "FAIL on b"]
     assert rows["no MPS daemon (one process per GPU)"][1] == "pass"
     assert rows["no GPU clock slowdown (NVML: thermal, power brake)"] == ["-", "n/a (no GPU here)"]

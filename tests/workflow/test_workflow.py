@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.conftest import REPO, read_json
+from tests.support import job_counts, snakemake
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 # Known lints, each deliberate: rules read PYTHON/HYDRA_ARGS (see common.smk), and the venv of
 # scripts/bootstrap.sh is the software environment rather than a conda env per rule.
 ALLOWED_LINTS = {
@@ -19,24 +14,6 @@ ALLOWED_LINTS = {
     "Shell command directly uses variable PYTHON from outside of the rule",
     "Specify a conda environment or container for each rule.",
 }
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [*SNAKEMAKE, "--directory", str(workdir), *args], capture_output=True, text=True, timeout=600
-    )
-    result.output = result.stdout + result.stderr
-    if check and result.returncode:
-        pytest.fail(
-            f"snakemake {' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-    return result
-
-
-def job_counts(output: str) -> dict[str, int]:
-    """The `Job stats` table of a (dry) run."""
-    table = output.split("Job stats:", 1)[1]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
 
 
 def test_lint_finds_only_the_known_exceptions(tmp_path):

@@ -1,19 +1,19 @@
 rule account_energy:
     input:
-        metrics=ALL_METRICS,
-        segments=SEGMENT_REPORTS,
+        metrics=run_metrics,
+        segments=segment_reports,
     output:
-        report=ENERGY_REPORT,
-        metrics=RUN.stage_metrics("account_energy"),
+        report=RUN.energy_report,
+        metrics=RUN.job_metrics("account_energy"),
     log:
         RUN.log("account_energy"),
     params:
         config_hash=rule_hash("account_energy"),
         io=lambda w, input, output: stage_command(
-            metrics=list(input.metrics),
+            run_metrics=list(input.metrics),
             segment_reports=list(input.segments),
             energy_report=output.report,
-            stage_metrics=output.metrics,
+            job_metrics=output.metrics,
         ),
     resources:
         mem_mb=1000,

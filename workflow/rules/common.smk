@@ -1,5 +1,6 @@
-# Shared by every rule: validate the Snakemake config, compose the Hydra config once (to learn the
-# DAG's shape and paths), and build each stage's command line.
+# Shared by every rule: validate the Snakemake config, compose the Hydra config once (to learn the DAG's shape and
+# the outputs' paths), and build each stage's command line. Rules take their outputs' paths from RUN
+# (trainflow.config.run_folder) and their inputs from the rules that produce them (rules.<producer>.output.<name>).
 import shlex
 import sys
 
@@ -24,37 +25,54 @@ except ConfigError as err:
 # The params hold the hash of what each stage reads instead.
 PYTHON = shlex.quote(sys.executable)
 HYDRA_ARGS = shlex.join(OVERRIDES)
-RUN = RunFolder.of(CFG)  # every path below: trainflow.config.run_folder
+RUN = RunFolder.of(CFG)
 SEGMENTS = range(CFG.train.segments)
-CHECKPOINTS = RUN.checkpoints
-TOKENS = RUN.tokens
-TOKENS_RECORD = str(record_path(TOKENS))  # size and CRC-32C of the token file (trainflow.data.record)
 SHARDS = [f"{i:05d}" for i in range(CFG.data.shards)]  # prepare_data's jobs: one per group of input files
 try:
     SHARD_FILES = shard_groups(corpus_files(CFG.data.corpus), CFG.data.shards)
 except DataError as err:
     raise WorkflowError(str(err)) from None
-SHARD_TOKENIZER = {"byte": [], "bpe": [RUN.tokenizer], "pretrained": [CFG.data.tokenizer_path]}[CFG.data.tokenizer]
-STAGED_TOKENS = RUN.staged_tokens
-STAGED_RECORD = str(record_path(STAGED_TOKENS))
-NCCL_REPORT = RUN.nccl_report
-VERIFY_REPORT = RUN.verify_report
-ENERGY_REPORT = RUN.energy_report
-REPORT = RUN.report
-SEGMENT_REPORTS = RUN.segment_reports(CFG.train.segments)
-PREPARE_JOBS = ["tokenizer"] * (CFG.data.tokenizer == "bpe") + [f"shard-{shard}" for shard in SHARDS]
-ALL_METRICS = RUN.metrics(CFG.train.segments, PREPARE_JOBS)  # every job's energy is counted
+BPE = CFG.data.tokenizer == "bpe"  # a BPE is trained once, by a job of its own, before the shards
 
 
-def previous_segment(wildcards):
-    """Segment i starts from segment i-1's last checkpoint."""
-    segment = int(wildcards.segment)
-    return [RUN.segment_report(segment - 1)] if segment > 0 else []
+def recorded(path):
+    """The size and CRC-32C record beside a token file (trainflow.data.record)."""
+    return str(record_path(path))
 
 
 def shard_files(wildcards):
     """A shard's input files: a change in them (or in which they are) reruns that shard alone."""
     return SHARD_FILES[int(wildcards.shard)]
+
+
+def shard_tokenizer(wildcards):
+    """What a shard job tokenises with, besides the bytes tokenizer that needs no file."""
+    if BPE:
+        return rules.prepare_data_tokenizer.output.tokenizer
+    return [CFG.data.tokenizer_path] if CFG.data.tokenizer == "pretrained" else []
+
+
+def previous_segment(wildcards):
+    """Segment i starts from segment i-1's last checkpoint."""
+    segment = int(wildcards.segment)
+    return expand(rules.train_segment.output.report, segment=segment - 1) if segment > 0 else []
+
+
+def segment_reports(wildcards):
+    return expand(rules.train_segment.output.report, segment=SEGMENTS)
+
+
+def run_metrics(wildcards):
+    """Every job's metrics before account_energy (and report): all of them are counted."""
+    return [
+        *([rules.prepare_data_tokenizer.output.metrics] if BPE else []),
+        *expand(rules.prepare_data_shard.output.metrics, shard=SHARDS),
+        rules.prepare_data.output.metrics,
+        rules.stage_data.output.metrics,
+        rules.validate_nccl.output.metrics,
+        *expand(rules.train_segment.output.metrics, segment=SEGMENTS),
+        rules.verify_checkpoint.output.metrics,
+    ]
 
 
 def rule_hash(stage):

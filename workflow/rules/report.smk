@@ -1,15 +1,15 @@
 rule report:
     input:
-        segments=SEGMENT_REPORTS,
-        nccl=NCCL_REPORT,
-        verify=VERIFY_REPORT,
-        energy=ENERGY_REPORT,
-        metrics=ALL_METRICS,
+        segments=segment_reports,
+        nccl=rules.validate_nccl.output.report,
+        verify=rules.verify_checkpoint.output.report,
+        energy=rules.account_energy.output.report,
+        metrics=run_metrics,
     output:
         # report(): also in Snakemake's self-contained HTML report (snakemake --report run.html)
-        report=report(REPORT, category="Report", caption="../report/report.rst"),
+        report=report(RUN.report, category="Report", caption="../report/report.rst"),
         plots=[report(plot, category="Training") for plot in RUN.plots],
-        metrics=RUN.stage_metrics("report"),
+        metrics=RUN.job_metrics("report"),
     log:
         RUN.log("report"),
     params:
@@ -19,11 +19,11 @@ rule report:
             nccl_report=input.nccl,
             verify_report=input.verify,
             energy_report=input.energy,
-            metrics=list(input.metrics),
-            checkpoints=CHECKPOINTS,
+            run_metrics=list(input.metrics),
+            checkpoints=RUN.checkpoints,
             report=output.report,
             plots=list(output.plots),
-            stage_metrics=output.metrics,
+            job_metrics=output.metrics,
         ),
     resources:
         mem_mb=1000,

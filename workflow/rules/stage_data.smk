@@ -5,18 +5,18 @@
 
 rule stage_data:
     input:
-        tokens=TOKENS,
-        record=TOKENS_RECORD,
+        tokens=rules.prepare_data.output.tokens,
+        record=rules.prepare_data.output.record,
     output:
-        tokens=STAGED_TOKENS,
-        record=STAGED_RECORD,
-        metrics=RUN.stage_metrics("stage_data"),
+        tokens=RUN.staged_tokens,
+        record=recorded(RUN.staged_tokens),
+        metrics=RUN.job_metrics("stage_data"),
     log:
         RUN.log("stage_data"),
     params:
         config_hash=rule_hash("stage_data"),
         io=lambda w, input, output: stage_command(
-            tokens=input.tokens, staged_tokens=output.tokens, stage_metrics=output.metrics
+            tokens=input.tokens, staged_tokens=output.tokens, job_metrics=output.metrics
         ),
     resources:
         mem_mb=1000,

@@ -4,13 +4,13 @@
 
 rule train_segment:
     input:
-        tokens=STAGED_TOKENS,
-        record=STAGED_RECORD,
-        nccl=NCCL_REPORT,
+        tokens=rules.stage_data.output.tokens,
+        record=rules.stage_data.output.record,
+        nccl=rules.validate_nccl.output.report,
         previous=previous_segment,
     output:
         report=RUN.segment_report("{segment}"),
-        metrics=RUN.stage_metrics("train_segment", "{segment}"),
+        metrics=RUN.job_metrics("train_segment", segment="{segment}"),
     log:
         RUN.log("train_segment", "segment-{segment}"),
     wildcard_constraints:
@@ -19,9 +19,9 @@ rule train_segment:
         config_hash=rule_hash("train_segment"),
         io=lambda w, input, output: stage_command(
             staged_tokens=input.tokens,
-            checkpoints=CHECKPOINTS,
+            checkpoints=RUN.checkpoints,
             segment_report=output.report,
-            stage_metrics=output.metrics,
+            job_metrics=output.metrics,
             submitit=RUN.submitit("train_segment"),
         ),
     shell:

@@ -1,14 +1,17 @@
-# A local rule: it submits a job of the training shape through submitit and waits.
+# A local rule: it plans the run, then submits a job of the training shape through submitit and waits.
 rule validate_nccl:
     output:
-        report=NCCL_REPORT,
-        metrics=RUN.stage_metrics("validate_nccl"),
+        report=RUN.nccl_report,
+        metrics=RUN.job_metrics("validate_nccl"),
     log:
         RUN.log("validate_nccl"),
     params:
         config_hash=rule_hash("validate_nccl"),
         io=lambda w, output: stage_command(
-            nccl_report=output.report, stage_metrics=output.metrics, submitit=RUN.submitit("validate_nccl")
+            nccl_report=output.report,
+            checkpoints=RUN.checkpoints,
+            job_metrics=output.metrics,
+            submitit=RUN.submitit("validate_nccl"),
         ),
     shell:
         "{PYTHON} -m trainflow.stages.validate_nccl {HYDRA_ARGS} {params.io} > {log:q} 2>&1"

@@ -1,15 +1,15 @@
 rule verify_checkpoint:
     input:
-        segments=SEGMENT_REPORTS,
+        segments=segment_reports,
     output:
-        report=VERIFY_REPORT,
-        metrics=RUN.stage_metrics("verify_checkpoint"),
+        report=RUN.verify_report,
+        metrics=RUN.job_metrics("verify_checkpoint"),
     log:
         RUN.log("verify_checkpoint"),
     params:
         config_hash=rule_hash("verify_checkpoint"),
         io=lambda w, output: stage_command(
-            checkpoints=CHECKPOINTS, verify_report=output.report, stage_metrics=output.metrics
+            checkpoints=RUN.checkpoints, verify_report=output.report, job_metrics=output.metrics
         ),
     resources:
         mem_mb=1000,

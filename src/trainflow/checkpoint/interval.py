@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from trainflow.records import Record
+
 
 def young_daly_seconds(*, save_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_s * mtbf_s)
@@ -57,14 +59,32 @@ class IntervalPlanner:
     def due(self, steps_since_save: int) -> bool:
         return steps_since_save >= self.interval_steps
 
-    def describe(self) -> dict:
-        return {
-            "policy": "fixed" if self.fixed_steps else "young_daly",
-            "interval_steps": self.interval_steps,
-            "save_s": self.save_s,
-            "step_s": self.step_s,
-            "mtbf_s": self.mtbf_s,
-            "interval_s": None
+    def describe(self) -> IntervalPlan:
+        young_daly = (
+            None
             if self.fixed_steps or not self.save_times
-            else young_daly_seconds(save_s=self.save_s, mtbf_s=self.mtbf_s),
-        }
+            else young_daly_seconds(save_s=self.save_s, mtbf_s=self.mtbf_s)
+        )
+        return IntervalPlan(
+            policy="fixed" if self.fixed_steps else "young_daly",
+            interval_steps=self.interval_steps,
+            save_s=self.save_s,
+            step_s=self.step_s,
+            mtbf_s=self.mtbf_s,
+            interval_s=young_daly,
+        )
+
+
+@dataclass(frozen=True)
+class IntervalPlan(Record):
+    """The interval a segment saved at, and the measurements it came from."""
+
+    policy: str
+    """young_daly, or fixed (checkpoint.interval_steps)."""
+    interval_steps: int
+    save_s: float
+    """Mean measured save (NaN before the first)."""
+    step_s: float
+    mtbf_s: float
+    interval_s: float | None
+    """sqrt(2 x save x MTBF); None under a fixed interval or before the first save."""

@@ -9,7 +9,10 @@ config and the learning-rate schedule, and DCP would pickle each of them separat
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -18,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -45,3 +49,18 @@ def load_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], 
         set_optimizer_state_dict(part, opt, live, options=FLAT)
     torch.set_rng_state(state["rng"])
     return int(state["step"])
+
+
+def state_digest(state: dict) -> list[str]:
+    """SHA-256 of this rank's local model and optimizer tensors, gathered from every rank: equal lists are bitwise
+    equal runs (the segment summary's state_digest)."""
+    h = hashlib.sha256()
+    for section in ("model", "optim"):
+        for key, value in sorted(state[section].items()):
+            if isinstance(value, torch.Tensor):
+                local = value.to_local() if isinstance(value, DTensor) else value
+                h.update(key.encode())
+                h.update(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    digests: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(digests, h.hexdigest())
+    return digests

@@ -1,4 +1,4 @@
-"""trainflow's configuration: the schema (schema, cluster, domain), the model's shape (shape), the stage table
+"""trainflow's configuration: the schema (schema, cluster, paths, domain), the model's shape (shape), the stage table
 (stages), its checks (checks, layout), composition with Hydra (compose, overrides), the run folder's paths
 (run_folder) and what reruns what (hashing). Nothing here imports torch.
 
@@ -11,6 +11,7 @@ from trainflow.config.compose import CONF_DIR, compose, one_line, to_config
 from trainflow.config.domain import RUN_NAME, Domain
 from trainflow.config.hashing import as_dict, config_hash, stage_hash
 from trainflow.config.layout import ParallelDims, parallel_errors
+from trainflow.config.paths import IOConfig, StorageConfig
 from trainflow.config.schema import (
     BYTE_VOCAB,
     SCHEDULES,
@@ -18,11 +19,9 @@ from trainflow.config.schema import (
     DataConfig,
     EnergyConfig,
     FaultConfig,
-    IOConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,
-    StorageConfig,
     TrainConfig,
     TrainflowConfig,
 )

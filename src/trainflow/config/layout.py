@@ -8,28 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow.config.schema import SCHEDULES, ModelConfig, ParallelConfig
+from trainflow.config.schema import ModelConfig, ParallelConfig
 from trainflow.errors import ConfigError
+from trainflow.records import Record
 
 
 def parallel_errors(p: ParallelConfig, m: ModelConfig, *, global_batch: int) -> list[str]:
-    """The layout rules of hybrid parallelism, one message per broken rule."""
+    """The layout rules of hybrid parallelism, one message per broken rule; each value already lies in its domain
+    (the schema's `checked(...)`, which config.checks tests first)."""
     dp, tp, pp = p.dp, p.tp, p.pp
     virtual_stages, schedule, microbatches = p.virtual_stages, p.schedule, p.microbatches
     errors = []
-    for name, value in (
-        ("dp", dp),
-        ("tp", tp),
-        ("pp", pp),
-        ("virtual_stages", virtual_stages),
-        ("microbatches", microbatches),
-    ):
-        if value < 1:
-            errors.append(f"parallel.{name}({value}) must be >= 1")
-    if errors:
-        return errors
-    if schedule not in SCHEDULES:
-        errors.append(f"parallel.schedule({schedule!r}) must be one of {', '.join(SCHEDULES)}")
     if m.n_layers % (pp * virtual_stages):
         errors.append(
             f"model.n_layers({m.n_layers}) is not divisible by pp({pp}) * virtual_stages({virtual_stages}) "
@@ -95,7 +84,9 @@ def shard_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
 
 
 @dataclass(frozen=True)
-class ParallelDims:
+class ParallelDims(Record):
+    """The validated layout of a world of ranks; also the `layout` a segment's summary records."""
+
     dp: int
     tp: int
     pp: int
@@ -130,6 +121,14 @@ class ParallelDims:
             dp_mode=p.dp_mode,
             dp_shard=p.dp_shard,
         )
+
+    def local_batch(self, global_batch: int) -> int:
+        """Sequences per step on one data-parallel rank."""
+        return global_batch // self.dp
+
+    def microbatch_size(self, global_batch: int) -> int:
+        """Sequences per microbatch (the pipeline's b): one data-parallel rank's batch over its microbatches."""
+        return self.local_batch(global_batch) // self.microbatches
 
     @property
     def n_stages(self) -> int:

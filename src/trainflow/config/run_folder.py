@@ -1,16 +1,21 @@
-"""The run folder's layout: where every stage's inputs and outputs live, as functions of the storage
-roots and the hash of what training reads. The workflow's rules (common.smk) take their paths from
-here, and so does every `io.*` path a stage is not given, so a stage run alone writes exactly where
-the workflow would.
+"""The run folder's layout: every path a run writes, as a function of the storage roots and the hash of what
+training reads. The workflow's rules (common.smk) take their outputs from here, and so does every `io.*` path a
+stage is not given, so a stage run alone writes exactly where the workflow would; a path no rule declares (power
+traces, TensorBoard, the exclude list) is a member here too, so nothing else invents a location.
 
-    python -c "from trainflow.config import compose, RunFolder; print(RunFolder.of(compose('report')))"
+    python -c "from trainflow.config import compose; from trainflow.config.run_folder import RunFolder; \
+        print(RunFolder.of(compose('report')))"
 
-    <root>/nccl.json, verify.json, energy.json          validate_nccl, verify_checkpoint, account_energy
-    <root>/train/<hash>/segment-<i>.json, metrics-<i>.json   train_segment
-    <root>/metrics/<stage>.json, logs/<stage>/, submitit/<stage>/, report/
+    <root>/nccl.json, nccl-exclude.txt (a failed gate)      validate_nccl
+    <root>/verify.json, energy.json                        verify_checkpoint, account_energy
+    <root>/train/<hash>/segment-<i>.json, metrics-<i>.json  train_segment (its summary, its job's metrics)
+    <root>/train/<hash>/tensorboard/, profile/segment-<i>/, power/   train_segment (observe.*, energy sampling)
+    <root>/report/report.md, <plot>.png                    report
+    <root>/metrics/<stage>.json, metrics/<stage>/<job>.json, logs/<stage>/, submitit/<stage>/   every stage
     <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
-    <capacity>/checkpoints/<hash>/step-N/               train_segment (+ steps.jsonl, evals.jsonl)
-    <fast>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json)   stage_data
+    <capacity>/checkpoints/<hash>/step-N/, steps.jsonl, evals.jsonl                train_segment
+    <fast>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json)                      stage_data
+    <train.offload_dir>/rank<r>/                           train_segment's offloaded activations (train.activations)
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class RunFolder:
         s = cfg.storage
         return cls(s.root, s.capacity, s.fast, stage_hash(cfg, "train_segment"))
 
+    # -- data ------------------------------------------------------------------------------------
+
     @property
     def tokens(self) -> str:
         """The index of the token shards, which lie beside it (data.index)."""
@@ -61,13 +68,30 @@ class RunFolder:
     def staged_tokens(self) -> str:
         return f"{self.fast}/data/tokens/{TOKEN_INDEX}"
 
+    # -- the gate and training ---------------------------------------------------------------------
+
     @property
     def nccl_report(self) -> str:
         return f"{self.root}/nccl.json"
 
     @property
+    def nccl_exclude(self) -> str:
+        """The hosts of the patterns that failed the gate, in sbatch --exclude form (written only then)."""
+        return f"{self.root}/nccl-exclude.txt"
+
+    @property
     def checkpoints(self) -> str:
         return f"{self.capacity}/checkpoints/{self.train_hash}"
+
+    @staticmethod
+    def steps_log(checkpoints: str) -> str:
+        """The trainer's per-step records, beside the checkpoints they belong to (io.checkpoints): a resumed segment
+        keeps the records up to its checkpoint (a declared output would be deleted with a failed job)."""
+        return f"{checkpoints}/steps.jsonl"
+
+    @staticmethod
+    def evals_log(checkpoints: str) -> str:
+        return f"{checkpoints}/evals.jsonl"
 
     @property
     def train_dir(self) -> str:
@@ -78,6 +102,27 @@ class RunFolder:
 
     def segment_reports(self, segments: int) -> list[str]:
         return [self.segment_report(i) for i in range(segments)]
+
+    @property
+    def tensorboard(self) -> str:
+        """Rank 0's TensorBoard event files (observe.tensorboard): tensorboard --logdir <root>/train."""
+        return f"{self.train_dir}/tensorboard"
+
+    def profile(self, segment: int) -> str:
+        """The profiler traces of a segment, rank<r>.json (observe.profile)."""
+        return f"{self.train_dir}/profile/segment-{segment}"
+
+    @property
+    def power(self) -> str:
+        """Each node's power samples (segment-<i>-<host>.jsonl) and GPU-state files (energy.node)."""
+        return f"{self.train_dir}/power"
+
+    @staticmethod
+    def offload(offload_dir: str, rank: int) -> str:
+        """A rank's offloaded activations under train.offload_dir, a folder on the fast tier the user names."""
+        return f"{offload_dir}/rank{rank}"
+
+    # -- what follows training ---------------------------------------------------------------------
 
     @property
     def verify_report(self) -> str:
@@ -95,25 +140,24 @@ class RunFolder:
     def plots(self) -> list[str]:
         return [f"{self.root}/report/{name}.png" for name in PLOTS]
 
-    def stage_metrics(self, stage: str, segment: int | str | None = None) -> str:
-        """A stage's metrics file (run_stage writes it); a training segment's lies beside its report."""
+    # -- every stage -----------------------------------------------------------------------------
+
+    def job_metrics(self, stage: str, job: str = "", segment: int | str = 0) -> str:
+        """A job's metrics file (trainflow.stage.run_stage writes it): a stage's main job's, one of a stage's several
+        jobs' (`job`: prepare_data's tokenizer and shards), or a training segment's, beside its summary."""
         if stage == "train_segment":
             return f"{self.train_dir}/metrics-{segment}.json"
-        return f"{self.root}/metrics/{stage}.json"
+        return f"{self.root}/metrics/{stage}/{job}.json" if job else f"{self.root}/metrics/{stage}.json"
 
-    def metrics(self, segments: int, prepare_jobs: list[str] = ()) -> list[str]:
-        """The metrics files account_energy and report read: every stage before them, and prepare_data's
-        tokenizer and shard jobs when the workflow runs them as jobs of their own (`prepare_jobs`)."""
+    def run_metrics(self, segments: int, prepare_jobs: list[str] = ()) -> list[str]:
+        """The metrics files account_energy and report read: every stage's before them, and prepare_data's
+        tokenizer and shard jobs' when the workflow runs them as jobs of their own (`prepare_jobs`)."""
         return [
             *(self.job_metrics("prepare_data", job) for job in prepare_jobs),
-            *(self.stage_metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")),
-            *(self.stage_metrics("train_segment", i) for i in range(segments)),
-            self.stage_metrics("verify_checkpoint"),
+            *(self.job_metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")),
+            *(self.job_metrics("train_segment", segment=i) for i in range(segments)),
+            self.job_metrics("verify_checkpoint"),
         ]
-
-    def job_metrics(self, stage: str, job: str) -> str:
-        """The metrics of one of a stage's several jobs (prepare_data's tokenizer and shards)."""
-        return f"{self.root}/metrics/{stage}/{job}.json"
 
     def log(self, stage: str, name: str | None = None) -> str:
         return f"{self.root}/logs/{stage}/{name or stage}.log"
@@ -124,8 +168,11 @@ class RunFolder:
     def io_defaults(self, cfg: TrainflowConfig) -> dict[str, str | list[str]]:
         """Every io path of `cfg.stage` as the workflow passes it."""
         segments = cfg.train.segments
+        shard = cfg.job.removeprefix("shard-") if cfg.job.startswith("shard-") else "00000"
         return {
             "tokens": self.tokens,
+            "tokenizer": self.tokenizer,
+            "token_shard": self.token_shard(shard),
             "staged_tokens": self.staged_tokens,
             "nccl_report": self.nccl_report,
             "checkpoints": self.checkpoints,
@@ -133,22 +180,12 @@ class RunFolder:
             "segment_reports": self.segment_reports(segments),
             "verify_report": self.verify_report,
             "energy_report": self.energy_report,
-            "stage_metrics": self.stage_metrics(cfg.stage, cfg.segment),
-            "metrics": self.metrics(segments),
+            "job_metrics": self.job_metrics(cfg.stage, cfg.job, cfg.segment),
+            "run_metrics": self.run_metrics(segments),
             "report": self.report,
             "plots": self.plots,
             "submitit": self.submitit(cfg.stage),
         }
-
-
-def steps_log(checkpoints: str) -> str:
-    """The trainer's per-step records, beside the checkpoints they belong to: a resumed segment keeps
-    the records up to its checkpoint (a declared output would be deleted with a failed job)."""
-    return f"{checkpoints}/steps.jsonl"
-
-
-def evals_log(checkpoints: str) -> str:
-    return f"{checkpoints}/evals.jsonl"
 
 
 def fill_io(cfg: TrainflowConfig) -> None:

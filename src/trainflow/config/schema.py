@@ -15,12 +15,25 @@ from omegaconf import MISSING
 
 from trainflow.config.cluster import ClusterConfig
 from trainflow.config.domain import RUN_NAME, checked
+from trainflow.config.paths import IOConfig, StorageConfig
 from trainflow.config.stages import STAGES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 ACTIVATION_MODES = ("keep", "recompute", "offload")
 DP_MODES = ("replicate", "shard")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
+
+
+@dataclass(frozen=True)
+class Precision:
+    dtype: str
+    """The torch dtype compute runs in, by name (torch is not imported here: getattr(torch, dtype))."""
+    bytes: int
+    """Bytes of one element of what autograd saves in it (the planner's activation memory)."""
+
+
+PRECISIONS = {"fp32": Precision("float32", 4), "bf16": Precision("bfloat16", 2)}
+"""train.precision -> its compute dtype: master weights, gradients and optimizer state stay fp32 in both."""
 
 
 @dataclass
@@ -145,7 +158,7 @@ class TrainConfig:
     """Bitwise reproducible steps: deterministic algorithms, fixed threads."""
     threads_per_rank: int = checked(1, ge=1)
     precision: str = checked(
-        "fp32", one_of=("fp32", "bf16"), fix="fp16 needs loss scaling, which trainflow does not offer: use bf16"
+        "fp32", one_of=PRECISIONS, fix="fp16 needs loss scaling, which trainflow does not offer: use bf16"
     )
     """bf16: bf16 compute under autocast, fp32 master weights, optimizer state and gradient reduction."""
     activations: str = checked("keep", one_of=ACTIVATION_MODES)
@@ -180,15 +193,6 @@ class CheckpointConfig:
     io_threads: int = checked(ge=1)
     """Threads per rank that write (one file each) and read a checkpoint."""
     max_interval_steps: int = checked(1000, ge=1)
-
-
-@dataclass
-class StorageConfig:
-    root: str = MISSING
-    capacity: str = MISSING
-    """High-capacity tier (HDD / parallel FS): raw tokens, checkpoints."""
-    fast: str = MISSING
-    """Fast tier (node SSD / flash): the staged dataset."""
 
 
 @dataclass
@@ -251,35 +255,16 @@ class ObserveConfig:
 
 
 @dataclass
-class IOConfig:
-    """Paths. Snakemake passes every one it owns as an override; one left empty is filled in from the
-    run folder's layout (config.run_folder), so a stage run alone writes where the workflow would."""
-
-    tokens: str = ""
-    staged_tokens: str = ""
-    nccl_report: str = ""
-    checkpoints: str = ""
-    resume_from: str = ""
-    """Another run's checkpoint folder to start from when `checkpoints` holds none; DCP reshards it,
-    so the layout may differ (e.g. dp2 x tp2 x pp2 -> dp4 x tp2). Empty: none."""
-    segment_report: str = ""
-    segment_reports: list[str] = field(default_factory=list)
-    verify_report: str = ""
-    energy_report: str = ""
-    stage_metrics: str = ""
-    metrics: list[str] = field(default_factory=list)
-    report: str = ""
-    plots: list[str] = field(default_factory=list)
-    """The report's loss, throughput, breakdown and power plots (config.run_folder.PLOTS), in that order."""
-    submitit: str = ""
-
-
-@dataclass
 class TrainflowConfig:
     run: str = checked("default", pattern=RUN_NAME, fix="letters, digits, _ . - and no leading dot")
     """The run's name: its outputs go to runs/<run>/ (storage.root)."""
     stage: str = checked(one_of=STAGES)
+    job: str = checked("", pattern=r"(tokenizer|shard-[0-9]{5})?", fix="tokenizer or shard-NNNNN (prepare_data's jobs)")
+    """Which of a stage's several jobs this is: prepare_data's `tokenizer` (train the BPE) or `shard-NNNNN` (tokenise
+    one group of files); '' is the stage's main job (prepare_data's: gather the shards into the index, first making
+    any that are missing when it runs alone)."""
     segment: int = checked(0, ge=0)
+    """Which training segment (train_segment's job)."""
     io: IOConfig = field(default_factory=IOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -93,3 +93,9 @@ def flops_per_token(m: ModelConfig) -> float:
     (the embedding is a lookup, not a matmul); what MFU divides by."""
     linear, attention = block_flops_per_token(m)
     return 3 * (m.n_layers * (linear + attention) + 2.0 * output_params(m))
+
+
+def mfu(m: ModelConfig, tokens_per_s_per_device: float, *, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: the model's training FLOPs per second per device over the device's dense peak
+    (cluster.hardware.peak_tflops); recomputation's extra forward is not counted, as torchtitan counts it."""
+    return tokens_per_s_per_device * flops_per_token(m) / (peak_tflops * 1e12)

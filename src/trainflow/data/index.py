@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +28,6 @@ from trainflow.data.record import DataError, read_record, recorded
 
 VERSION = 1
 RERUN = "prepare_data (snakemake --forcerun prepare_data)"
-
-
-def shard_number(path: str | Path) -> int:
-    """The number in a shard's name (shard-00003.h5 -> 3); the workflow names each shard job's output so."""
-    if not (m := re.fullmatch(r"shard-(\d+)\.h5", Path(path).name)):
-        raise DataError(f"{path} is not named like a token shard (shard-00003.h5); give io.tokens as the workflow does")
-    return int(m[1])
 
 
 def shard_recipe(data: DataConfig, files: list[str]) -> str:

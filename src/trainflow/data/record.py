@@ -62,18 +62,6 @@ def read_record(tokens: Path, *, rerun: str) -> tuple[int, int]:
         ) from err
 
 
-def check_file(tokens: Path, *, rerun: str) -> tuple[int, int]:
-    """Re-read `tokens` and compare it with its record; (bytes, CRC-32C)."""
-    want = read_record(tokens, rerun=rerun)
-    got = file_crc(tokens) if tokens.is_file() else (0, 0)
-    if got != want:
-        raise DataError(
-            f"{tokens} holds {got[0]} bytes with CRC-32C {got[1]:#010x}, but {want[0]} bytes with {want[1]:#010x} "
-            f"were recorded when it was written; it is damaged: rerun {rerun}"
-        )
-    return got
-
-
 def check_size(tokens: Path, *, rerun: str) -> None:
     """The cheap check of an open: the file's size against its record."""
     size, _ = read_record(tokens, rerun=rerun)

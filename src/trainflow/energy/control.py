@@ -134,6 +134,3 @@ class GpuControls:
             return
         self.restore_from(self.gpus)
         self.actions.append("restored the driver's power limits and clocks at exit")
-
-    def describe(self) -> dict:
-        return {"actions": self.actions, "dvfs_applied": self.clocks_applied, "dvfs_lowered_phases": self.lowered}

@@ -11,7 +11,9 @@ it did, or, where the driver refused, what it would have done.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 PHASES = ("data", "compute", "checkpoint")
 # Dynamic power scales roughly with f x V^2; at the seed's 500 MHz of 1980 the board draws about this share of
@@ -26,15 +28,32 @@ class Phase:
     seconds: float
 
 
-def phase_trace(steps: list[dict], saves: list[dict] = ()) -> list[Phase]:
+class StepMarks(Protocol):
+    """What the energy accounting reads of a step record (trainflow.train.step_log.StepRecord)."""
+
+    step: int
+    started: float
+    data_s: float
+    step_s: float
+
+
+class SaveMarks(Protocol):
+    """What it reads of a checkpoint save (trainflow.train.summary.SaveRecord)."""
+
+    step: int
+    started: float
+    save_s: float
+
+
+def phase_trace(steps: Sequence[StepMarks], saves: Sequence[SaveMarks] = ()) -> list[Phase]:
     """The trainer's own markers as a trace: each step's data loading, then the rest of the step (forward,
     backward, optimizer), and each checkpoint save after the step it follows."""
-    saved_after = {s["step"]: s["save_s"] for s in saves}
+    saved_after = {s.step: s.save_s for s in saves}
     trace = []
     for r in steps:
-        trace += [Phase("data", r["data_s"]), Phase("compute", r["step_s"] - r["data_s"])]
-        if r["step"] + 1 in saved_after:
-            trace.append(Phase("checkpoint", saved_after[r["step"] + 1]))
+        trace += [Phase("data", r.data_s), Phase("compute", r.step_s - r.data_s)]
+        if r.step + 1 in saved_after:
+            trace.append(Phase("checkpoint", saved_after[r.step + 1]))
     return trace
 
 

@@ -1,7 +1,7 @@
 """One energy window per node: the local rank 0 of each node meters, samples and controls that node's GPUs and
 CPU packages; every other rank only reports its own CPU time. The stage then sums nodes, never ranks.
 
-    with node_window(cfg.energy, local_rank=env.local_rank, folder=power_folder, segment=0) as window:
+    with node_window(cfg.energy, local_rank=env.local_rank, folder=RunFolder.of(cfg).power, segment=0) as window:
         Trainer(cfg, device, on_phase=window.enter).train()
     result = window.result()   # None on ranks that are not their node's local rank 0
 
@@ -17,6 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainflow.config import EnergyConfig
@@ -24,6 +25,7 @@ from trainflow.energy.control import GpuControls
 from trainflow.energy.nvml import NodeGpus
 from trainflow.energy.sampler import PowerSampler
 from trainflow.errors import TrainflowError
+from trainflow.records import Record
 
 COUNTERS = ("gpu_j", "rapl_j", "cpu_busy_s")
 
@@ -31,6 +33,27 @@ COUNTERS = ("gpu_j", "rapl_j", "cpu_busy_s")
 def hostname() -> str:
     """Slurm's name for this node where it has one (what sinfo and the task markers say), else the host's."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class NodeReading(Record):
+    """What one node's window measured and did over a training job (its local rank 0's)."""
+
+    host: str
+    gpus: int
+    wall_s: float
+    gpu_j: float | None
+    """NVML's energy counter over the window, all the node's GPUs (None: no NVML energy here)."""
+    rapl_j: float | None
+    cpu_busy_s: float | None
+    samples: int
+    trace: str
+    """The node's power samples over time (JSON lines)."""
+    why_no_nvml: str
+    actions: list[str]
+    """Power cap and DVFS: what was set, or why not."""
+    dvfs_applied: bool
+    dvfs_lowered_phases: int
 
 
 class NodeWindow:
@@ -44,25 +67,27 @@ class NodeWindow:
         if self.controls is not None:
             self.controls.enter(kind)
 
-    def result(self) -> dict | None:
+    def result(self) -> NodeReading | None:
         if self.sampler is None or self.controls is None:
             return None
-        return {
-            "host": hostname(),
-            "gpus": self.gpus,
-            "wall_s": self.totals["ended"] - self.started,
-            "gpu_j": self.totals["gpu_j"],
-            "rapl_j": self.totals["rapl_j"],
-            "cpu_busy_s": self.totals["cpu_busy_s"],
-            "samples": self.totals["samples"],
-            "trace": str(self.sampler.path),
-            "why_no_nvml": self.controls.why_not,
-            **self.controls.describe(),
-        }
+        return NodeReading(
+            host=hostname(),
+            gpus=self.gpus,
+            wall_s=self.totals["ended"] - self.started,
+            gpu_j=self.totals["gpu_j"],
+            rapl_j=self.totals["rapl_j"],
+            cpu_busy_s=self.totals["cpu_busy_s"],
+            samples=self.totals["samples"],
+            trace=str(self.sampler.path),
+            why_no_nvml=self.controls.why_not,
+            actions=self.controls.actions,
+            dvfs_applied=self.controls.clocks_applied,
+            dvfs_lowered_phases=self.controls.lowered,
+        )
 
 
 @contextlib.contextmanager
-def node_window(energy: EnergyConfig, *, local_rank: int, folder: Path, segment: int) -> Iterator[NodeWindow]:
+def node_window(energy: EnergyConfig, *, local_rank: int, folder: str, segment: int) -> Iterator[NodeWindow]:
     """Meter, sample and control this node's devices on its local rank 0 (elsewhere a window that does nothing);
     the GPUs' settings are restored on every way out of the block."""
     if local_rank != 0:
@@ -70,8 +95,9 @@ def node_window(energy: EnergyConfig, *, local_rank: int, folder: Path, segment:
         return
     host = hostname()
     gpus, why_not = NodeGpus.open()
-    controls = GpuControls(gpus, why_not, energy=energy, state_file=folder / f"gpu-state-{host}.json")
-    sampler = PowerSampler(folder / f"segment-{segment}-{host}.jsonl", gpus=gpus, period_s=energy.sample_period_s)
+    controls = GpuControls(gpus, why_not, energy=energy, state_file=Path(folder) / f"gpu-state-{host}.json")
+    trace = Path(folder) / f"segment-{segment}-{host}.jsonl"
+    sampler = PowerSampler(trace, gpus=gpus, period_s=energy.sample_period_s)
     window = NodeWindow(controls, sampler, len(gpus.handles) if gpus else 0)
     try:
         controls.start()
@@ -86,26 +112,32 @@ def node_window(energy: EnergyConfig, *, local_rank: int, folder: Path, segment:
                 gpus.close()
 
 
-def power_folder(segment_report: str) -> Path:
-    """Where the nodes' power traces and GPU-state files go: the segment's folder (beside its report)."""
-    return Path(segment_report).parent / "power"
-
-
-def actions_taken(windows: list[dict]) -> list[str]:
+def actions_taken(windows: list[NodeReading]) -> list[str]:
     """Each node's power-cap and DVFS actions (or why not), each distinct line once."""
-    return list(dict.fromkeys(a for w in windows for a in w["actions"]))
+    return list(dict.fromkeys(a for w in windows for a in w.actions))
 
 
-def sum_nodes(windows: list[dict]) -> dict:
-    """Energy of the nodes' windows, each host once; a counter missing on any node is None for the whole job."""
-    hosts = [w["host"] for w in windows]
+@dataclass(frozen=True)
+class NodeSum(Record):
+    """A job's nodes' windows summed, each host once; a counter missing on any node is None for the whole job."""
+
+    nodes: int
+    gpus: int
+    gpu_j: float | None
+    rapl_j: float | None
+    cpu_busy_s: float | None
+
+
+def sum_nodes(windows: list[NodeReading]) -> NodeSum:
+    """Energy of the nodes' windows, each host once (NodeSum)."""
+    hosts = [w.host for w in windows]
     if twice := sorted({h for h in hosts if hosts.count(h) > 1}):
         raise TrainflowError(
             f"hosts {twice} sent more than one energy window: only each node's local rank 0 may meter it"
         )
 
     def total(key: str) -> float | None:
-        values = [w[key] for w in windows]
+        values = [getattr(w, key) for w in windows]
         return None if not values or None in values else sum(values)
 
-    return {"nodes": len(windows), "gpus": sum(w["gpus"] for w in windows), **{k: total(k) for k in COUNTERS}}
+    return NodeSum(len(windows), sum(w.gpus for w in windows), *(total(k) for k in COUNTERS))

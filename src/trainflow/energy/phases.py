@@ -1,6 +1,6 @@
 """Energy inside a training segment, split by phase: data loading, compute, checkpoint save, and the rest.
 
-    rows = phase_energy(read_json(segment_report), metrics["node_windows"], stage_energy(metrics, ...))
+    rows = phase_energy(summary.steps, summary.saves, metrics.node_windows, stage_energy(metrics, ...))
 
 The windows are the trainer's own markers, from rank 0's step records (wall-clock start, data loading
 seconds, step seconds) and its checkpoint saves. A counter a node's sampler recorded (NVML `gpu_j`, RAPL
@@ -15,19 +15,22 @@ from __future__ import annotations
 import bisect
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
-from trainflow.energy.dvfs import PHASES
+from trainflow.energy.dvfs import PHASES, SaveMarks, StepMarks
+from trainflow.energy.node import NodeReading
+from trainflow.energy.report import PhaseEnergy, StageEnergy
 
 
-def phase_windows(steps: list[dict], saves: list[dict]) -> dict[str, list[tuple[float, float]]]:
+def phase_windows(steps: Sequence[StepMarks], saves: Sequence[SaveMarks]) -> dict[str, list[tuple[float, float]]]:
     """(start, end) wall-clock windows of each phase."""
     windows: dict[str, list[tuple[float, float]]] = {kind: [] for kind in PHASES}
     for r in steps:
-        loaded = r["started"] + r["data_s"]
-        windows["data"].append((r["started"], loaded))
-        windows["compute"].append((loaded, r["started"] + r["step_s"]))
-    windows["checkpoint"] = [(s["started"], s["started"] + s["save_s"]) for s in saves]
+        loaded = r.started + r.data_s
+        windows["data"].append((r.started, loaded))
+        windows["compute"].append((loaded, r.started + r.step_s))
+    windows["checkpoint"] = [(s.started, s.started + s.save_s) for s in saves]
     return windows
 
 
@@ -58,13 +61,16 @@ def at(run: list[dict], times: list[float], key: str, t: float) -> float:
     return e0 if t1 == t0 else e0 + (e1 - e0) * (t - t0) / (t1 - t0)
 
 
-def phase_energy(summary: dict, node_windows: list[dict], stage: dict) -> list[dict]:
+def phase_energy(
+    steps: Sequence[StepMarks], saves: Sequence[SaveMarks], node_windows: list[NodeReading], stage: StageEnergy
+) -> list[PhaseEnergy]:
     """One row per phase, and "other" (start-up, evaluation, waiting): seconds, GPU and CPU joules, sources.
 
     `stage` is the segment's row from accounting.stage_energy: a part it measured (nvml, rapl) is integrated
     over the windows from the nodes' traces, a modelled part is split in proportion to the phase's seconds."""
-    windows = phase_windows(summary["steps"], summary.get("saves", []))
-    traces = [read_trace(w["trace"]) for w in node_windows]
+    windows = phase_windows(steps, saves)
+    traces = [read_trace(w.trace) for w in node_windows]
+    stage = stage.to_json()
     counters = {"gpu": ("gpu_j", "nvml"), "cpu": ("rapl_j", "rapl")}
     rows = [{"phase": kind, "seconds": sum(end - start for start, end in spans)} for kind, spans in windows.items()]
     rows.append({"phase": "other", "seconds": max(stage["wall_s"] - sum(r["seconds"] for r in rows), 0.0)})
@@ -81,13 +87,8 @@ def phase_energy(summary: dict, node_windows: list[dict], stage: dict) -> list[d
             if stage[f"{part}_source"] == measured
             else share(stage[f"{part}_j"], rows[-1]["seconds"], stage["wall_s"])
         )
-    for row in rows:
-        row.update(
-            it_j=row["gpu_j"] + row["cpu_j"],
-            gpu_source=phase_source(stage["gpu_source"]),
-            cpu_source=phase_source(stage["cpu_source"]),
-        )
-    return rows
+    sources = {"gpu_source": phase_source(stage["gpu_source"]), "cpu_source": phase_source(stage["cpu_source"])}
+    return [PhaseEnergy(**row, it_j=row["gpu_j"] + row["cpu_j"], **sources) for row in rows]
 
 
 def share(joules: float, seconds: float, wall_s: float) -> float:

@@ -8,9 +8,9 @@ The build is cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions), s
 
 import torch
 
-from trainflow.fp8.ops import EXTENSION, KERNELS, build_extension
+from trainflow.fp8.kernels import EXTENSION, KERNELS, build_extension
 
 if not torch.cuda.is_available():
     raise SystemExit("python -m trainflow.fp8: no CUDA device here (or a CPU build of torch); run it on a GPU node")
-build_extension(verbose=True)
-print(f"Built and loaded {EXTENSION} from {KERNELS}: trainflow::fp8_gemm runs kernels/fp8_gemm.cu on CUDA")
+build = build_extension(verbose=True)
+print(f"Built and loaded {EXTENSION}_{build.arch} from {KERNELS / build.source}: trainflow::fp8_gemm_{build.arch}")

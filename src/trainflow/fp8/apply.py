@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainflow.errors import ConfigError
-from trainflow.fp8.linear import RECIPES, Float8Linear
-from trainflow.fp8.ops import load_backend
+from trainflow.fp8.kernels import load_backend
+from trainflow.fp8.linear import Float8Linear
 
 
 def block_linears(block: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -31,12 +30,9 @@ def block_linears(block: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 
 def apply_fp8(part: nn.Module, *, recipe: str, history_len: int, margin: int = 0) -> str:
-    """Swap every nn.Linear in part.layers' blocks for a Float8Linear with the same parameters; returns which
-    fp8_gemm implementation will run on the chunk's device ("reference", "kernel" or "scaled_mm")."""
-    if recipe not in RECIPES:
-        raise ConfigError(f"train.fp8={recipe!r} is not a recipe: use none, {', '.join(RECIPES)}")
-    if recipe == "delayed" and history_len < 1:
-        raise ConfigError(f"train.fp8_amax_history={history_len} must be >= 1 (optimizer steps of amax history)")
+    """Swap every nn.Linear in part.layers' blocks for a Float8Linear with the same parameters (recipe and
+    history_len as train.fp8 and train.fp8_amax_history, whose domains the schema checks); returns which fp8_gemm
+    implementation will run on the chunk's device (trainflow.fp8.kernels.load_backend)."""
     for block in part.layers.values():
         for parent, attr, linear in block_linears(block):
             setattr(

@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import logging.config
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
 from trainflow.config import CONF_DIR, RuntimeConfig
+from trainflow.energy.node import hostname
 
 if TYPE_CHECKING:
     import torch
@@ -36,12 +36,7 @@ def marked_task() -> Iterator[None]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
     ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer)."""
     env = submitit.JobEnvironment()
-    record = {
-        "rank": env.global_rank,
-        "host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-        "pid": os.getpid(),
-        "started": time.time(),
-    }  # Slurm's node name: what sinfo and srun call the host
+    record = {"rank": env.global_rank, "host": hostname(), "pid": os.getpid(), "started": time.time()}
     write_json(task_marker(env.paths), record)
     try:
         yield

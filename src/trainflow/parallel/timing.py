@@ -7,7 +7,9 @@ add_compute_timers(stages, clock)  # each step: clock.compute_s = 0.0, run it, c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
 
 import torch
 import torch.distributed as dist
@@ -45,6 +47,25 @@ class PipelineClock:
         return StepTimes(compute=self.compute_s, bubble=waiting - activation, activation=activation)
 
 
+def median_seconds(
+    run: Callable[[], None], *, group: dist.ProcessGroup, iters: int, device: torch.device, warmup: int = 1
+) -> float:
+    """Median seconds of `run()` over `iters` calls, each started together on the group's ranks (a barrier) and
+    finished on the device; `warmup` calls first (connection setup). The one timing loop of the gate's patterns,
+    its sweep and the pipeline's exchange probe."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
 def probe_exchange_seconds(
     pp_mesh: DeviceMesh, shape: tuple[int, ...], *, device: torch.device, iters: int = 5
 ) -> float:
@@ -53,15 +74,13 @@ def probe_exchange_seconds(
     rank, size = pp_mesh.get_local_rank(), pp_mesh.size()
     send, recv = torch.zeros(shape, device=device), torch.empty(shape, device=device)
     peers = [dist.get_global_rank(group, (rank + d) % size) for d in (1, -1)]
-    times = []
-    for _ in range(iters):
-        dist.barrier(group=group)
-        start = time.perf_counter()
+
+    def exchange() -> None:
         ops = [dist.P2POp(dist.isend, send, peers[0], group), dist.P2POp(dist.irecv, recv, peers[1], group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+
+    return median_seconds(exchange, group=group, iters=iters, device=device, warmup=0)
 
 
 def add_compute_timers(stages: list, clock: PipelineClock) -> None:

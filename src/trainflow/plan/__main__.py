@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainflowError as err:
         print(f"trainflow.plan: {err}", file=sys.stderr)
         return 1
-    sys.stdout.write(json.dumps(plan, indent=1) + "\n" if args.json else render(plan))
+    sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if args.json else render(plan))
     return 0
 
 

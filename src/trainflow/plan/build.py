@@ -1,81 +1,82 @@
-"""The whole plan of a composed config as one JSON-ready dict: what `python -m trainflow.plan` prints and
-validate_nccl records.
+"""The whole plan of a composed config, one record: what `python -m trainflow.plan` prints (as a table, or with
+--json as the record's JSON) and validate_nccl records in nccl.json.
 
     python -c "from trainflow.config import compose; from trainflow.plan.build import build_plan; \
-        print(build_plan(compose('train_segment', ['experiment=smoke']))['step'])"
+        print(build_plan(compose('train_segment', ['experiment=smoke'])).step)"
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 
+from trainflow.config.layout import ParallelDims
 from trainflow.config.schema import TrainflowConfig
-from trainflow.plan.campaign import plan_campaign
+from trainflow.plan.campaign import CampaignPlan, plan_campaign
 from trainflow.plan.fit import capacity_bytes, overflow, plan_memory
-from trainflow.plan.remedies import remedies
-from trainflow.plan.seed import is_seed_layout, seed_comparison
-from trainflow.plan.step import plan_step
+from trainflow.plan.memory import MemoryEstimate, checked_layout
+from trainflow.plan.remedies import Remedy, remedies
+from trainflow.plan.seed import SeedComparison, is_seed_layout, seed_comparison
+from trainflow.plan.step import StepPlan, plan_step
+from trainflow.records import Record
 
 
-def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> dict:
+@dataclass(frozen=True)
+class Setup(Record):
+    """What the plan is of: the model, the layout, the batch and how a step computes, on which cluster preset."""
+
+    model: str
+    layout: ParallelDims
+    microbatch_size: int
+    """Sequences per microbatch: train.global_batch / (dp x microbatches)."""
+    global_batch: int
+    seq_len: int
+    precision: str
+    activations: str
+    cluster: str
+
+
+@dataclass(frozen=True)
+class Plan(Record):
+    setup: Setup
+    hardware: dict[str, float | str]
+    """cluster.hardware as the plan assumed it (each preset in conf/cluster/ gives every value's source)."""
+    memory: MemoryEstimate
+    """The fullest pipeline rank's bytes at the peak of a step, by term."""
+    capacity_bytes: float
+    """What one rank may hold (plan.fit)."""
+    overflow: str | None
+    """The one line that stops validate_nccl when the plan does not fit; None when it fits."""
+    step: StepPlan
+    campaign: CampaignPlan
+    remedies: list[Remedy] = field(default_factory=list)
+    seed: SeedComparison | None = None
+    """The seed's observed figures beside the plan's, for the seed's layout only."""
+
+
+def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
     """Memory, step split, throughput, checkpoint interval and campaign energy of cfg."""
-    p, t, c = cfg.parallel, cfg.train, cfg.cluster
+    t = cfg.train
+    dims, microbatch_size = checked_layout(cfg)
     memory = plan_memory(cfg)
     step = plan_step(cfg)
-    campaign = plan_campaign(cfg, step_s=step.step_s)
-    plan = {
-        "config": {
-            "model": cfg.model.name,
-            "layout": f"dp{p.dp} x tp{p.tp} x pp{p.pp}",
-            "schedule": p.schedule if p.pp > 1 else None,
-            "virtual_stages": p.virtual_stages,
-            "microbatches": p.microbatches,
-            "micro_batch": t.global_batch // (p.dp * p.microbatches),
-            "global_batch": t.global_batch,
-            "seq_len": cfg.model.seq_len,
-            "dp_mode": p.dp_mode,
-            "precision": t.precision,
-            "activations": t.activations,
-            "cluster": c.name,
-            "devices": p.world_size,
-        },
-        "assumptions": asdict(c.hardware),  # each preset in conf/cluster/ gives every value's source
-        "parameters": campaign.parameters,
-        "memory": {
-            **asdict(memory),
-            "total": memory.total,
-            "capacity": capacity_bytes(c, p.world_size),
-            "overflow": overflow(cfg, memory),
-        },
-        "step": {
-            "seconds": asdict(step.split),
-            "shares": step.split.shares(),
-            "step_s": step.step_s,
-            "tokens_per_s_per_device": step.tokens_per_s_per_device,
-            "mfu": step.mfu,
-            "model_flops_per_token": step.model_flops_per_token,
-            "bubble_fraction": step.bubble_fraction,
-            "dp_all_reduce_s": step.dp_seconds,
-            "per_pp_rank": [asdict(s) for s in step.per_pp_rank],
-        },
-        "checkpoint": {
-            "bytes": campaign.checkpoint_bytes,
-            "save_s": campaign.save_s,
-            "young_daly_s": campaign.interval_s,
-            "interval_steps": campaign.interval_steps,
-            "waste": campaign.waste,
-        },
-        "campaign": {
-            "steps": campaign.steps,
-            "tokens": campaign.tokens,
-            "hours": campaign.hours,
-            "watts_per_device": campaign.watts_per_device,
-            "facility_gwh": campaign.facility_gwh,
-            "tokens_per_joule": campaign.tokens_per_joule,
-        },
-    }
-    if with_remedies:
-        plan["remedies"] = remedies(cfg)
-    if is_seed_layout(cfg):
-        plan["seed"] = seed_comparison(cfg, step)
-    return plan
+    setup = Setup(
+        model=cfg.model.name,
+        layout=dims,
+        microbatch_size=microbatch_size,
+        global_batch=t.global_batch,
+        seq_len=cfg.model.seq_len,
+        precision=t.precision,
+        activations=t.activations,
+        cluster=cfg.cluster.name,
+    )
+    return Plan(
+        setup=setup,
+        hardware=asdict(cfg.cluster.hardware),
+        memory=memory,
+        capacity_bytes=capacity_bytes(cfg.cluster, cfg.parallel.world_size),
+        overflow=overflow(cfg, memory),
+        step=step,
+        campaign=plan_campaign(cfg, step_s=step.step_s),
+        remedies=remedies(cfg) if with_remedies else [],
+        seed=seed_comparison(cfg, step) if is_seed_layout(cfg) else None,
+    )

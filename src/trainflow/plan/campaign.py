@@ -22,13 +22,14 @@ from trainflow.checkpoint.interval import young_daly_steps
 from trainflow.config.schema import TrainflowConfig
 from trainflow.config.shape import total_params
 from trainflow.energy.accounting import campaign_gwh
+from trainflow.records import Record
 
 CHECKPOINT_BYTES_PER_PARAM = 12
 """fp32 weights and AdamW's two fp32 moments."""
 
 
 @dataclass(frozen=True)
-class CampaignPlan:
+class CampaignPlan(Record):
     parameters: int
     checkpoint_bytes: int
     save_s: float

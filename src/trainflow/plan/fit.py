@@ -27,11 +27,11 @@ def capacity_bytes(cluster: ClusterConfig, world_size: int) -> float:
 def plan_memory(cfg: TrainflowConfig) -> MemoryEstimate:
     """The memory estimate of a composed config's training step."""
     t = cfg.train
-    dims, micro_batch = checked_layout(cfg)
+    dims, microbatch_size = checked_layout(cfg)
     return device_memory(
         cfg.model,
         dims,
-        micro_batch=micro_batch,
+        microbatch_size=microbatch_size,
         precision=t.precision,
         activations=t.activations,
         offload_to_disk=bool(t.offload_dir),

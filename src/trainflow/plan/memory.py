@@ -2,7 +2,7 @@
 
     python -c "from trainflow.config import compose, ParallelDims; from trainflow.plan.memory import device_memory; \
         print(device_memory(compose('train_segment', ['model=llama3_8b']).model, ParallelDims(1, 8, 4, 32, \
-        microbatches=8), micro_batch=1, precision='bf16', activations='recompute'))"
+        microbatches=8), microbatch_size=1, precision='bf16', activations='recompute'))"
 
 Design note. The state is fp32 in both precisions: master weights, gradients and AdamW's two moments
 (bf16 is autocast: compute in bf16, nothing stored in it but what autograd saves). Replicated data
@@ -99,7 +99,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainflow.config.layout import ParallelDims
-from trainflow.config.schema import ACTIVATION_MODES, ModelConfig, TrainflowConfig
+from trainflow.config.schema import PRECISIONS, ModelConfig, TrainflowConfig
 from trainflow.config.shape import (
     block_params,
     embedding_params,
@@ -109,17 +109,15 @@ from trainflow.config.shape import (
     stage_params,
 )
 from trainflow.errors import ConfigError
+from trainflow.records import Record
 
 FP32, BF16 = 4, 2
 INDEX = 8
 """Bytes of an int64 token id or target."""
-COMPUTE_BYTES = {"fp32": FP32, "bf16": BF16}
-"""train.precision -> bytes of an element of what autograd saves in the compute dtype."""
-DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(Record):
     """Bytes one device holds at the peak of a training step, by kind: the worst pipeline rank's."""
 
     parameters: int
@@ -186,6 +184,29 @@ def head_transient(m: ModelConfig) -> int:
     return 2 * m.vocab_size * FP32
 
 
+def block_kept_and_live(
+    m: ModelConfig, *, tp: int, compute: int, activations: str, host: bool, device: str
+) -> tuple[int, int]:
+    """Bytes per token a block keeps for backward, and what the running block holds at its peak, per
+    train.activations (the module docstring's list; `host`: offload to host memory, not to a folder)."""
+    saved, transient = block_saved(m, tp=tp, compute=compute), block_transient(m, tp=tp, compute=compute)
+    if activations == "keep" or (activations == "offload" and host and device == "cpu"):
+        return saved, transient
+    if activations == "recompute":
+        return m.dim * FP32, saved - m.dim * FP32 + transient  # the rebuilt block, less its kept input
+    return 0, offloaded_block_live(m, tp=tp, compute=compute)
+
+
+def fsdp_gathered(m: ModelConfig, dims: ParallelDims, rank: int, *, compute: int) -> int:
+    """What FSDP holds unsharded on pipeline rank `rank` at the step's peak (the docstring's paragraph on it)."""
+    params, block = stage_params(m, pp_rank=rank, pp=dims.pp, tp=dims.tp), block_params(m, tp=dims.tp)
+    ends = (rank == 0) * embedding_params(m) + (rank == dims.pp - 1) * head_params(m)
+    if dims.pp > 1:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
+        return params * (compute + FP32) + max(block, ends) * FP32
+    at_work = (3 * block + head_params(m)) * compute + block * FP32  # the root beside the blocks at work
+    return ends * compute + max(ends * compute, at_work)
+
+
 def chunks_in_flight(dims: ParallelDims, pp_rank: int) -> int:
     """Chunk-microbatches whose activations pp rank `pp_rank` holds at once (the module docstring's list)."""
     m, pp, v = dims.microbatches, dims.pp, dims.virtual_stages
@@ -204,14 +225,14 @@ def checked_layout(cfg: TrainflowConfig) -> tuple[ParallelDims, int]:
     dims = ParallelDims.from_config(
         cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
     )
-    return dims, t.global_batch // (dims.dp * dims.microbatches)
+    return dims, dims.microbatch_size(t.global_batch)
 
 
 def device_memory(
     m: ModelConfig,
     dims: ParallelDims,
     *,
-    micro_batch: int,
+    microbatch_size: int,
     precision: str,
     activations: str,
     offload_to_disk: bool = False,
@@ -219,25 +240,23 @@ def device_memory(
 ) -> MemoryEstimate:
     """The memory of the worst pipeline rank of a training step with sequences of m.seq_len tokens.
 
-    micro_batch is sequences per microbatch (train.global_batch / (dp * microbatches)); offload_to_disk
+    microbatch_size is sequences per microbatch (train.global_batch / (dp * microbatches)); offload_to_disk
     is whether train.offload_dir is set; device is cluster.runtime.device (it decides where host offload lands).
     dims is a checked layout (ParallelDims.from_config holds it against the model's shape).
     """
-    errors = _input_errors(micro_batch=micro_batch, precision=precision, activations=activations, device=device)
-    if errors:
-        raise ConfigError("cannot estimate memory: " + "; ".join(errors))
-    compute = COMPUTE_BYTES[precision]
+    if microbatch_size < 1:
+        raise ConfigError(
+            f"cannot estimate memory: microbatch_size({microbatch_size}) must be >= 1: train.global_batch / (dp * "
+            "microbatches) sequences"
+        )
+    compute = PRECISIONS[precision].bytes
     tp, pp = dims.tp, dims.pp
-    tokens = micro_batch * m.seq_len
+    tokens = microbatch_size * m.seq_len
     layers = m.n_layers // pp
     chunk_layers = m.n_layers // dims.n_stages
-    saved, transient = block_saved(m, tp=tp, compute=compute), block_transient(m, tp=tp, compute=compute)
-    if activations == "keep" or (activations == "offload" and not offload_to_disk and device == "cpu"):
-        kept, live = saved, transient
-    elif activations == "recompute":
-        kept, live = m.dim * FP32, saved - m.dim * FP32 + transient  # the rebuilt block, less its kept input
-    else:
-        kept, live = 0, offloaded_block_live(m, tp=tp, compute=compute)
+    kept, live = block_kept_and_live(
+        m, tp=tp, compute=compute, activations=activations, host=not offload_to_disk, device=device
+    )
 
     def on_rank(rank: int) -> MemoryEstimate:
         first, last = rank == 0, rank == pp - 1
@@ -250,15 +269,8 @@ def device_memory(
         shard = dims.shard_size
         held = -(-params // shard)  # FSDP pads every shard to the same size
         copies = (layers * linear_params(m, tp=tp) + last * output_params(m)) * BF16 if precision == "bf16" else 0
-        gathered = 0
-        if shard > 1:  # the module docstring's paragraph on sharded data parallel
-            block, ends = block_params(m, tp=tp), first * embedding_params(m) + last * head_params(m)
-            if pp > 1:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
-                gathered = params * (compute + FP32) + max(block, ends) * FP32
-            else:  # the root throughout, beside its all-gather output or the blocks at work
-                at_work = (3 * block + head_params(m)) * compute + block * FP32
-                gathered = ends * compute + max(ends * compute, at_work)
-            copies = 0
+        gathered = fsdp_gathered(m, dims, rank, compute=compute) if shard > 1 else 0
+        copies = 0 if shard > 1 else copies  # FSDP's mixed precision gathers bf16 in place of autocast's copies
         return MemoryEstimate(
             parameters=held * FP32,
             gradients=held * FP32,
@@ -270,16 +282,3 @@ def device_memory(
         )
 
     return max((on_rank(rank) for rank in range(pp)), key=lambda e: e.total)
-
-
-def _input_errors(*, micro_batch: int, precision: str, activations: str, device: str) -> list[str]:
-    errors = []
-    if precision not in COMPUTE_BYTES:
-        errors.append(f"precision({precision!r}) must be one of {', '.join(COMPUTE_BYTES)} (train.precision)")
-    if activations not in ACTIVATION_MODES:
-        errors.append(f"activations({activations!r}) must be one of {', '.join(ACTIVATION_MODES)} (train.activations)")
-    if device not in DEVICES:
-        errors.append(f"device({device!r}) must be one of {', '.join(DEVICES)} (cluster.runtime.device)")
-    if micro_batch < 1:
-        errors.append(f"micro_batch({micro_batch}) must be >= 1: train.global_batch / (dp * microbatches) sequences")
-    return errors

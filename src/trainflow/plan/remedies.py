@@ -2,7 +2,7 @@
 interleaved 1F1B vs 1F1B, twice the microbatches, FP8 matmuls) and, where tp spans nodes, tp inside a node.
 
     python -c "from trainflow.config import compose; from trainflow.plan.remedies import remedies; \
-        [print(r['remedy'], r['tokens_per_s_per_device']) for r in remedies(compose('train_segment', \
+        [print(r.name, r.step and r.step.tokens_per_s_per_device) for r in remedies(compose('train_segment', \
         ['experiment=llama70b_alps', 'train.precision=bf16', 'train.activations=recompute']))]"
 
 A change is a set of config overrides applied to a copy of the composed config and validated as
@@ -12,12 +12,14 @@ training validates it; one the layout rules refuse is listed with the reason ins
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from trainflow.config.checks import validate
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
 from trainflow.plan.fit import capacity_bytes, plan_memory
-from trainflow.plan.step import plan_step
+from trainflow.plan.step import StepPlan, plan_step
+from trainflow.records import Record
 
 
 def changes(cfg: TrainflowConfig) -> list[tuple[str, dict[str, object], bool]]:
@@ -65,7 +67,19 @@ def apply(cfg: TrainflowConfig, overrides: dict[str, object]) -> TrainflowConfig
     return out
 
 
-def remedies(cfg: TrainflowConfig) -> list[dict]:
+@dataclass(frozen=True)
+class Remedy(Record):
+    name: str
+    overrides: str
+    """The change, as config overrides (or what it assumes, for FP8)."""
+    refused: str | None = None
+    """Why the layout rules refuse the change (then no plan of it)."""
+    step: StepPlan | None = None
+    memory_bytes: int | None = None
+    fits: bool | None = None
+
+
+def remedies(cfg: TrainflowConfig) -> list[Remedy]:
     """Each remedy's step, throughput and memory beside the plan's."""
     rows = []
     for name, overrides, fp8 in changes(cfg):
@@ -75,20 +89,9 @@ def remedies(cfg: TrainflowConfig) -> list[dict]:
         try:
             changed = apply(cfg, overrides)
         except ConfigError as err:
-            rows.append({"remedy": name, "overrides": label, "refused": str(err)})
+            rows.append(Remedy(name=name, overrides=label, refused=str(err)))
             continue
-        step = plan_step(changed, fp8=fp8)
         memory = plan_memory(changed)
-        rows.append(
-            {
-                "remedy": name,
-                "overrides": label,
-                "step_s": step.step_s,
-                "tokens_per_s_per_device": step.tokens_per_s_per_device,
-                "mfu": step.mfu,
-                "shares": step.split.shares(),
-                "memory_gb": memory.total / 1e9,
-                "fits": memory.total <= capacity_bytes(changed.cluster, changed.parallel.world_size),
-            }
-        )
+        fits = memory.total <= capacity_bytes(changed.cluster, changed.parallel.world_size)
+        rows.append(Remedy(name, label, step=plan_step(changed, fp8=fp8), memory_bytes=memory.total, fits=fits))
     return rows

@@ -21,9 +21,12 @@ bf16, split over tp) are what the plan shows costing most, and `remedies` what e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainflow.config.schema import TrainflowConfig
 from trainflow.energy.estimate import SEED_TABLE
 from trainflow.plan.step import StepPlan
+from trainflow.records import Record
 
 SEED_LAYOUT = (64, 8, 8)
 """dp, tp, pp of the seed's campaign."""
@@ -38,7 +41,17 @@ def is_seed_layout(cfg: TrainflowConfig) -> bool:
     return (p.dp, p.tp, p.pp) == SEED_LAYOUT
 
 
-def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> dict:
+@dataclass(frozen=True)
+class SeedComparison(Record):
+    seed: dict[str, float]
+    """The seed's shares of the step (all_reduce, bubble, activation) and its tokens/s/GPU."""
+    plan: dict[str, float]
+    """The plan's for the same parts (all_reduce_with_tp: its dp and tp shares together)."""
+    notes: list[str]
+    """Which of the seed's figures cannot hold together, and why, with this config's numbers."""
+
+
+def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> SeedComparison:
     """The seed's figures, the plan's, and what the seed's figures imply under this config (module docstring)."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     shares = step.split.shares()
@@ -46,7 +59,7 @@ def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> dict:
     compute_share = 1 - sum(SEED_SHARES.values())
     tokens_per_device = t.global_batch * m.seq_len / p.world_size
     efficiency = (
-        step.model_flops_per_token
+        step.flops_per_token
         * tokens_per_device
         / (cfg.cluster.hardware.peak_tflops * 1e12 * compute_share * step_at_seed)
     )
@@ -69,14 +82,14 @@ def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> dict:
             f"tp={p.tp} spans {p.tp // per_node} nodes of {per_node} devices: every block's tp all-reduces cross the "
             f"network ({shares['tp']:.0%} of the planned step), a share the seed's split does not name"
         )
-    return {
-        "seed": {**SEED_SHARES, "tokens_per_s_per_device": SEED_TOKENS_PER_S},
-        "plan": {
+    return SeedComparison(
+        seed={**SEED_SHARES, "tokens_per_s_per_device": SEED_TOKENS_PER_S},
+        plan={
             "all_reduce": shares["dp"],
             "all_reduce_with_tp": shares["dp"] + shares["tp"],
             "bubble": shares["bubble"],
             "activation": shares["activation"],
             "tokens_per_s_per_device": step.tokens_per_s_per_device,
         },
-        "notes": notes,
-    }
+        notes=notes,
+    )

@@ -43,8 +43,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from trainflow.config.layout import ParallelDims
-from trainflow.config.schema import ClusterConfig, ModelConfig, TrainflowConfig
-from trainflow.config.shape import block_flops_per_token, flops_per_token, output_params, stage_params
+from trainflow.config.schema import PRECISIONS, ClusterConfig, ModelConfig, TrainflowConfig
+from trainflow.config.shape import block_flops_per_token, flops_per_token, mfu, output_params, stage_params
 from trainflow.plan.collectives import (
     Link,
     allreduce_seconds,
@@ -52,7 +52,8 @@ from trainflow.plan.collectives import (
     group_link,
     shard_seconds,
 )
-from trainflow.plan.memory import COMPUTE_BYTES, FP32, checked_layout
+from trainflow.plan.memory import FP32, checked_layout
+from trainflow.records import Record
 
 OPTIMIZER_BYTES = 40
 """Bytes AdamW and clipping move per parameter: read weight, gradient and two moments and write three back
@@ -63,7 +64,7 @@ linears' input gradients backward (counted with torch's CommDebugMode on torch 2
 
 
 @dataclass(frozen=True)
-class StepSplit:
+class StepSplit(Record):
     """Seconds of one step on one pipeline rank, by part."""
 
     compute: float
@@ -83,14 +84,15 @@ class StepSplit:
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class StepPlan(Record):
     split: StepSplit
     """The slowest pipeline rank's (the step's length)."""
     per_pp_rank: list[StepSplit]
     step_s: float
     tokens_per_s_per_device: float
     mfu: float
-    model_flops_per_token: float
+    flops_per_token: float
+    """The model's training FLOPs per token (trainflow.config.shape), what MFU divides by."""
     dp_seconds: float
     """The whole gradient reduction of the slowest rank, before overlap."""
     bubble_fraction: float
@@ -100,12 +102,12 @@ class StepPlan:
 def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
     """The step of a composed config (its layout checked as training checks it)."""
     t = cfg.train
-    dims, micro_batch = checked_layout(cfg)
+    dims, microbatch_size = checked_layout(cfg)
     return step_plan(
         cfg.model,
         dims,
         cfg.cluster,
-        micro_batch=micro_batch,
+        microbatch_size=microbatch_size,
         precision=t.precision,
         activations=t.activations,
         bucket_mb=cfg.parallel.bucket_mb,
@@ -119,53 +121,69 @@ def step_plan(
     dims: ParallelDims,
     cluster: ClusterConfig,
     *,
-    micro_batch: int,
+    microbatch_size: int,
     precision: str,
     activations: str,
     bucket_mb: float,
     overlap: bool,
     fp8: bool = False,
 ) -> StepPlan:
-    """The step split of every pipeline rank (module docstring); micro_batch is sequences per microbatch."""
+    """The step split of every pipeline rank (module docstring); microbatch_size is sequences per microbatch."""
     p, v, mb, tp, dp = dims.pp, dims.virtual_stages, dims.microbatches, dims.tp, dims.dp
-    tokens = micro_batch * m.seq_len
-    compute_bytes = COMPUTE_BYTES[precision]
+    tokens = microbatch_size * m.seq_len
+    compute_bytes = PRECISIONS[precision].bytes
     recompute = activations == "recompute"
-    flops_s = cluster.hardware.peak_tflops * 1e12 * cluster.hardware.matmul_efficiency
-    linear_s = flops_s * (cluster.hardware.fp8_speedup if fp8 else 1.0)
     ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
-    tp_link = group_link(cluster.hardware, size=tp, stride=1, ranks_per_node=ranks_per_node)
-    dp_link = group_link(cluster.hardware, size=dp, stride=tp, ranks_per_node=ranks_per_node)
     pp_link = group_link(cluster.hardware, size=p, stride=dp * tp, ranks_per_node=ranks_per_node)
-    algorithm = cluster.hardware.allreduce_algorithm
-
-    layers = m.n_layers // p
-    linear_flops, attention_flops = block_flops_per_token(m, tp=tp)
-    passes = 4 if recompute else 3  # forward, backward (2x), and the recomputed forward
-    block_linear_s = layers * tokens * linear_flops / linear_s
-    block_attention_s = layers * tokens * attention_flops / flops_s
-    head_s = tokens * 2 * output_params(m) / flops_s
-    activation_bytes = tokens * m.dim
-    tp_s = layers * (
-        (TP_FORWARD * (2 if recompute else 1))
-        * allreduce_seconds(activation_bytes * compute_bytes, tp, tp_link, algorithm)
-        + TP_BACKWARD * allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
-    )
-
-    def work(rank: int) -> tuple[float, float, float]:
-        """Per microbatch: compute, tp all-reduces, and the backward's share (compute + tp) of them."""
-        last = rank == p - 1
-        compute = passes * (block_linear_s + block_attention_s) + last * 3 * head_s
-        backward = 2 * (block_linear_s + block_attention_s + last * head_s) + layers * TP_BACKWARD * (
-            allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
-        )
-        return compute, tp_s, backward
-
-    works = [work(r) for r in range(p)]
+    works = _microbatch_work(m, dims, cluster, tokens=tokens, compute_bytes=compute_bytes, recompute=recompute, fp8=fp8)
     w_max = max(c + x for c, x, _ in works)
     exchanges = 2 * v * mb if p > 1 else 0
-    activation = exchanges * pp_link.seconds(activation_bytes * FP32)
+    activation = exchanges * pp_link.seconds(tokens * m.dim * FP32)
     schedule = (mb + (p - 1) / v) * w_max + activation
+    splits, dp_totals = _rank_splits(
+        m,
+        dims,
+        cluster,
+        works,
+        schedule=schedule,
+        activation=activation,
+        compute_bytes=compute_bytes,
+        bucket_mb=bucket_mb,
+        overlap=overlap,
+    )
+    worst = max(range(p), key=lambda r: splits[r].total)
+    slowest = splits[worst]
+    tokens_per_device = dims.dp * mb * tokens / slowest.total / dims.world_size
+    flops = flops_per_token(m)
+    return StepPlan(
+        split=slowest,
+        per_pp_rank=splits,
+        step_s=slowest.total,
+        tokens_per_s_per_device=tokens_per_device,
+        mfu=mfu(m, tokens_per_device, peak_tflops=cluster.hardware.peak_tflops),
+        flops_per_token=flops,
+        dp_seconds=dp_totals[worst],
+        bubble_fraction=(p - 1) / (v * mb + p - 1),
+    )
+
+
+def _rank_splits(
+    m: ModelConfig,
+    dims: ParallelDims,
+    cluster: ClusterConfig,
+    works: list[tuple[float, float, float]],
+    *,
+    schedule: float,
+    activation: float,
+    compute_bytes: int,
+    bucket_mb: float,
+    overlap: bool,
+) -> tuple[list[StepSplit], list[float]]:
+    """Each pipeline rank's split of the step, and its whole dp communication before overlap."""
+    p, mb, tp, dp = dims.pp, dims.microbatches, dims.tp, dims.dp
+    ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
+    dp_link = group_link(cluster.hardware, size=dp, stride=tp, ranks_per_node=ranks_per_node)
+    algorithm = cluster.hardware.allreduce_algorithm
     splits, dp_totals = [], []
     for rank, (compute, tp_comm, backward) in enumerate(works):
         params = stage_params(m, pp_rank=rank, pp=p, tp=tp)
@@ -181,11 +199,8 @@ def step_plan(
             )
             held = -(-params // dims.shard_size)
         else:
-            dp_total = bucketed_allreduce_seconds(params * FP32, dp, dp_link, algorithm, bucket_bytes=bucket_mb * 2**20)
-            dp_exposed = dp_total
-            if p == 1 and overlap and dp > 1:
-                last_bucket = allreduce_seconds(min(bucket_mb * 2**20, params * FP32), dp, dp_link, algorithm)
-                dp_exposed -= min(dp_total - last_bucket, cluster.hardware.overlap_fraction * backward)
+            hidden = cluster.hardware.overlap_fraction * backward if p == 1 and overlap and dp > 1 else None
+            dp_total, dp_exposed = _replicated_dp(params, dp, dp_link, algorithm, bucket_mb=bucket_mb, hidden=hidden)
             held = params
         splits.append(
             StepSplit(
@@ -198,20 +213,60 @@ def step_plan(
             )
         )
         dp_totals.append(dp_total)
-    worst = max(range(p), key=lambda r: splits[r].total)
-    slowest = splits[worst]
-    tokens_per_device = dims.dp * mb * tokens / slowest.total / dims.world_size
-    flops = flops_per_token(m)
-    return StepPlan(
-        split=slowest,
-        per_pp_rank=splits,
-        step_s=slowest.total,
-        tokens_per_s_per_device=tokens_per_device,
-        mfu=tokens_per_device * flops / (cluster.hardware.peak_tflops * 1e12),
-        model_flops_per_token=flops,
-        dp_seconds=dp_totals[worst],
-        bubble_fraction=(p - 1) / (v * mb + p - 1),
+    return splits, dp_totals
+
+
+def _microbatch_work(
+    m: ModelConfig,
+    dims: ParallelDims,
+    cluster: ClusterConfig,
+    *,
+    tokens: int,
+    compute_bytes: int,
+    recompute: bool,
+    fp8: bool,
+) -> list[tuple[float, float, float]]:
+    """Per pipeline rank, one microbatch's compute, tp all-reduces, and the backward's share (compute + tp) of them."""
+    hw, p, tp = cluster.hardware, dims.pp, dims.tp
+    flops_s = hw.peak_tflops * 1e12 * hw.matmul_efficiency
+    linear_s = flops_s * (hw.fp8_speedup if fp8 else 1.0)
+    ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
+    tp_link = group_link(hw, size=tp, stride=1, ranks_per_node=ranks_per_node)
+    algorithm = hw.allreduce_algorithm
+    layers = m.n_layers // p
+    linear_flops, attention_flops = block_flops_per_token(m, tp=tp)
+    passes = 4 if recompute else 3  # forward, backward (2x), and the recomputed forward
+    block_linear_s = layers * tokens * linear_flops / linear_s
+    block_attention_s = layers * tokens * attention_flops / flops_s
+    head_s = tokens * 2 * output_params(m) / flops_s
+    activation_bytes = tokens * m.dim
+    tp_s = layers * (
+        (TP_FORWARD * (2 if recompute else 1))
+        * allreduce_seconds(activation_bytes * compute_bytes, tp, tp_link, algorithm)
+        + TP_BACKWARD * allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
     )
+
+    def work(rank: int) -> tuple[float, float, float]:
+        last = rank == p - 1
+        compute = passes * (block_linear_s + block_attention_s) + last * 3 * head_s
+        backward = 2 * (block_linear_s + block_attention_s + last * head_s) + layers * TP_BACKWARD * (
+            allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
+        )
+        return compute, tp_s, backward
+
+    return [work(r) for r in range(p)]
+
+
+def _replicated_dp(
+    params: int, dp: int, link: Link, algorithm: str, *, bucket_mb: float, hidden: float | None
+) -> tuple[float, float]:
+    """The bucketed gradient all-reduce of a replicated rank, in total and exposed: `hidden` seconds of backward
+    (None: no overlap) hide all of it but the last bucket, which fills as backward ends."""
+    total = bucketed_allreduce_seconds(params * FP32, dp, link, algorithm, bucket_bytes=bucket_mb * 2**20)
+    if hidden is None:
+        return total, total
+    last_bucket = allreduce_seconds(min(bucket_mb * 2**20, params * FP32), dp, link, algorithm)
+    return total, total - min(total - last_bucket, hidden)
 
 
 def _sharded_dp(

@@ -2,11 +2,11 @@
 
     python -m trainflow.stages.prepare_data data.corpus='/data/fineweb/*.parquet' data.tokenizer=bpe data.shards=4
 
-What a job does follows the file it is asked to write (io.tokens; the workflow gives one per job):
-    tokens/tokenizer.json   train the BPE once, on a sample of data.bpe_sample_bytes spread over the shards
-    tokens/shard-NNNNN.h5   tokenise shard N's group of files (data.corpus)
-    tokens/index.json       gather the shards into the index (data.index); run alone, it first makes the
-                            tokenizer and every shard that is missing or was made from other settings
+Which job it is, `job=` says (the workflow runs each as a job of its own):
+    job=tokenizer      train the BPE once (io.tokenizer), on a sample of data.bpe_sample_bytes spread over the shards
+    job=shard-NNNNN    tokenise shard N's group of files (data.corpus) into io.token_shard, with io.tokenizer's BPE
+    (no job)           gather the shards beside io.tokens into the index (data.index); run alone, it first makes
+                       the tokenizer and every shard that is missing or was made from other settings
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from omegaconf import DictConfig
 
 from trainflow.atomic import write_text_atomic
 from trainflow.config import CONF_DIR, DataConfig, TrainflowConfig
-from trainflow.config.run_folder import TOKEN_INDEX, TOKENIZER, shard_name
+from trainflow.config.run_folder import shard_name
 from trainflow.data.corpus import corpus_files, shard_groups
 from trainflow.data.documents import Documents
-from trainflow.data.index import shard_number, shard_recipe, write_index
+from trainflow.data.index import shard_recipe, write_index
 from trainflow.data.record import DataError, check_size
 from trainflow.data.tokenizer import ByteTokenizer, HfTokenizer, load_pretrained, load_tokenizer, train_bpe
 from trainflow.data.tokens import write_shard
@@ -70,26 +70,22 @@ def train_tokenizer(data: DataConfig, groups: list[list[str]], out: Path) -> HfT
     return tokenizer
 
 
-def shard_tokenizer(data: DataConfig, folder: Path) -> ByteTokenizer | HfTokenizer:
-    """The tokenizer every shard uses: bytes, the pretrained file, or the BPE trained into `folder`."""
+def shard_tokenizer(data: DataConfig, path: Path) -> ByteTokenizer | HfTokenizer:
+    """The tokenizer every shard uses: bytes, the pretrained file, or the BPE trained into `path`."""
     if data.tokenizer == "pretrained":
         return load_pretrained(data.tokenizer_path)
     if data.tokenizer == "byte":
         return ByteTokenizer()
-    path = folder / TOKENIZER
     if not path.is_file():
         raise DataError(f"{path} (the trained BPE) is missing; run the tokenizer job first (snakemake prepare_data)")
     return load_tokenizer("bpe", path.read_text(), origin=str(path))
 
 
-def prepare_shard(data: DataConfig, groups: list[list[str]], out: Path) -> dict:
-    shard = shard_number(out)
+def prepare_shard(data: DataConfig, groups: list[list[str]], shard: int, out: Path, *, tokenizer_path: Path) -> dict:
     if shard >= len(groups):
-        raise DataError(
-            f"{out} is shard {shard}, but data.shards is {data.shards}; give io.tokens as the workflow does"
-        )
+        raise DataError(f"job=shard-{shard:05d} is past data.shards({data.shards}); give a shard below it")
     start, files = time.perf_counter(), groups[shard]
-    tokenizer = shard_tokenizer(data, out.parent)
+    tokenizer = shard_tokenizer(data, tokenizer_path)
     docs = documents(data, files, shard_max_bytes(data))
     attrs = {"corpus": data.corpus, "shard": shard, "recipe": shard_recipe(data, files)}
     summary = write_shard(
@@ -126,14 +122,16 @@ def is_current(path: Path, recipe: str) -> bool:
         return False
 
 
-def prepare_index(data: DataConfig, groups: list[list[str]], files: int, out: Path, *, min_tokens: int) -> dict:
+def prepare_index(
+    data: DataConfig, groups: list[list[str]], files: int, out: Path, *, tokenizer_path: Path, min_tokens: int
+) -> dict:
     """The index of the shards beside `out`; any shard missing or stale (a stage run alone) is made first."""
     shards = [out.parent / shard_name(i) for i in range(len(groups))]
-    stale = [p for p, g in zip(shards, groups) if not is_current(p, shard_recipe(data, g))]
+    stale = [(i, p) for i, (p, g) in enumerate(zip(shards, groups)) if not is_current(p, shard_recipe(data, g))]
     if stale and data.tokenizer == "bpe":
-        train_tokenizer(data, groups, out.parent / TOKENIZER)
-    for path in stale:
-        prepare_shard(data, groups, path)
+        train_tokenizer(data, groups, tokenizer_path)
+    for i, path in stale:
+        prepare_shard(data, groups, i, path, tokenizer_path=tokenizer_path)
     index = write_index(out, shards, corpus=data.corpus, files=files, min_tokens=min_tokens)
     log.info(
         "Indexed %d shards of %s: %d train + %d val tokens (%s), %d remade -> %s",
@@ -145,20 +143,28 @@ def prepare_index(data: DataConfig, groups: list[list[str]], files: int, out: Pa
         len(stale),
         out,
     )
-    return {"tokens": {s: index[f"{s}_tokens"] for s in ("train", "val")}, "shards": len(shards), "remade": len(stale)}
+    return {
+        "split_tokens": {s: index[f"{s}_tokens"] for s in ("train", "val")},
+        "shards": len(shards),
+        "remade": len(stale),
+    }
 
 
 def run(cfg: TrainflowConfig) -> dict:
     # model.seq_len only sets the index's precondition (training's sampler checks it again), so it stays
     # out of prepare_data's config hash: a new model does not re-tokenise.
-    data, out = cfg.data, Path(cfg.io.tokens)
+    data, io = cfg.data, cfg.io
     files = corpus_files(data.corpus)
     groups = shard_groups(files, data.shards)
-    if out.name == TOKENIZER:
-        return {"vocab_size": train_tokenizer(data, groups, out).vocab_size}
-    if out.name == TOKEN_INDEX:
-        return prepare_index(data, groups, len(files), out, min_tokens=cfg.model.seq_len + 2)
-    return prepare_shard(data, groups, out)
+    if cfg.job == "tokenizer":
+        return {"vocab_size": train_tokenizer(data, groups, Path(io.tokenizer)).vocab_size}
+    if cfg.job:
+        shard = int(cfg.job.removeprefix("shard-"))
+        return prepare_shard(data, groups, shard, Path(io.token_shard), tokenizer_path=Path(io.tokenizer))
+    tokens = Path(io.tokens)
+    return prepare_index(
+        data, groups, len(files), tokens, tokenizer_path=Path(io.tokenizer), min_tokens=cfg.model.seq_len + 2
+    )
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="prepare_data")

@@ -9,6 +9,7 @@ which resumes from that checkpoint. `checkpoint()` returns a fresh instance: no 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -20,10 +21,12 @@ from omegaconf import DictConfig
 
 from trainflow.checkpoint.manager import list_steps
 from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
-from trainflow.energy.node import actions_taken, node_window, power_folder, sum_nodes
+from trainflow.energy.node import actions_taken, node_window, sum_nodes
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.stage import StageError, run_stage, stage_log, write_json
+from trainflow.train.summary import RankEnergy, SegmentSummary
 from trainflow.train.trainer import Trainer
 
 log = stage_log(__file__)
@@ -33,21 +36,20 @@ class TrainSegment(submitit.helpers.Checkpointable):
     def __init__(self, cfg: TrainflowConfig) -> None:
         self.cfg = cfg
 
-    def __call__(self) -> dict:
-        env = submitit.JobEnvironment()
-        power = power_folder(self.cfg.io.segment_report)
+    def __call__(self) -> SegmentSummary:
+        cfg, env = self.cfg, submitit.JobEnvironment()
+        power = RunFolder.of(cfg).power
         with (
-            distributed_task(self.cfg.cluster.runtime) as (_, _, device),
-            node_window(self.cfg.energy, local_rank=env.local_rank, folder=power, segment=self.cfg.segment) as window,
+            distributed_task(cfg.cluster.runtime) as (_, _, device),
+            node_window(cfg.energy, local_rank=env.local_rank, folder=power, segment=cfg.segment) as window,
         ):
-            summary = Trainer(self.cfg, device, on_phase=window.enter).train()
-        if summary["interrupted_by"]:
-            self.stop(summary["interrupted_by"])
+            summary = Trainer(cfg, device, on_phase=window.enter).train()
+        if summary.interrupted_by:
+            self.stop(summary.interrupted_by)
         # Each rank's own CPU time (its whole process: the task is started for this job), and the node's counters
         # (NVML, RAPL) only from its local rank 0's window.
-        summary["energy"] = {"cpu_s": cpu_seconds(), "node": window.result()}
-        summary["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
-        return summary
+        energy = RankEnergy(cpu_s=cpu_seconds(), node=window.result())
+        return dataclasses.replace(summary, energy=energy, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
 
     def stop(self, signame: str) -> None:
         """After the agreed checkpoint every task ends without a result. On USR2 (Slurm's pre-timeout or
@@ -86,36 +88,30 @@ def run(cfg: TrainflowConfig) -> dict:
         results = run_job(executor, TrainSegment(cfg))
     except LaunchError as err:
         raise LaunchError(f"segment {cfg.segment} failed: {err}; {resume_point(cfg)}") from err
-    summary = results[0]
-    if not summary["completed"]:
+    summary: SegmentSummary = results[0]
+    if not summary.completed:
+        raise StageError(f"segment {cfg.segment} stopped at step {summary.end_step} before its end; rerun it to resume")
+    if not summary.steps or not summary.evals:
         raise StageError(
-            f"segment {cfg.segment} stopped at step {summary['end_step']} before its end; rerun it to resume"
-        )
-    if not summary["steps"] or not summary["evals"]:
-        raise StageError(
-            f"{cfg.io.checkpoints} holds the checkpoint of step {summary['end_step']} but not the step records of "
+            f"{cfg.io.checkpoints} holds the checkpoint of step {summary.end_step} but not the step records of "
             f"segment {cfg.segment} (steps.jsonl); delete {cfg.io.checkpoints} to retrain from scratch"
         )
     log.info(
         "Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
-        cfg.segment,
-        summary["start_step"],
-        summary["end_step"],
-        summary["steps"][-1]["loss"],
-        summary["evals"][-1]["val_loss"],
-        summary["tokens_per_s_per_device"],
+        *(cfg.segment, summary.start_step, summary.end_step, summary.steps[-1].loss, summary.evals[-1].val_loss),
+        summary.tokens_per_s_per_device,
     )
-    windows = [r["energy"]["node"] for r in results if r["energy"]["node"]]
+    windows = [r.energy.node for r in results if r.energy and r.energy.node]
     for action in actions_taken(windows):
         log.info("Energy: %s", action)
-    write_json(cfg.io.segment_report, summary)
+    write_json(cfg.io.segment_report, summary.to_json())
     return {
         "ranks": len(results),
-        "rank_cpu_s": sum(r["energy"]["cpu_s"] for r in results),
-        "nodes": sum_nodes(windows),
-        "node_windows": windows,
-        "slurm_job_id": summary["slurm_job_id"],
-        "tokens": (summary["end_step"] - summary["start_step"]) * cfg.train.global_batch * cfg.model.seq_len,
+        "rank_cpu_s": sum(r.energy.cpu_s for r in results if r.energy),
+        "nodes": sum_nodes(windows).to_json(),
+        "node_windows": [w.to_json() for w in windows],
+        "slurm_job_id": summary.slurm_job_id,
+        "tokens": (summary.end_step - summary.start_step) * cfg.train.global_batch * cfg.model.seq_len,
     }
 
 

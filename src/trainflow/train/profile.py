@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from trainflow.atomic import write_text_atomic
+from trainflow.train.summary import Operator, ProfileSummary
 
 TOP = 15
 
@@ -43,7 +44,7 @@ class StepProfiler:
         if self.prof is not None:
             self.prof.step()
 
-    def close(self) -> dict | None:
+    def close(self) -> ProfileSummary | None:
         """Stop (writing the trace if the segment ended inside the active steps); the trace's summary."""
         if self.prof is not None:
             self.prof.stop()
@@ -57,20 +58,17 @@ class StepProfiler:
         device = "device" if self.on_gpu else "cpu"
         ops = sorted(prof.key_averages(), key=lambda e: getattr(e, f"self_{device}_time_total"), reverse=True)
         total = sum(getattr(e, f"self_{device}_time_total") for e in ops) or 1.0
-        self.summary = {
-            "trace": str(trace),
-            "clock": device,
-            "top": [
-                {
-                    "name": e.key,
-                    "self_ms": getattr(e, f"self_{device}_time_total") / 1e3,
-                    "share": getattr(e, f"self_{device}_time_total") / total,
-                    "calls": e.count,
-                }
-                for e in ops[:TOP]
-            ],
-        }
-        write_text_atomic(folder / f"rank{self.rank}-top.json", json.dumps(self.summary, indent=1))
+        top = [
+            Operator(
+                e.key,
+                getattr(e, f"self_{device}_time_total") / 1e3,
+                getattr(e, f"self_{device}_time_total") / total,
+                e.count,
+            )
+            for e in ops[:TOP]
+        ]
+        self.summary = ProfileSummary(trace=str(trace), clock=device, top=top)
+        write_text_atomic(folder / f"rank{self.rank}-top.json", json.dumps(self.summary.to_json(), indent=1))
 
 
 def memory_mb(device: torch.device) -> float:

@@ -1,36 +1,78 @@
-"""Per-step records kept beside the checkpoints, so a resumed or rerun segment reports its whole range.
+"""The records of training steps and evaluations, kept beside the checkpoints they belong to, so a resumed or rerun
+segment reports its whole range.
 
-One JSON line per training step and per evaluation, appended by rank 0. On resume from step s,
-the records of the steps this segment will redo are dropped first: they belong to work the
-checkpoint does not contain. Records of other segments stay.
+    python -c "from trainflow.train.step_log import StepLog, StepRecord; \
+        print(StepLog('runs/default/capacity/checkpoints/<hash>/steps.jsonl', StepRecord).read()[:1])"
+
+One JSON line per training step and per evaluation, appended by rank 0. On resume from step s, the records of the
+steps this segment will redo are dropped first: they belong to work the checkpoint does not contain. Records of
+other segments stay.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from trainflow.atomic import write_text_atomic
+from trainflow.records import Record
 
 
-class StepLog:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+@dataclass(frozen=True)
+class StepRecord(Record):
+    """One training step on rank 0: the step it started from, its loss and the split of its seconds."""
 
-    def read(self) -> list[dict]:
+    step: int
+    started: float
+    """Wall-clock time (time.time()) the step began: energy's phase windows."""
+    loss: float
+    lr: float
+    grad_norm: float
+    step_s: float
+    tokens_per_s: float
+    """All devices together."""
+    mfu: float
+    memory_mb: float
+    """Rank 0's memory after the step: the allocator's on a GPU, the resident set on a CPU."""
+    data_s: float
+    compute_s: float
+    dp_comm_s: float
+    """Exposed data-parallel communication (after backward)."""
+    bubble_s: float
+    activation_s: float
+
+
+@dataclass(frozen=True)
+class EvalRecord(Record):
+    step: int
+    """The step the evaluation ended at (0: before training)."""
+    val_loss: float
+
+
+R = TypeVar("R", StepRecord, EvalRecord)
+
+
+class StepLog(Generic[R]):
+    def __init__(self, path: str | Path, kind: type[R]) -> None:
+        self.path, self.kind = Path(path), kind
+
+    def read(self) -> list[R]:
         if not self.path.is_file():
             return []
         with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+        return [self.kind.from_json(json.loads(line), where=f"{self.path}:{n}") for n, line in lines]
 
     def drop(self, start: int, end: int) -> None:
         """Remove the records of steps start..end inclusive (rewritten atomically)."""
-        kept = [r for r in self.read() if not start <= r["step"] <= end]
-        write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        kept = [r for r in self.read() if not start <= r.step <= end]
+        write_text_atomic(self.path, "".join(json.dumps(r.to_json()) + "\n" for r in kept))
 
-    def append(self, record: dict) -> None:
+    def append(self, record: R) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record.to_json()) + "\n")
 
-    def between(self, start: int, end: int) -> list[dict]:
-        return [r for r in self.read() if start <= r["step"] <= end]
+    def between(self, start: int, end: int) -> list[R]:
+        return [r for r in self.read() if start <= r.step <= end]

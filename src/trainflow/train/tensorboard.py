@@ -14,18 +14,20 @@ from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from trainflow.train.step_log import StepRecord
+
 
 class TensorBoardLog:
     def __init__(self, folder: str | Path | None) -> None:
         """folder None: write nothing (other ranks, or observe.tensorboard=false)."""
         self.writer = SummaryWriter(str(folder)) if folder is not None else None
 
-    def step(self, record: dict) -> None:
+    def step(self, record: StepRecord) -> None:
         if self.writer is None:
             return
-        for key, value in record.items():
-            if key not in ("step", "started") and isinstance(value, int | float):  # started: a wall-clock time
-                self.writer.add_scalar(f"train/{key}", value, record["step"])
+        for key, value in record.to_json().items():
+            if key not in ("step", "started"):  # started: a wall-clock time
+                self.writer.add_scalar(f"train/{key}", value, record.step)
 
     def evaluation(self, step: int, val_loss: float) -> None:
         if self.writer is not None:

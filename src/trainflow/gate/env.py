@@ -1,4 +1,6 @@
-"""Audit of the collective-communication environment: NCCL variables, versions, node settings.
+"""The audit of the ranks' NCCL environment: variables NCCL does not know, the seed's three among them.
+
+    python -c "from trainflow.gate.env import audit_env; print(audit_env({'NCCL_TIMEOUT': '300'}))"
 
 NCCL silently ignores variables it does not know, so a misspelt or invented one (the seed's
 `NCCL_TIMEOUT`, `NCCL_NSOCKS_P2P_NIC`, `NCCL_GRAPH`) costs throughput without a word. Each
@@ -7,12 +9,6 @@ real settings.
 """
 
 from __future__ import annotations
-
-import os
-import re
-import shutil
-import subprocess
-from pathlib import Path
 
 # NCCL's documented environment variables (NCCL 2.2x user guide, "Environment Variables").
 KNOWN_NCCL = {
@@ -107,64 +103,3 @@ def audit_env(env: dict[str, str]) -> list[str]:
         elif name not in KNOWN_NCCL:
             warnings.append(f"{name} is not a documented NCCL variable and is silently ignored; check its spelling")
     return warnings
-
-
-def libfabric_version() -> str | None:
-    """libfabric's version from `fi_info --version`, if installed."""
-    if not shutil.which("fi_info"):
-        return None
-    out = subprocess.run(["fi_info", "--version"], capture_output=True, text=True, timeout=10).stdout
-    m = re.search(r"libfabric:\s*(\S+)", out)
-    return m[1] if m else out.strip() or None
-
-
-def versions() -> dict:
-    import torch
-
-    nccl = None
-    if torch.cuda.is_available():
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": nccl,
-        "libfabric": libfabric_version(),
-        "aws_ofi_nccl": os.environ.get("AWS_OFI_NCCL_VERSION"),
-    }
-
-
-def stripe_count(folder: str) -> tuple[int | None, str]:
-    """The Lustre stripe count new files in `folder` get (`lfs getstripe -c`), or None and why it is not known."""
-    if not shutil.which("lfs"):
-        return None, "not applicable: no lfs command (not a Lustre file system)"
-    out = subprocess.run(["lfs", "getstripe", "-c", "-d", folder], capture_output=True, text=True, timeout=30)
-    if out.returncode or not out.stdout.strip().lstrip("-").isdigit():
-        return None, f"not applicable: lfs getstripe says {(out.stderr or out.stdout).strip()[:200]!r}"
-    return int(out.stdout.strip()), "lfs getstripe -c"
-
-
-MPS_PROCESSES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
-
-
-def mps_running(proc: Path = Path("/proc")) -> bool:
-    """Whether CUDA's MPS daemon runs on this node (it would share each GPU between processes)."""
-    names = (p / "comm" for p in proc.iterdir() if p.name.isdigit())
-    return any(name.read_text().strip() in MPS_PROCESSES for name in names if name.is_file())
-
-
-def node_checks() -> dict:
-    """The seed's node settings: transparent huge pages off, no swapping, no MPS daemon; None where unreadable."""
-    thp_path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    thp = re.search(r"\[(\w+)\]", thp_path.read_text())[1] if thp_path.exists() else None
-    swap_used_kb = None
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
-        swap_used_kb = int(fields["SwapTotal"].split()[0]) - int(fields["SwapFree"].split()[0])
-    return {
-        "thp": thp,
-        "thp_off": thp == "never" if thp else None,
-        "swap_used_kb": swap_used_kb,
-        "no_swapping": swap_used_kb == 0 if swap_used_kb is not None else None,
-        "mps_daemon": mps_running(),
-    }

@@ -12,7 +12,7 @@ import pytest
 import zstandard
 
 from tests.conftest import REPO, read_json
-from tests.workflow.test_workflow import job_counts, snakemake
+from tests.support import job_counts, snakemake
 
 ASSETS = REPO / "tests/assets/data"
 PROFILE = ("--profile", str(REPO / "profiles/local"))

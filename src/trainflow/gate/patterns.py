@@ -1,14 +1,16 @@
-"""The collective gate's patterns: each kind of collective training runs, timed on the groups of its own mesh.
+"""The collectives training runs, each timed on the groups of its own mesh dimension, and the all_reduce sweep over
+the whole world, which is one more pattern.
 
     rows = time_patterns(dims, mesh, nbytes=16 << 20, iters=5, device=device)   # on every rank
     table, exclude = judge(rows_of_every_rank, hosts, thresholds)                 # on rank 0
 
-| pattern           | groups         | what training sends there                       | busbw / algbw (nccl-tests) |
-| dp_all_reduce     | data parallel  | replicated gradients (DDP, GradReducer; HSDP)  | 2 (n - 1) / n              |
-| dp_reduce_scatter | data parallel  | FSDP's gradient reduction                       | (n - 1) / n                |
-| dp_all_gather     | data parallel  | FSDP's parameter gathers                        | (n - 1) / n                |
-| tp_all_reduce     | tensor parallel| the row-parallel outputs inside every block     | 2 (n - 1) / n              |
-| pp_send_recv      | pipeline       | activations and their gradients between stages  | 1                          |
+| pattern           | groups          | what training sends there                      | busbw / algbw (nccl-tests) |
+| world_all_reduce  | the whole world | (the sweep: the network as a whole)            | 2 (n - 1) / n              |
+| dp_all_reduce     | data parallel   | replicated gradients (DDP, GradReducer; HSDP)  | 2 (n - 1) / n              |
+| dp_reduce_scatter | data parallel   | FSDP's gradient reduction                      | (n - 1) / n                |
+| dp_all_gather     | data parallel   | FSDP's parameter gathers                       | (n - 1) / n                |
+| tp_all_reduce     | tensor parallel | the row-parallel outputs inside every block    | 2 (n - 1) / n              |
+| pp_send_recv      | pipeline        | activations and their gradients between stages | 1                          |
 
 Every group of a pattern runs at once, as in training, so a slow link shows in the groups that cross it.
 algbw = bytes / time (reduce_scatter and all_gather: the whole buffer's bytes, as nccl-tests counts them);
@@ -18,22 +20,23 @@ to the next and receives from the previous (nccl-tests' sendrecv_perf).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from statistics import median
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainflow.config.layout import ParallelDims
 from trainflow.config.cluster import GATE_PATTERNS
+from trainflow.config.layout import ParallelDims
+from trainflow.errors import TrainflowError
+from trainflow.gate.report import PatternRow, SweepRow
+from trainflow.parallel.timing import median_seconds
 
 
 @dataclass(frozen=True)
 class Pattern:
     dim: str
-    """The mesh dimension whose groups run it."""
+    """The mesh dimension whose groups run it (world: the default process group)."""
     op: str
 
     def bus_factor(self, n: int) -> float:
@@ -46,6 +49,7 @@ def bus_factor(op: str, n: int) -> float:
 
 
 PATTERNS = {name: Pattern(name[:2], name[3:]) for name in GATE_PATTERNS}  # <mesh dim>_<op>
+WORLD = Pattern("world", "all_reduce")
 
 
 def patterns_of(dims: ParallelDims) -> list[str]:
@@ -74,30 +78,47 @@ def run_once(pattern: Pattern, group: dist.ProcessGroup, ranks: list[int], buffe
             work.wait()
 
 
+def time_pattern(
+    pattern: Pattern, group: dist.ProcessGroup, *, nbytes: int, iters: int, device: torch.device
+) -> tuple[float, int, torch.Tensor]:
+    """This rank's median seconds of `pattern` in `group` on a message of about `nbytes` (after one warm-up), the
+    message's bytes, and the whole buffer as the collectives left it."""
+    ranks = dist.get_process_group_ranks(group)
+    n = len(ranks)
+    numel = max(nbytes // 4 // n, 1) * n
+    buffers = tuple(torch.ones(size, device=device) for size in (numel, numel // n, numel))
+    seconds = median_seconds(lambda: run_once(pattern, group, ranks, buffers), group=group, iters=iters, device=device)
+    return seconds, numel * 4, buffers[0]
+
+
 def time_patterns(dims: ParallelDims, mesh: DeviceMesh, *, nbytes: int, iters: int, device: torch.device) -> list[dict]:
-    """This rank's median time of each of the layout's patterns on a message of about `nbytes` (after a warm-up)."""
+    """This rank's median time of each of the layout's patterns on its groups (rows for `judge`)."""
     rows = []
     for name in patterns_of(dims):
-        pattern = PATTERNS[name]
-        sub = mesh[pattern.dim]
-        group, n = sub.get_group(), sub.size()
-        ranks = dist.get_process_group_ranks(group)
-        numel = max(nbytes // 4 // n, 1) * n
-        buffers = tuple(torch.ones(size, device=device) for size in (numel, numel // n, numel))
-        run_once(pattern, group, ranks, buffers)  # warm-up: connection setup
-        times = []
-        for _ in range(iters):
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            run_once(pattern, group, ranks, buffers)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        rows.append({"pattern": name, "group": ranks, "bytes": numel * 4, "time_s": median(times)})
+        group = mesh[PATTERNS[name].dim].get_group()
+        seconds, size, _ = time_pattern(PATTERNS[name], group, nbytes=nbytes, iters=iters, device=device)
+        rows.append({"pattern": name, "group": dist.get_process_group_ranks(group), "bytes": size, "time_s": seconds})
     return rows
 
 
-def judge(rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]) -> tuple[list[dict], list[str]]:
+def sweep(sizes_mb: list[float], *, iters: int, device: torch.device) -> list[SweepRow]:
+    """The all_reduce sweep over the whole world, one row per message size; a sum that comes back wrong (every
+    rank adds ones, once per all_reduce in place) is a broken collective, not a slow one."""
+    world, rows = dist.get_world_size(), []
+    group = dist.group.WORLD
+    for mb in sizes_mb:
+        seconds, size, buf = time_pattern(WORLD, group, nbytes=int(mb * 2**20), iters=iters, device=device)
+        expected = float(world ** (iters + 1))  # the warm-up and every timed all_reduce
+        if not torch.allclose(buf[:1].cpu(), torch.tensor([expected])):
+            raise TrainflowError(
+                f"all_reduce of {size} bytes returned {buf[0].item()}, expected {expected}: the collective is broken"
+            )
+        algbw = size / seconds / 1e9
+        rows.append(SweepRow(size, seconds, algbw, algbw * WORLD.bus_factor(world)))
+    return rows
+
+
+def judge(rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]) -> tuple[list[PatternRow], list[str]]:
     """Per pattern, from every rank's rows: its groups' bus bandwidth (a group's time is its slowest member's),
     the slowest group and its hosts, and the verdict against thresholds[pattern] (GB/s; absent: reported
     only). Also the exclude list: the hosts of the slowest group of every pattern below its threshold."""
@@ -117,20 +138,7 @@ def judge(rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]
         threshold = thresholds.get(name)
         passed = None if threshold is None else busbw >= threshold
         slow_hosts = sorted({hosts[r] for r in slowest})
-        table.append(
-            {
-                "pattern": name,
-                "groups": len(groups),
-                "group_size": n,
-                "bytes": size,
-                "slowest_group": list(slowest),
-                "slowest_hosts": slow_hosts,
-                "time_s": t,
-                "busbw_gbps": busbw,
-                "threshold_gbps": threshold,
-                "passed": passed,
-            }
-        )
+        table.append(PatternRow(name, len(groups), n, size, list(slowest), slow_hosts, t, busbw, threshold, passed))
         if passed is False:
             exclude |= set(slow_hosts)
     return table, sorted(exclude)

@@ -1,0 +1,50 @@
+"""The run's paths: its storage tiers, and the io paths Snakemake passes each stage (config.run_folder fills the rest).
+
+python -c "from trainflow.config import compose; print(compose('report').io)"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+
+@dataclass
+class StorageConfig:
+    root: str = MISSING
+    capacity: str = MISSING
+    """High-capacity tier (HDD / parallel FS): raw tokens, checkpoints."""
+    fast: str = MISSING
+    """Fast tier (node SSD / flash): the staged dataset."""
+
+
+@dataclass
+class IOConfig:
+    """Paths. Snakemake passes every one it owns as an override; one left empty is filled in from the
+    run folder's layout (config.run_folder), so a stage run alone writes where the workflow would."""
+
+    tokens: str = ""
+    """The index of the token shards on the capacity tier (prepare_data's main job writes it)."""
+    tokenizer: str = ""
+    """The BPE prepare_data's tokenizer job trains (data.tokenizer=bpe) and its shard jobs read."""
+    token_shard: str = ""
+    """The shard prepare_data's job shard-NNNNN writes."""
+    staged_tokens: str = ""
+    nccl_report: str = ""
+    checkpoints: str = ""
+    resume_from: str = ""
+    """Another run's checkpoint folder to start from when `checkpoints` holds none; DCP reshards it,
+    so the layout may differ (e.g. dp2 x tp2 x pp2 -> dp4 x tp2). Empty: none."""
+    segment_report: str = ""
+    segment_reports: list[str] = field(default_factory=list)
+    verify_report: str = ""
+    energy_report: str = ""
+    job_metrics: str = ""
+    """This job's own metrics file (trainflow.energy.metrics.JobMetrics; trainflow.stage.run_stage writes it)."""
+    run_metrics: list[str] = field(default_factory=list)
+    """Every earlier job's metrics file, which account_energy and report read."""
+    report: str = ""
+    plots: list[str] = field(default_factory=list)
+    """The report's loss, throughput, breakdown and power plots (config.run_folder.PLOTS), in that order."""
+    submitit: str = ""

@@ -1,0 +1,77 @@
+"""The report's plots, PNG files beside report.md: loss, throughput, the step time breakdown and power per node.
+
+plot_loss(steps, evals, Path("runs/default/report/loss.png"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from trainflow.atomic import atomic_path  # noqa: E402
+from trainflow.energy.phases import power_series, trace_host  # noqa: E402
+from trainflow.energy.report import SegmentEnergy  # noqa: E402
+from trainflow.train.step_log import EvalRecord, StepRecord  # noqa: E402
+
+BREAKDOWN = (
+    ("data_s", "data loading"),
+    ("compute_s", "compute"),
+    ("dp_comm_s", "exposed DP comm"),
+    ("bubble_s", "pipeline bubble"),
+    ("activation_s", "activation send/recv"),
+)
+"""The step record's parts, as the breakdown plot and table name them."""
+
+
+def figure(title: str, xlabel: str, ylabel: str) -> tuple[plt.Figure, plt.Axes]:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    return fig, ax
+
+
+def save(fig: plt.Figure, out: Path) -> None:
+    """Write the figure atomically (trainflow.atomic) and free it."""
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def plot_loss(steps: Sequence[StepRecord], evals: Sequence[EvalRecord], out: Path) -> None:
+    fig, ax = figure("Loss", "step", "cross-entropy (nats/token)")
+    ax.plot([r.step + 1 for r in steps], [r.loss for r in steps], label="train", lw=1)
+    ax.plot([e.step for e in evals], [e.val_loss for e in evals], "o-", label="validation")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, out)
+
+
+def plot_throughput(steps: Sequence[StepRecord], out: Path) -> None:
+    fig, ax = figure("Throughput", "step", "tokens/s (all devices)")
+    ax.plot([r.step + 1 for r in steps], [r.tokens_per_s for r in steps], lw=1)
+    ax.grid(alpha=0.3)
+    save(fig, out)
+
+
+def plot_breakdown(steps: Sequence[StepRecord], out: Path) -> None:
+    fig, ax = figure("Step time breakdown", "step", "ms per step")
+    parts = [[getattr(r, key) * 1e3 for r in steps] for key, _ in BREAKDOWN]
+    ax.stackplot([r.step + 1 for r in steps], *parts, labels=[label for _, label in BREAKDOWN])
+    ax.legend(loc="upper right", fontsize=8)
+    save(fig, out)
+
+
+def plot_power(segments: Sequence[SegmentEnergy], cpu_watts_per_core: float, out: Path) -> None:
+    fig, ax = figure("Power per node", "seconds since the segment's sampler started", "W per node")
+    for seg in segments:
+        for path in seg.power_traces:
+            times, watts, source = power_series(path, cpu_watts_per_core)
+            ax.plot(times, watts, lw=1, label=f"segment {seg.segment}, {trace_host(path)} ({source})")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    save(fig, out)

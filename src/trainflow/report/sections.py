@@ -1,0 +1,212 @@
+"""The sections of report.md, one function each returning its lines (the energy section is report.energy's).
+
+lines = training(segments, reports, plots=plots, here=out.parent, cfg=cfg)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainflow.checkpoint.verify import VerifyReport
+from trainflow.config import ParallelDims, TrainflowConfig
+from trainflow.gate.report import NcclReport
+from trainflow.plan.build import Plan
+from trainflow.plan.versus import measured_split, side_by_side
+from trainflow.report.plots import BREAKDOWN
+from trainflow.train.step_log import EvalRecord, StepRecord
+from trainflow.train.summary import Fp8Use, ProfileSummary, SegmentSummary
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def relative(path: str, start: Path) -> str:
+    return os.path.relpath(Path(path).resolve(), start.resolve())
+
+
+def data_parallel(d: ParallelDims) -> str:
+    """dp4 (replicate), dp4 (shard), or dp4 (HSDP: 2 replicas x shard 2)."""
+    return (
+        f"dp{d.dp} (HSDP: {d.dp // d.shard_size} replicas x shard {d.shard_size})"
+        if d.hsdp
+        else f"dp{d.dp} ({d.dp_mode})"
+    )
+
+
+def fp8_text(fp8: Fp8Use) -> str:
+    """**off**, or **delayed** (GEMMs on sm90_kernel: why): the recipe, which fp8_gemm implementation ran and why."""
+    if fp8.recipe == "none":
+        return "**off**"
+    return f"**{fp8.recipe}** (GEMMs on {fp8.reason or fp8.backend})"
+
+
+def header(cfg: TrainflowConfig, last: SegmentSummary) -> list[str]:
+    d, c = last.layout, cfg.cluster.runtime
+    return [
+        f"# trainflow report: run `{cfg.run}`",
+        "",
+        f"Model `{cfg.model.name}` ({last.parameters / 1e6:.2f} M parameters), layout {data_parallel(d)} x tp{d.tp} x "
+        f"pp{d.pp} ({d.schedule}, v={d.virtual_stages}, m={d.microbatches}) on {d.world_size} {c.device} rank(s), "
+        f"backend {c.backend}. Precision **{last.precision}**, activations **{last.activations}**, torch.compile "
+        f"**{'on' if last.compile else 'off'}**, FP8 {fp8_text(last.fp8)}.",
+        "",
+    ]
+
+
+def breakdown(steps: Sequence[StepRecord]) -> dict[str, float]:
+    """Share of step time in each part (the remainder: optimizer, clipping, logging)."""
+    total = sum(r.step_s for r in steps)
+    shares = {label: sum(getattr(r, key) for r in steps) / total for key, label in BREAKDOWN}
+    shares["optimizer and other"] = max(1 - sum(shares.values()), 0.0)
+    return shares
+
+
+def training(
+    segments: Sequence[SegmentSummary], reports: Sequence[str], evals: Sequence[EvalRecord], *, plots, here, cfg
+) -> list[str]:
+    """The loss, each segment's row, the loss and throughput plots, and where the step time went."""
+    steps = [r for s in segments for r in s.steps]
+    first, final = evals[0].val_loss, evals[-1].val_loss
+    rows = [
+        [
+            s.segment,
+            f"{s.start_step}-{s.end_step}",
+            f"{s.steps[-1].loss:.4f}" if s.steps else "-",
+            f"{s.evals[-1].val_loss:.4f}",
+            f"{s.tokens_per_s_per_device:.0f}",
+            f"{s.mfu:.2%}",
+            s.restart_count,
+            s.checkpoint_interval.interval_steps,
+            f"[json]({relative(p, here)})",
+        ]
+        for s, p in zip(segments, reports)
+    ]
+    header = ["segment", "steps", "train loss", "val loss", "tokens/s/device", "MFU", "restarts", "ckpt interval"]
+    last = segments[-1].layout
+    ddp = cfg.parallel.overlap and 1 < last.dp == last.world_size
+    return [
+        "## Training",
+        "",
+        f"Validation loss went from **{first:.4f}** at step 0 to **{final:.4f}** at step {evals[-1].step} "
+        f"(ratio {final / first:.3f}).",
+        "",
+        table(rows, [*header, "report"]),
+        "",
+        f"![loss]({relative(plots['loss'], here)})",
+        "",
+        f"![throughput]({relative(plots['throughput'], here)})",
+        "",
+        "### Where the step time went",
+        "",
+        table([[k, f"{v:.1%}"] for k, v in breakdown(steps).items()], ["part", "share"]),
+        "",
+        *(
+            [
+                "With torch's DDP (a pure data-parallel mesh) the wait for the last gradient bucket happens inside "
+                "backward and is counted as compute.",
+                "",
+            ]
+            if ddp
+            else []
+        ),
+        f"![breakdown]({relative(plots['breakdown'], here)})",
+        "",
+    ]
+
+
+def planned_vs_measured(plan: Plan, steps: Sequence[StepRecord], last: SegmentSummary) -> list[str]:
+    """validate_nccl's plan of pipeline rank 0 beside rank 0's measured medians (trainflow.plan.versus)."""
+    rows = side_by_side(plan.step.per_pp_rank[0], measured_split(steps), layout=last.layout)
+    cells = [
+        [
+            f"`{key}`",
+            " + ".join(r["plan_parts"]) or "-",
+            f"{r['predicted']:.4f}",
+            f"{r['measured']:.4f}",
+            f"{r['ratio']:.2f}" if r["ratio"] else "-",
+        ]
+        for key, r in rows.items()
+    ]
+    return [
+        "### Planned vs measured (validate_nccl's plan, pipeline rank 0; medians of rank 0's steps)",
+        "",
+        table(cells, ["measured part", "plan's parts", "planned s", "measured s", "planned / measured"]),
+        "",
+        f"Planned {plan.step.tokens_per_s_per_device:.0f} tokens/s/device at MFU {plan.step.mfu:.1%}; "
+        f"measured {last.tokens_per_s_per_device:.0f} at {last.mfu:.1%}.",
+        "",
+    ]
+
+
+def top_operators(profile: ProfileSummary | None, here: Path) -> list[str]:
+    """The profiled steps' operators by self time on rank 0 (observe.profile=true)."""
+    if not profile:
+        return []
+    rows = [[f"`{op.name}`", f"{op.self_ms:.2f}", f"{op.share:.1%}", op.calls] for op in profile.top]
+    return [
+        f"### Top operators by {profile.clock} self time (rank 0, [trace]({relative(profile.trace, here)}))",
+        "",
+        table(rows, ["operator", "self ms", "share", "calls"]),
+        "",
+    ]
+
+
+def checkpoints(last: SegmentSummary, verify: VerifyReport, verify_path: str, here: Path) -> list[str]:
+    ci = last.checkpoint_interval
+    young_daly = f", Young/Daly interval {ci.interval_s:.1f} s" if ci.interval_s else ""
+    return [
+        "## Checkpoints",
+        "",
+        f"Interval policy **{ci.policy}**: {ci.interval_steps} steps (save {ci.save_s:.2f} s measured, "
+        f"step {ci.step_s:.3f} s measured, MTBF {ci.mtbf_s / 3600:.1f} h{young_daly}).",
+        f"Verified {verify.files} files in {len(verify.checkpoints)} checkpoints ({verify.bytes / 1e6:.1f} MB, "
+        f"{verify.algorithm}): {len(verify.failures)} mismatches. [verify.json]({relative(verify_path, here)})",
+        "",
+    ]
+
+
+def gate(nccl: NcclReport, nccl_path: str, here: Path) -> list[str]:
+    """The all_reduce sweep over the world and each pattern on the layout's groups (trainflow.gate)."""
+    sweep = [[r.bytes, f"{r.time_s * 1e3:.3f}", f"{r.algbw_gbps:.3f}", f"{r.busbw_gbps:.3f}"] for r in nccl.sweep]
+    lines = [
+        "## Collective network gate",
+        "",
+        table(sweep, ["bytes", "ms", "algbw GB/s", "busbw GB/s"]),
+        "",
+        f"Threshold {nccl.threshold_gbps} GB/s: passed. Environment warnings: "
+        f"{'; '.join(nccl.env_warnings) or 'none'}. [nccl.json]({relative(nccl_path, here)})",
+        "",
+    ]
+    if not nccl.patterns:
+        return lines
+    rows = [
+        [
+            f"`{r.pattern}`",
+            f"{r.groups} x {r.group_size}",
+            r.bytes,
+            f"{r.busbw_gbps:.3f}",
+            ", ".join(r.slowest_hosts),
+            "-" if r.threshold_gbps is None else f"{r.threshold_gbps:g}",
+            {True: "pass", False: "FAIL", None: "reported"}[r.passed],
+        ]
+        for r in nccl.patterns
+    ]
+    header = ["pattern", "groups x ranks", "bytes", "slowest group's busbw GB/s", "its hosts", "gate", "status"]
+    return [*lines, "### Per pattern, on the layout's groups", "", table(rows, header), ""]
+
+
+def outputs(cfg: TrainflowConfig, here: Path) -> list[str]:
+    return [
+        "## Stage outputs",
+        "",
+        f"- tokens (capacity tier): `{cfg.io.tokens}`",
+        f"- tokens (fast tier): `{cfg.io.staged_tokens}`",
+        f"- checkpoints: `{cfg.io.checkpoints}`",
+        *[f"- metrics: [{Path(p).name}]({relative(p, here)})" for p in cfg.io.run_metrics],
+        "",
+    ]

@@ -1,0 +1,77 @@
+"""What a segment records about itself on rank 0, step by step: the step and evaluation logs beside the checkpoints,
+TensorBoard, the progress lines; and the profiler every rank runs.
+
+    recorder = StepRecorder(cfg, rank=rank, device=device)
+    recorder.resume(step)          # drop the records of the steps this run redoes
+    recorder.step(record) ...      # after each step; recorder.evaluation(step, val_loss) after each evaluation
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from trainflow.config import TrainflowConfig
+from trainflow.config.run_folder import RunFolder
+from trainflow.progress import Progress
+from trainflow.train.profile import StepProfiler
+from trainflow.train.step_log import EvalRecord, StepLog, StepRecord
+from trainflow.train.summary import ProfileSummary
+from trainflow.train.tensorboard import TensorBoardLog
+
+log = logging.getLogger(__name__)
+
+
+class StepRecorder:
+    def __init__(self, cfg: TrainflowConfig, *, rank: int, device: torch.device) -> None:
+        self.cfg, self.is_logger = cfg, rank == 0
+        t, o, run = cfg.train, cfg.observe, RunFolder.of(cfg)
+        self.start_step = cfg.segment * t.segment_steps
+        self.end_step = self.start_step + t.segment_steps
+        self.steps_log = StepLog(RunFolder.steps_log(cfg.io.checkpoints), StepRecord)
+        self.evals_log = StepLog(RunFolder.evals_log(cfg.io.checkpoints), EvalRecord)
+        self.tensorboard = TensorBoardLog(run.tensorboard if self.is_logger and o.tensorboard else None)
+        profile = Path(run.profile(cfg.segment)) if o.profile else None
+        self.profiler = StepProfiler(profile, rank=rank, steps=o.profile_steps, device=device)
+        self.progress = Progress(log, "Trained", t.segment_steps, unit="steps", every_s=10.0)
+
+    def resume(self, step: int) -> None:
+        """Drop the records of the steps a run resumed from `step` redoes (they belong to work the checkpoint does
+        not contain): steps record the step they started from, evaluations the step they ended at."""
+        if self.is_logger:
+            self.steps_log.drop(step, self.end_step - 1)
+            self.evals_log.drop(step + 1 if step else 0, self.end_step)
+
+    def step(self, record: StepRecord) -> None:
+        self.profiler.step()
+        if not self.is_logger:
+            return
+        self.steps_log.append(record)
+        self.tensorboard.step(record)
+        done = record.step + 1
+        if done % self.cfg.train.log_every == 0 or done == self.end_step:
+            log.info(
+                "step %d loss %.4f lr %.2e grad_norm %.3f %.0f tokens/s",
+                *(done, record.loss, record.lr, record.grad_norm, record.tokens_per_s),
+            )
+            self.progress.update(done - self.start_step)
+
+    def evaluation(self, step: int, val_loss: float) -> None:
+        if self.is_logger:
+            self.evals_log.append(EvalRecord(step=step, val_loss=val_loss))
+            self.tensorboard.evaluation(step, val_loss)
+            log.info("Evaluated step %d: validation loss %.4f", step, val_loss)
+
+    def steps(self) -> list[StepRecord]:
+        """The segment's step records (rank 0's; the other ranks keep none)."""
+        return self.steps_log.between(self.start_step, self.end_step - 1) if self.is_logger else []
+
+    def evals(self) -> list[EvalRecord]:
+        return self.evals_log.between(self.start_step, self.end_step) if self.is_logger else []
+
+    def close(self) -> ProfileSummary | None:
+        """Close TensorBoard and the profiler (writing its trace if the segment ended inside its steps)."""
+        self.tensorboard.close()
+        return self.profiler.close()

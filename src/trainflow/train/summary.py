@@ -1,0 +1,98 @@
+"""A training segment's summary: the typed record train_segment writes (train/<hash>/segment-<i>.json) and
+account_energy and report read. Nothing here imports torch: the stages that only read it start without it.
+
+    python -c "from trainflow.records import read_record; from trainflow.train.summary import SegmentSummary; \
+        print(read_record(SegmentSummary, 'runs/default/train/<hash>/segment-0.json').median_step_s)"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainflow.checkpoint.interval import IntervalPlan
+from trainflow.config.layout import ParallelDims
+from trainflow.energy.node import NodeReading
+from trainflow.records import Record
+from trainflow.train.step_log import EvalRecord, StepRecord
+
+
+@dataclass(frozen=True)
+class Operator(Record):
+    name: str
+    self_ms: float
+    share: float
+    """Of all operators' self time over the profiled steps."""
+    calls: int
+
+
+@dataclass(frozen=True)
+class ProfileSummary(Record):
+    """The profiled steps of a segment on rank 0 (observe.profile; trainflow.train.profile writes it)."""
+
+    trace: str
+    clock: str
+    """Whose self time: cpu, or device on a GPU."""
+    top: list[Operator]
+
+
+@dataclass(frozen=True)
+class SaveRecord(Record):
+    """One checkpoint save of this job: the energy report's checkpoint phase."""
+
+    step: int
+    started: float
+    """Wall-clock time the save began."""
+    save_s: float
+
+
+@dataclass(frozen=True)
+class Fp8Use(Record):
+    recipe: str
+    """train.fp8: none, dynamic or delayed."""
+    backend: str | None
+    """Which fp8_gemm implementation ran (trainflow.fp8.load_backend); None without fp8."""
+    reason: str | None = None
+    """Why that one, in one line (trainflow.fp8.backend_reason: the measured fact that chose it)."""
+
+
+@dataclass(frozen=True)
+class RankEnergy(Record):
+    """What one rank adds to its job's energy: its own CPU time, and its node's window on the node's local rank 0."""
+
+    cpu_s: float
+    node: NodeReading | None
+
+
+@dataclass(frozen=True)
+class SegmentSummary(Record):
+    segment: int
+    start_step: int
+    end_step: int
+    """The step it stopped at: its end, or the agreed step of a stop signal."""
+    completed: bool
+    interrupted_by: str | None
+    """SIGUSR2 (requeued) or SIGTERM (ended) when a signal stopped it; None when it ran to its end."""
+    restart_count: int
+    """Slurm's requeues of this job so far."""
+    layout: ParallelDims
+    parameters: int
+    precision: str
+    activations: str
+    compile: bool
+    fp8: Fp8Use
+    flops_per_token: float
+    median_step_s: float
+    """The median of the segment's steps, its first (warm-up) left out."""
+    tokens_per_s_per_device: float
+    mfu: float
+    checkpoint_interval: IntervalPlan
+    state_digest: list[str]
+    """Every rank's SHA-256 of its model and optimizer tensors: equal lists are bitwise equal runs."""
+    profile: ProfileSummary | None
+    saves: list[SaveRecord]
+    steps: list[StepRecord]
+    """Rank 0's step records of the whole segment (resumed parts included)."""
+    evals: list[EvalRecord]
+    energy: RankEnergy | None = None
+    """Added by the stage's task: this rank's share of the job's energy."""
+    slurm_job_id: str | None = None
