@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from trainflow.checkpoint.manifest import RANK_FILE, ChecksumError
+from trainflow.checkpoint.tensor_record import describe
 
 
 class MetadataUnpickler(pickle.Unpickler):
@@ -117,11 +118,12 @@ class InPlaceReader(dcp.FileSystemReader):
     destination, and unpickles `.metadata` with MetadataUnpickler.
 
     DCP's reader torch.loads every tensor into fresh memory through a buffered view and copies it into
-    place. Here each record is opened on the meta device (torch.load(map_location="meta"): dtype,
-    shape, strides and the data's offset in the file, no data read), and when the saved tensor is the
-    whole contiguous destination, its bytes are read into the destination's memory with one readinto.
-    Anything else (a reshard that reads part of a saved chunk, a non-contiguous destination) goes
-    through DCP's own path, file by file, so a failure names its file."""
+    place. Here each record is described first (checkpoint.tensor_record: dtype, shape, strides and the
+    data's offset in the file, no data read, nothing built), and when the saved tensor is the whole
+    contiguous destination, its bytes are read into the destination's memory with one readinto.
+    Anything else (a reshard that reads part of a saved chunk, a non-contiguous destination, a record
+    tensor_record does not know) goes through DCP's own path, torch.load(weights_only=True), file by
+    file, so a failure names its file."""
 
     def __init__(self, path: str | os.PathLike, *, thread_count: int = 2) -> None:
         super().__init__(path)
@@ -179,23 +181,13 @@ class InPlaceReader(dcp.FileSystemReader):
 
     def _read_in_place(self, f: io.BufferedReader, item: ReadItem, planner: LoadPlanner) -> bool:
         info = self.storage_data[item.storage_index]
-        saved = torch.load(self._slice_file(f, info), map_location="meta", weights_only=True)
-        offset = getattr(saved.untyped_storage(), "_checkpoint_offset", None)
+        saved = describe(f, info.offset, info.length)
         target = planner.resolve_tensor(item).detach()
-        whole = tuple(item.lengths) == tuple(saved.shape) and not any(item.storage_offsets)
-        if (
-            offset is None
-            or not whole
-            or saved.dtype != target.dtype
-            or saved.shape != target.shape
-            or saved.storage_offset() != 0
-            or not saved.is_contiguous()
-            or not target.is_contiguous()
-            or target.device.type != "cpu"
-        ):
+        whole = saved is not None and tuple(item.lengths) == saved.shape and not any(item.storage_offsets)
+        if not (whole and saved.fills(target)):
             return False
         buf = memoryview(target.view(-1).view(torch.uint8).numpy())
-        f.seek(info.offset + offset)
+        f.seek(info.offset + saved.data_offset)
         filled = 0
         while filled < len(buf):
             n = f.readinto(buf[filled:])
