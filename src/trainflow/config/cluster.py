@@ -88,6 +88,23 @@ class HardwareConfig:
     which the plan shares among the node's ranks."""
     mtbf_hours: float = checked(gt=0)
     """Mean time between failures of the allocation: Young/Daly's interval (the planner's and the trainer's)."""
+    hang_share: float = checked(ge=0, le=1)
+    """Share of failures in which a rank hangs (a lost host or link, a stuck collective) instead of exiting with an
+    error: the goodput plan weighs runtime.hang_detect_s and runtime.failure_detect_s by it (trainflow.plan.goodput)."""
+    requeue_wait_s: float = checked(ge=0)
+    """How long a new job waits for its allocation: after a failure, or when a job reaches its time limit."""
+    startup_s: float = checked(ge=0)
+    """From a job's start to its first step, the checkpoint load aside: processes, imports, process groups, the
+    model's build."""
+    hot_restart_s: float = checked(ge=0)
+    """The same for an in-job restart onto spare nodes the job already holds: no allocation wait, warm caches."""
+    checkpoint_read_gbps: float = checked(gt=0)
+    """Aggregate read bandwidth of storage.capacity when a job loads a checkpoint."""
+    host_copy_gbps: float = checked(gt=0)
+    """Device-to-host copy bandwidth per device: what an asynchronous checkpoint blocks training for is the copy of
+    the rank's state into host memory; the storage write runs behind it."""
+
+
 
 
 @dataclass
