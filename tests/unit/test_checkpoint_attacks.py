@@ -137,7 +137,8 @@ def test_a_full_disk_fails_the_save_in_one_line_and_leaves_no_checkpoint(tiny_tm
     with pytest.raises(CheckpointWriteError) as err:
         manager.save(2, big)
     manager.close()
-    assert str(err.value).startswith(f"no space left on {tiny_tmpfs} writing step 2 (needs ~0.000524 GB")
+    assert str(err.value).startswith(f"no space left on {tiny_tmpfs} writing step 2 ({tiny_tmpfs}/step-00000002.tmp/")
+    assert "rank 0; needs ~0.000524 GB" in str(err.value)
     assert "\n" not in str(err.value)
     assert list_steps(tiny_tmpfs) == [1] and not (tiny_tmpfs / "step-00000002.tmp").exists()
     assert manager.newest_valid(at_most=10) == 1

@@ -2,11 +2,13 @@
 
 Save: every rank writes its shard into `step-N.tmp/` (DCP: `__{rank}_{i}.distcp` per rank plus
 `.metadata`), checksumming the bytes as it writes them (checkpoint.writer); rank 0 gathers the
-checksums, writes manifest.json and renames the folder to `step-N/`. A crash at any moment
-leaves `step-N.tmp/` (ignored, removed by the next save) and every older checkpoint intact. Old
-checkpoints are pruned in a background thread (as torchtitan purges), so training waits only for
+checksums, writes manifest.json, fsyncs, renames the folder to `step-N/` and fsyncs its parent. A crash
+at any moment leaves `step-N.tmp/` (ignored, removed by the next save) and every older checkpoint intact.
+Old checkpoints are pruned in a background thread (as torchtitan purges), so training waits only for
 the new one to be durable. A save that fails on any rank (a full disk, an I/O error) raises the same
 one-line CheckpointWriteError on every rank and removes `step-N.tmp/`; nothing is renamed into place.
+checkpoint.mode=async stages the state to host memory and writes it in a background process, with the
+same commit at a later step boundary (checkpoint.background; `poll` at every boundary, `finish` at the end).
 Load: rank 0 verifies the manifest of the newest candidate, falls back to older ones on a mismatch,
 and all ranks load the step it chose, trusting nothing in the folder (checkpoint.reader).
 """
@@ -28,18 +30,20 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torch.utils.serialization import config as serialization_config
 
+from trainflow.atomic import fsync_path
+from trainflow.checkpoint.async_saves import AsyncSaves
 from trainflow.checkpoint.folders import list_steps, step_dir
+from trainflow.checkpoint.interval import SaveDone
 from trainflow.checkpoint.manifest import ChecksumError, write_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
-from trainflow.checkpoint.writer import ChecksummingWriter
-from trainflow.errors import TrainflowError
+from trainflow.checkpoint.staging import check_host_memory
+from trainflow.checkpoint.writer import CheckpointWriteError, ChecksummingWriter, describe_failure
+
+__all__ = ["CheckpointManager", "CheckpointWriteError", "list_steps", "step_dir", "tensor_bytes"]
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointWriteError(TrainflowError):
-    """A checkpoint that could not be written; the previous ones are intact."""
+CPU = torch.device("cpu")
 
 
 def tensor_bytes(state: dict) -> int:
@@ -50,33 +54,55 @@ def tensor_bytes(state: dict) -> int:
     )
 
 
-def describe_failure(path: str | None, err: BaseException) -> tuple[int | None, str, str | None]:
-    """(errno, text, file) of a failed write, for the one-line error. torch.save turns a failed write into
-    `enforce fail at inline_container.cc ... unexpected pos`, keeping the OSError only as its context."""
-    cause: BaseException | None = err
-    while cause is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        return None, " ".join(str(err).split()) or type(err).__name__, path
-    return cause.errno, cause.strerror or str(cause), path or cause.filename
-
-
 class CheckpointManager:
-    def __init__(self, root: str | Path, *, keep: int, pinned: set[int], io_threads: int = 2) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep: int,
+        pinned: set[int],
+        io_threads: int = 2,
+        mode: str = "sync",
+        device: torch.device = CPU,
+        staging_bytes: int | None = None,
+    ) -> None:
+        """`mode` is checkpoint.mode; in async mode `staging_bytes` (this rank's state, checkpoint.state's
+        state_bytes) is checked against the host's free memory first, on every rank (a collective)."""
         self.root = Path(root)
-        self.keep, self.pinned, self.io_threads = keep, pinned, io_threads
+        self.keep, self.pinned, self.io_threads, self.mode = keep, pinned, io_threads, mode
         self.rank = dist.get_rank()
-        self.pruner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainflow-prune")
+        self.collectives = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        """Where the small tensors of this module's own collectives live (NCCL takes device tensors only)."""
+        self.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainflow-commit")
+        """Rank 0's thread for prunes and async commits, in order."""
         self.pruning: Future | None = None
+        if mode == "async" and staging_bytes is not None:
+            check_host_memory(staging_bytes)
+        self.saves = AsyncSaves(self, device) if mode == "async" else None
 
     def save(
-        self, step: int, state: dict, *, before_commit: Callable[[], None] = lambda: None, **meta: object
-    ) -> float:
-        """Write checkpoint `step` atomically; returns the seconds it took (for Young/Daly).
+        self,
+        step: int,
+        state: dict,
+        *,
+        optimizers: list[torch.optim.Optimizer] = (),
+        step_s: float = float("nan"),
+        before_commit: Callable[[], None] = lambda: None,
+        **meta: object,
+    ) -> list[SaveDone]:
+        """Save checkpoint `step`; the saves that became durable during the call: this one in sync mode, the
+        one in flight before it (waited for) in async mode, whose own turns durable at a later `poll` or
+        `finish`.
 
-        `before_commit` runs on every rank after the shards are written, before the manifest and
-        rename: the fault-injection point of a crash mid-checkpoint. `meta` goes into the manifest."""
-        start = time.perf_counter()
+        `optimizers` own most of `state` (async: their next step waits for its background copy); `step_s` is
+        this rank's mean step time, which the record of the save carries as rank 0's. `before_commit` runs on
+        every rank after the shards are written, before the manifest and rename: the fault-injection point
+        of a crash mid-checkpoint. `meta` goes into the manifest."""
+        if self.saves is not None:
+            return self.saves.start(
+                step, state, optimizers=optimizers, step_s=step_s, before_commit=before_commit, meta=meta
+            )
+        start, started = time.perf_counter(), time.time()
         tmp = step_dir(self.root, step, "tmp")
         if self.rank == 0:
             self.wait()
@@ -99,15 +125,26 @@ class CheckpointManager:
         before_commit()
         reports = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object((writer.checksums, tensor_bytes(state), failure), reports, dst=0)  # also: all ranks are done
-        error = [self.commit(step, tmp, reports, start, **meta) if self.rank == 0 else None]
-        dist.broadcast_object_list(error, src=0)
-        if error[0] is not None:
-            raise CheckpointWriteError(error[0])
-        return time.perf_counter() - start
+        outcome = [self.commit(step, tmp, reports, **meta) if self.rank == 0 else None]
+        outcome.append(SaveDone(step, started, time.perf_counter() - start, step_s))  # rank 0's, below
+        dist.broadcast_object_list(outcome, src=0)
+        if outcome[0] is not None:
+            raise CheckpointWriteError(outcome[0])
+        return [outcome[1]]
 
-    def commit(self, step: int, tmp: Path, reports: list, start: float, **meta: object) -> str | None:
-        """Rank 0, given every rank's (checksums, tensor bytes, failure): write the manifest and rename `tmp`
-        into place, or else remove it and return the one-line error."""
+    def poll(self) -> list[SaveDone]:
+        """At every step boundary: in async mode, where the save in flight stands (a collective while one is), the
+        save if it just became durable; raises CheckpointWriteError on every rank if it failed anywhere."""
+        return [] if self.saves is None else self.saves.poll()
+
+    def finish(self) -> list[SaveDone]:
+        """Where training stops (a stop signal, the segment's end): wait for the save in flight, if any."""
+        return [] if self.saves is None else self.saves.finish()
+
+    def commit(self, step: int, tmp: Path, reports: list, **meta: object) -> str | None:
+        """Rank 0, given every rank's (checksums, tensor bytes, failure): write the manifest (fsyncing every file),
+        rename `tmp` into place and fsync the folder it is in, or else remove it and return the one-line error."""
+        start = time.perf_counter()
         failed = [(rank, failure) for rank, (_, _, failure) in enumerate(reports) if failure is not None]
         if not failed:
             try:
@@ -115,15 +152,16 @@ class CheckpointManager:
                 manifest = write_manifest(tmp, checksums, step=step, world_size=len(reports), **meta)
                 shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
                 tmp.rename(step_dir(self.root, step))
+                fsync_path(self.root)  # the rename is durable once its folder is
             except (ChecksumError, OSError) as err:
                 failed = [(0, describe_failure(None, err))]
         if failed:
             shutil.rmtree(tmp, ignore_errors=True)  # else the partial write holds its space until the next save
             return self.write_error(step, *failed[0], needs=sum(nbytes for _, nbytes, _ in reports))
-        self.pruning = self.pruner.submit(self.prune)
+        self.pruning = self.background.submit(self.prune)
         nbytes = sum(f["bytes"] for f in manifest["files"].values())
         log.info(
-            "Saved checkpoint step %d (%d files, %.1f MB) in %.2f s",
+            "Saved checkpoint step %d (%d files, %.1f MB), committed in %.2f s",
             step,
             len(manifest["files"]),
             nbytes / 1e6,
@@ -132,19 +170,23 @@ class CheckpointManager:
         return None
 
     def write_error(self, step: int, rank: int, failure: tuple, *, needs: int) -> str:
+        """The one line a failed save raises on every rank: the cause, the rank, the file, the fix."""
         code, text, path = failure
         if code == errno.ENOSPC:
             return (
-                f"no space left on {self.root} writing step {step} (needs ~{needs / 1e9:.3g} GB, estimated from "
-                "the tensor bytes of every rank's state); free space there or move the checkpoints to a larger "
-                "file system"
+                f"no space left on {self.root} writing step {step} ({path}, rank {rank}; needs ~{needs / 1e9:.3g} GB, "
+                "estimated from the tensor bytes of every rank's state); free space there or move the checkpoints to "
+                "a larger file system"
             )
         if code is not None:
             return (
                 f"{text} on {self.root} writing step {step} ({path}, rank {rank}); the previous checkpoints are "
                 "intact, fix the file system and save again"
             )
-        return f"writing step {step} to {self.root} failed on rank {rank}: {text}; the previous checkpoints are intact"
+        return (
+            f"writing step {step} to {self.root} failed on rank {rank} ({path}): {text}; the previous checkpoints are "
+            "intact: rerun to resume from the newest (if it recurs, the node's kernel log says what killed a process)"
+        )
 
     def prune(self) -> None:
         """Keep the newest `keep` checkpoints and every pinned one (segment ends); remove what
@@ -163,8 +205,10 @@ class CheckpointManager:
             pending.result()
 
     def close(self) -> None:
+        if self.saves is not None:
+            self.saves.close()
         self.wait()
-        self.pruner.shutdown()
+        self.background.shutdown()
 
     def newest_valid(self, at_most: int) -> int:
         """The newest checkpoint <= at_most whose files match their manifest (-1: none); agreed by all ranks."""
@@ -181,6 +225,8 @@ class CheckpointManager:
         return int(chosen)
 
     def load(self, step: int, state: dict) -> None:
+        if self.saves is not None:
+            self.saves.wait_staged()  # a save's background copy reads the tensors this load writes
         start = time.perf_counter()
         reader = InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads)
         try:

@@ -23,6 +23,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from trainflow.checkpoint.staging import local
+
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -38,6 +40,15 @@ def build_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
             }
         )
     return {"model": model, "optim": optim, "step": torch.tensor(step), "rng": torch.get_rng_state()}
+
+
+def state_bytes(parts: list[nn.Module]) -> int:
+    """This rank's bytes of what build_state holds once AdamW's two moments exist, counted without making them
+    (get_optimizer_state_dict takes a zero step to make them, which would change a fresh run's first step): the
+    model's state and two copies of its parameters. What checkpoint.mode=async stages in host memory."""
+    tensors = [t for part in parts for t in part.state_dict().values() if isinstance(t, torch.Tensor)]
+    params = [p for part in parts for p in part.parameters()]
+    return sum(local(t).nbytes for t in tensors) + 2 * sum(local(p).nbytes for p in params)
 
 
 def load_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], state: dict) -> int:

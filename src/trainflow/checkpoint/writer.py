@@ -18,6 +18,23 @@ import crc32c
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from trainflow.errors import TrainflowError
+
+
+class CheckpointWriteError(TrainflowError):
+    """A checkpoint that could not be written; the previous ones are intact."""
+
+
+def describe_failure(path: str | None, err: BaseException) -> tuple[int | None, str, str | None]:
+    """(errno, text, file) of a failed write, for the one-line error. torch.save turns a failed write into
+    `enforce fail at inline_container.cc ... unexpected pos`, keeping the OSError only as its context."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None, " ".join(str(err).split()) or type(err).__name__, path
+    return cause.errno, cause.strerror or str(cause), path or cause.filename
+
 
 class ChecksummedFile(io.FileIO):
     """A file open for writing that keeps the size and CRC-32C of what it wrote, in order; it
