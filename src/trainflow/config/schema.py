@@ -193,6 +193,10 @@ class CheckpointConfig:
     io_threads: int = checked(ge=1)
     """Threads per rank that write (one file each) and read a checkpoint."""
     max_interval_steps: int = checked(1000, ge=1)
+    mode: str = checked("sync", one_of=("sync", "async"))
+    """sync: every rank waits until the checkpoint is durable. async: each rank stages its state to host memory (one
+    extra copy of it) and trains on while a background process writes it; the same manifest and atomic publish, at a
+    later step boundary (trainflow.checkpoint.background)."""
 
 
 @dataclass
