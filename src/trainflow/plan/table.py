@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from trainflow.plan.build import Plan
+from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
 
@@ -70,10 +71,7 @@ def render(plan: Plan) -> str:
         "Checkpoint and campaign",
         [
             ("checkpoint", f"{size(camp.checkpoint_bytes).strip()}, written in {camp.save_s:.3g} s"),
-            (
-                "Young/Daly interval",
-                f"{camp.interval_s:.0f} s = {camp.interval_steps} steps (waste {camp.waste:.1%})",
-            ),
+            *checkpoint_rows(camp),
             ("campaign", f"{camp.steps} steps, {camp.tokens:.4g} tokens, {camp.hours:.4g} h"),
             ("energy", f"{camp.facility_gwh:.4g} GWh facility at {camp.watts_per_device:g} W/device"),
             ("tokens per joule", f"{camp.tokens_per_joule:.3g}"),
@@ -81,6 +79,28 @@ def render(plan: Plan) -> str:
     )
     lines += remedy_lines(plan.remedies) + seed_lines(plan.seed)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def checkpoint_rows(camp: CampaignPlan) -> list[tuple[str, str]]:
+    """Young/Daly's interval and waste under both checkpoint modes, the configured one marked, and async's host
+    memory."""
+    a, mark = camp.asynchronous, {camp.mode: "  <- checkpoint.mode"}
+    rows = [
+        (
+            "sync: Young/Daly",
+            f"{camp.interval_s:.0f} s = {camp.interval_steps} steps (waste {camp.waste:.1%}){mark.get('sync', '')}",
+        ),
+        (
+            "async: Young/Daly",
+            f"{a.interval_s:.0f} s = {a.interval_steps} steps (waste {a.waste:.1%}): blocked {a.blocking_s:.3g} s "
+            f"staging {size(a.staging_bytes).strip()}, durable {a.background_s:.3g} s later{mark.get('async', '')}",
+        ),
+        (
+            "async: host memory",
+            f"{size(a.host_bytes_per_node).strip()} of {size(a.host_capacity_bytes).strip()} per node",
+        ),
+    ]
+    return rows + ([("async refused", a.refused)] if a.refused else [])
 
 
 def remedy_lines(remedies: list[Remedy]) -> list[str]:
