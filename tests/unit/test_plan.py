@@ -142,7 +142,7 @@ def test_memory_capacity_and_shard_groups():
 
 
 def test_young_daly_interval_from_the_predicted_write():
-    cfg = config(*SEED)
+    cfg = config(*SEED, "checkpoint.mode=sync")  # the experiment saves asynchronously: test_checkpoint_plan.py
     plan = plan_campaign(cfg, step_s=10.0)
     save = 12 * 70_553_706_496 / (cfg.cluster.hardware.storage_write_gbps * 1e9)  # Llama 3 70B's published parameters
     assert plan.save_s == pytest.approx(save)
