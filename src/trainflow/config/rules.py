@@ -107,27 +107,25 @@ def train_errors(cfg: TrainflowConfig) -> list[str]:
 
 
 def fp8_errors(cfg: TrainflowConfig) -> list[str]:
-    """FP8 runs inside bf16 training, on tensor-core tiles of 16, on whole (not tensor-parallel) linears."""
-    t, m, errors = cfg.train, cfg.model, []
+    """FP8 runs inside bf16 training, on tensor-core tiles of 16: every block linear's share on one tp rank (its
+    local GEMMs; trainflow.fp8.linear runs them on the shards tensor parallel leaves) in multiples of 16."""
+    t, m, tp, errors = cfg.train, cfg.model, cfg.parallel.tp, []
     if t.precision != "bf16":
         errors.append(
             f"train.fp8={t.fp8} runs inside bf16 training (its GEMMs output bf16) and train.precision is "
             f"{t.precision}; set train.precision=bf16"
         )
-    if cfg.parallel.tp > 1:
-        errors.append(
-            f"train.fp8={t.fp8} with parallel.tp({cfg.parallel.tp}) > 1 is not supported: each shard's scale "
-            "would have to be agreed over the tp group; use dp / pp for this model or train.fp8=none"
-        )
+    per_rank = f" on each of parallel.tp({tp}) ranks" if tp > 1 else ""
     bad = [
-        f"layers.*.{name} is a {d_in} -> {d_out} Linear"
-        for name, (d_in, d_out) in linear_shapes(m, tp=cfg.parallel.tp).items()
+        f"layers.*.{name} is a {d_in} -> {d_out} Linear{per_rank}"
+        for name, (d_in, d_out) in linear_shapes(m, tp=tp).items()
         if d_in % FP8_TILE or d_out % FP8_TILE
     ]
     if bad:
         errors.append(
             f"train.fp8: {bad[0]}{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; fp8 GEMMs need in and "
-            f"out features in multiples of {FP8_TILE} (tensor-core tiles): make model.dim, its head dim "
-            "(dim / n_heads) and model.multiple_of multiples of 16, or set train.fp8=none"
+            f"out features in multiples of {FP8_TILE} (tensor-core tiles): make model.dim and its head dim "
+            f"(dim / n_heads) multiples of {FP8_TILE} and model.multiple_of a multiple of {FP8_TILE * tp}, or set "
+            "train.fp8=none"
         )
     return errors

@@ -2,7 +2,7 @@
 dynamic and delayed scaling (linear.py), and the swap of a Llama's block linears (apply.py).
 
     backend = apply_fp8(model, recipe="delayed", history_len=16)   # reference, sm89_kernel, sm90_kernel, scaled_mm
-    ... per optimizer step, after backward: sync_amax_history(parts, dp_group)
+    ... per optimizer step, after backward: sync_amax_history(parts, dp_group, tp_group)   # each None if size 1
 """
 
 from trainflow.fp8.apply import apply_fp8

@@ -1,7 +1,7 @@
 """Float8Linear: an nn.Linear whose three GEMMs run in fp8, with dynamic or delayed (amax-history) scaling.
 
     layer = Float8Linear(1024, 4096, bias=False, recipe="delayed", history_len=16)
-    y = layer(x); y.sum().backward(); sync_amax_history([model], group=None)   # once per optimizer step
+    y = layer(x); y.sum().backward(); sync_amax_history([model], None)   # once per optimizer step
 
 Design note (the recipe of Transformer Engine and torchao's tensorwise float8, without their machinery):
 - forward    y  = x W^T      x, W in e4m3                  fp8_gemm(xq, Wq)
@@ -15,25 +15,74 @@ Design note (the recipe of Transformer Engine and torchao's tensorwise float8, w
 - delayed: each scale comes from the largest amax of the last `history_len` optimizer steps; the amaxes seen
   during a step (every microbatch and recomputation: a max, so repeats change nothing) collect in
   `amax_pending` and enter the history when `sync_amax_history` runs, all-reduced (MAX) over the data-parallel
-  group in one collective, so every replica scales identically. Until a history holds a value (the first step)
-  the current amax is used. The history is a persistent buffer, `amax_history` (3, history_len) with rows
-  input / weight / grad_output, newest first: it is in the state_dict, so a resumed run scales as the
-  uninterrupted one did. Values beyond a delayed scale's range saturate (cast.quantise).
+  and tensor-parallel groups, one collective each, so every rank scales identically. Until a history holds a
+  value (the first step) the current amax is used. The history is a persistent buffer, `amax_history`
+  (3, history_len) with rows input / weight / grad_output, newest first: it is in the state_dict, so a resumed
+  run scales as the uninterrupted one did. Values beyond a delayed scale's range saturate (cast.quantise).
+Tensor parallel (trainflow.parallel.tensor_parallel: torch's ColwiseParallel / RowwiseParallel, which shard a
+Float8Linear as any nn.Linear, which it is). The style makes the weight a DTensor (Shard(0) column-, Shard(1)
+row-parallel), hands forward a DTensor input, takes a DTensor output back and runs every activation collective.
+forward runs the three GEMMs on this rank's shards (to_local) and returns its output as the DTensor the style
+expects (from_local: a column shard, or a Partial sum that RowwiseParallel all-reduces); a column-parallel input
+gradient leaves as Partial, which ColwiseParallel's from_local sums. Chosen over torchao's Float8ColwiseParallel /
+Float8RowwiseParallel: they cast to an fp8 tensor subclass that DTensor's matmul rules then run on, while our
+GEMM is one custom op on plain tensors, which DTensor has no sharding rule for; so `SHARDS`, what DTensor would
+have derived (which operand is sharded), is written here by hand.
+- Scales. Each local GEMM is dequantised before partial outputs are summed, so per-shard scales would be correct,
+  but they would quantise differently from one process. A scale is the whole tensor's amax instead (whole_amax:
+  DTensor's amax of the shards, a MAX all-reduce over tp where the tensor is sharded: W in both styles, x
+  row-parallel, grad_output column-parallel; none where it is replicated and so equal on every rank: x
+  column-parallel, grad_output row-parallel), so every shard is quantised as one process quantises the whole.
+- dynamic agrees at every GEMM (one 4-byte all-reduce per sharded tensor). delayed records local amaxes and the
+  sync agrees them over tp once per step, so its GEMMs wait on no collective, except in the first step (before
+  this process synced or loaded a history), which agrees its current amaxes as dynamic does; a later history
+  row of zeros (a tensor all zero for history_len steps) falls back to the local amax, on every run alike.
+- The amax buffers: distribute_module makes every buffer of a sharded module a Replicate DTensor; they are read
+  and updated through their local tensor (`local`).
 Tolerances (tests/unit/test_fp8.py): outputs and gradients equal the fp32 computation on the fp8-rounded
 tensors up to fp32 summation order; against full-precision fp32 they are within the e4m3/e5m2 rounding bound.
+At tp2 one block's loss and gradients match one process's to summation order (measured within 1e-6 and 4e-7; per-shard
+scales would put them 1e-5 - 2e-4 and 0.08 - 0.13 apart); deeper, e5m2's 2 mantissa bits magnify a summation-order
+difference that lands on a rounding boundary, so a step's gradients may differ by as much as fp8 rounding does, and
+training runs are held to the loss-drift bounds of tests/distributed/test_numerics.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from trainflow.fp8.cast import E4M3, E5M2, amax, quantise, scale_from_amax
 from trainflow.fp8.ops import fp8_gemm
 
 RECIPES = ("dynamic", "delayed")
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2  # rows of amax_history / entries of amax_pending
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Where one tp rank's pieces of a linear lie in the whole tensors (the placements DTensor would give them)."""
+
+    x: Placement
+    y: Placement
+    """This rank's GEMM output: a shard of the columns, or a partial sum the style all-reduces."""
+    grad_y: Placement
+    """The output's gradient as the style hands it back (the all-reduced output's is replicated)."""
+    grad_x: Placement | None
+    """This rank's input gradient: a partial sum under ColwiseParallel, which its from_local all-reduces; None:
+    placed as the input is (RowwiseParallel: this rank's columns)."""
+
+
+SHARDS = {
+    Shard(0): Shards(x=Replicate(), y=Shard(-1), grad_y=Shard(-1), grad_x=Partial()),  # ColwiseParallel
+    Shard(1): Shards(x=Shard(-1), y=Partial(), grad_y=Replicate(), grad_x=None),  # RowwiseParallel
+}
+"""By the weight's placement on the tp mesh."""
 
 
 def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -46,8 +95,20 @@ def delayed_amax(past: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     return torch.where(past > 0, past, current)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's tensor of a DTensor (the same storage), else t."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def whole_amax(part: torch.Tensor, mesh: DeviceMesh, placement: Placement) -> torch.Tensor:
+    """The amax of the whole tensor whose tp shard (or replica) `part` is: DTensor's amax, which all-reduces (MAX)
+    over the mesh only where `placement` shards it."""
+    return amax(DTensor.from_local(part, mesh, (placement,), run_check=False)).full_tensor()
+
+
 class _Fp8Matmul(torch.autograd.Function):
-    """y = x W^T with the three GEMMs in fp8 (see the module docstring); x (..., K), W (N, K)."""
+    """y = x W^T with the three GEMMs in fp8 (see the module docstring); x (..., K), W (N, K), local tensors.
+    grad_tp: (tp mesh, grad_output's placement) where grad_output's amax must be agreed over tp, else None."""
 
     @staticmethod
     def forward(
@@ -60,6 +121,7 @@ class _Fp8Matmul(torch.autograd.Function):
         grad_pending: torch.Tensor | None,
         out_dtype: torch.dtype,
         margin: int,
+        grad_tp: tuple[DeviceMesh, Placement] | None,
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
         xq, wq = quantise(x2, x_scale, E4M3), quantise(weight, w_scale, E4M3)
@@ -67,7 +129,7 @@ class _Fp8Matmul(torch.autograd.Function):
         ctx.save_for_backward(xq, wq, x_scale, w_scale, grad_past)
         # Not saved with save_for_backward: the buffer is updated in place by later microbatches (its version
         # counter would then refuse it), and this backward must add to it, not to a snapshot.
-        ctx.grad_pending = grad_pending
+        ctx.grad_pending, ctx.grad_tp = grad_pending, grad_tp
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype, ctx.margin = x.shape, x.dtype, weight.dtype, margin
         return y.to(out_dtype).reshape(*x.shape[:-1], wq.shape[0])
 
@@ -76,8 +138,11 @@ class _Fp8Matmul(torch.autograd.Function):
         xq, wq, x_scale, w_scale, grad_past = ctx.saved_tensors
         g = grad_y.reshape(-1, grad_y.shape[-1])  # (M, N)
         g_amax = amax(g)
-        if ctx.grad_pending is not None:  # delayed: record this amax, scale from the history
+        if ctx.grad_pending is not None:  # delayed: record this (local) amax
             ctx.grad_pending.copy_(torch.maximum(ctx.grad_pending, g_amax))
+        if ctx.grad_tp is not None:  # a shard of grad_output: the whole tensor's amax
+            g_amax = whole_amax(g, *ctx.grad_tp)
+        if ctx.grad_pending is not None:  # delayed: scale from the history
             g_amax = delayed_amax(grad_past, g_amax)
         g_scale = scale_from_amax(g_amax, E5M2, ctx.margin)
         gq = quantise(g, g_scale, E5M2)
@@ -89,7 +154,7 @@ class _Fp8Matmul(torch.autograd.Function):
         if ctx.needs_input_grad[1]:  # (N, M) x (K, M)^T -> (N, K)
             grad_w = fp8_gemm(gq.t().contiguous(), xq.t().contiguous(), g_inv, x_scale.reciprocal(), torch.float32)
             grad_w = grad_w.to(ctx.w_dtype)
-        return grad_x, grad_w, None, None, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -113,6 +178,7 @@ class Float8Linear(nn.Linear):
         if recipe == "delayed" and history_len < 1:
             raise ValueError(f"Float8Linear: history_len={history_len} must be >= 1 for the delayed recipe")
         self.recipe, self.history_len, self.margin = recipe, history_len, margin
+        self.history_ready = False  # synced or loaded a history: until then a tp rank agrees its current amaxes
         if recipe == "delayed":
             self.register_amax_buffers(device)
 
@@ -120,6 +186,10 @@ class Float8Linear(nn.Linear):
         """The delayed recipe's state: the history (checkpointed) and this step's amaxes (not: zero after a sync)."""
         self.register_buffer("amax_history", torch.zeros(3, self.history_len, device=device))
         self.register_buffer("amax_pending", torch.zeros(3, device=device), persistent=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        self.history_ready = self.history_ready or f"{prefix}amax_history" in state_dict
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, recipe: str, history_len: int, margin: int = 0) -> Float8Linear:
@@ -142,18 +212,30 @@ class Float8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device_type = x.device.type
         out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-        x_amax, w_amax = amax(x), amax(self.weight)
-        grad_past = grad_pending = None
+        weight, tp = self.weight, None
+        if isinstance(weight, DTensor):  # tensor parallel: the GEMMs on this rank's shards (module docstring)
+            tp, w_placement, shards = weight.device_mesh, weight.placements[0], tp_shards(weight, x)
+            grad_x = None if shards.grad_x is None else (shards.grad_x,)
+            x, weight = x.to_local(grad_placements=grad_x), weight.to_local()
+        agree = tp is not None and (self.recipe == "dynamic" or not self.history_ready)
+        x_amax, w_amax = amax(x), amax(weight)
+        grad_past = grad_pending = grad_tp = None
         if self.recipe == "delayed":
-            self.amax_pending[:GRAD_OUTPUT].copy_(
-                torch.maximum(self.amax_pending[:GRAD_OUTPUT], torch.stack((x_amax, w_amax)))
-            )
-            past = self.amax_history.amax(dim=1)  # (3,): input, weight, grad_output
+            history, pending = local(self.amax_history), local(self.amax_pending)
+            pending[:GRAD_OUTPUT].copy_(torch.maximum(pending[:GRAD_OUTPUT], torch.stack((x_amax, w_amax))))
+        if agree:
+            x_amax, w_amax = whole_amax(x, tp, shards.x), whole_amax(weight, tp, w_placement)
+            grad_tp = (tp, shards.grad_y)
+        if self.recipe == "delayed":
+            past = history.amax(dim=1)  # (3,): input, weight, grad_output
             x_amax, w_amax = delayed_amax(past[INPUT], x_amax), delayed_amax(past[WEIGHT], w_amax)
-            grad_past, grad_pending = past[GRAD_OUTPUT], self.amax_pending[GRAD_OUTPUT:]
+            grad_past, grad_pending = past[GRAD_OUTPUT], pending[GRAD_OUTPUT:]
         x_scale = scale_from_amax(x_amax, E4M3, self.margin)
         w_scale = scale_from_amax(w_amax, E4M3, self.margin)
-        y = _Fp8Matmul.apply(x, self.weight, x_scale, w_scale, grad_past, grad_pending, out_dtype, self.margin)
+        args = (x_scale, w_scale, grad_past, grad_pending, out_dtype, self.margin, grad_tp)
+        y = _Fp8Matmul.apply(x, weight, *args)
+        if tp is not None:
+            y = DTensor.from_local(y, tp, (shards.y,), run_check=False)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
@@ -161,16 +243,32 @@ class Float8Linear(nn.Linear):
         return f"{super().extra_repr()}, recipe={self.recipe}{history}"
 
 
-def sync_amax_history(parts: list[nn.Module], group: dist.ProcessGroup | None) -> None:
-    """Roll this step's amaxes into every delayed Float8Linear's history: all-reduced (MAX) over `group` in ONE
-    collective (None: a single process, no collective). Call once per optimizer step on every rank of the group;
-    the group is the ranks that hold the same layers (the data-parallel group)."""
+def tp_shards(weight: DTensor, x: torch.Tensor) -> Shards:
+    """The placements of a weight sharded by torch's ColwiseParallel or RowwiseParallel, whose input is a DTensor."""
+    shards = SHARDS.get(weight.placements[0]) if weight.device_mesh.ndim == 1 else None
+    if shards is None or not isinstance(x, DTensor):
+        raise ValueError(
+            f"Float8Linear: weight placements {weight.placements} on a {weight.device_mesh.ndim}-D mesh with a "
+            f"{type(x).__name__} input are neither ColwiseParallel's (Shard(0)) nor RowwiseParallel's (Shard(1)); "
+            "shard the block with trainflow.parallel.tensor_parallel.apply_tp"
+        )
+    return shards
+
+
+def sync_amax_history(parts: list[nn.Module], *groups: dist.ProcessGroup | None) -> None:
+    """Roll this step's amaxes into every delayed Float8Linear's history, all-reduced (MAX) over each group given,
+    in ONE collective per group (None or none given: a single process). Call once per optimizer step on every rank:
+    the data-parallel group (replicas of the same layers) and, under tensor parallel, the tp group (a shard's amax
+    becomes the whole tensor's; a replicated tensor's amax is the same on every tp rank anyway)."""
     layers = [m for part in parts for m in part.modules() if isinstance(m, Float8Linear) and m.recipe == "delayed"]
     if not layers:
         return
-    pending = torch.stack([m.amax_pending for m in layers])  # (layers, 3)
-    if group is not None:
-        dist.all_reduce(pending, op=dist.ReduceOp.MAX, group=group)
+    pending = torch.stack([local(m.amax_pending) for m in layers])  # (layers, 3)
+    for group in groups:
+        if group is not None:
+            dist.all_reduce(pending, op=dist.ReduceOp.MAX, group=group)
     for m, newest in zip(layers, pending):
-        m.amax_history.copy_(torch.cat((newest[:, None], m.amax_history[:, :-1]), dim=1))
-        m.amax_pending.zero_()
+        history = local(m.amax_history)
+        history.copy_(torch.cat((newest[:, None], history[:, :-1]), dim=1))
+        local(m.amax_pending).zero_()
+        m.history_ready = True

@@ -70,8 +70,11 @@ class Parallelized:
         mid = time.perf_counter()
         if self.reducer is not None:
             self.reducer.finish()
-        if self.fp8_backend is not None:  # delayed scaling: one MAX all-reduce of the step's amaxes over dp
-            sync_amax_history(self.named_parts(), self.mesh["dp"].get_group() if self.dims.dp > 1 else None)
+        if self.fp8_backend is not None:  # delayed scaling: the step's amaxes MAX all-reduced over dp, then over tp
+            groups = [
+                self.mesh[name].get_group() for name, size in (("dp", self.dims.dp), ("tp", self.dims.tp)) if size > 1
+            ]
+            sync_amax_history(self.named_parts(), *groups)
         dp_comm = time.perf_counter() - mid
         # Without a pipeline the whole forward/backward is compute; within one, only the timed stage calls are.
         times = StepTimes(compute=mid - start) if self.schedule is None else self.clock.step_times(mid - start)
@@ -167,7 +170,8 @@ def parallelize_model(
     fp8_amax_history: int = 16,
 ) -> Parallelized:
     """Apply the layout in torchtitan's fixed order: pipeline split, fp8 linears and tensor parallel per chunk,
-    data parallel (which holds the modules it is given, so the fp8 swap comes before it).
+    data parallel (which holds the modules it is given, so the fp8 swap comes before it). Tensor parallel shards a
+    Float8Linear as it shards an nn.Linear (trainflow.fp8.linear's note says how its GEMMs run on the shards).
 
     activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
     """

@@ -14,7 +14,8 @@ from trainflow.config.shape import SPLITS
 # Megatron's layout (trainflow.config.shape.SPLITS): the linears into attention heads / the SwiGLU width
 # column-parallel, the ones out row-parallel, so a block needs one all-reduce in attention and one in the MLP,
 # forward and backward. wk / wv shard whole key/value heads (config.layout checks tp divides n_kv_heads), so each
-# rank's query heads find their shared key/value head locally.
+# rank's query heads find their shared key/value head locally. A Float8Linear (train.fp8) is an nn.Linear, so the
+# same styles shard it; it runs its fp8 GEMMs on the shards with scales agreed over tp (trainflow.fp8.linear).
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 TP_PLAN = {name: STYLES[split]() for name, split in SPLITS.items()}
 
