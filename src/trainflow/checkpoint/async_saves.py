@@ -102,7 +102,7 @@ class AsyncSaves:
         self.replan(state, flat, folder)  # collective: also, every rank sees the folder rank 0 made
         for opt in optimizers:
             if id(opt) not in self.hooked:  # the optimizer's next step waits for the background copy of its tensors
-                opt.register_step_pre_hook(lambda *_: self.staging.settle())
+                opt.register_step_pre_hook(lambda *_: self.before_optimizer_step())
                 self.hooked.add(id(opt))
         deferred = {storage_ptr(t) for opt in optimizers for t in optimizer_tensors(opt)}
         writer, threads = self.writer, self.manager.io_threads
@@ -111,6 +111,16 @@ class AsyncSaves:
         self.pending = Pending(step, folder, started, step_s, nbytes, meta, before_commit)
         self.pending.blocking_s = time.perf_counter() - t0
         return done
+
+    def before_optimizer_step(self) -> None:
+        """An optimizer's step changes what the background copy reads: it waits for it, and training is blocked
+        for as long as it waits."""
+        if self.staging.copying is None or self.staging.copying.done():
+            return
+        t0 = time.perf_counter()
+        self.staging.settle()
+        if self.pending is not None:
+            self.pending.blocking_s += time.perf_counter() - t0
 
     def replan(self, state: dict, flat: dict, folder: Path) -> None:
         """DCP's save plan for this state, made once and kept while its layout holds (every rank agrees whether it

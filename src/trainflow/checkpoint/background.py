@@ -47,6 +47,9 @@ from trainflow.checkpoint.writer import ChecksummingWriter, describe_failure
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+NICE = 10
+"""The writer's scheduling niceness: where cores are short, the training rank's threads go first (the write has an
+interval's slack; a step has none)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def serve(conn: Connection, parent: int) -> None:
     if os.getppid() != parent:  # the rank died before the line above
         return
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # it writes host memory; a CUDA context would cost device memory
+    os.nice(NICE)
     buffers: dict[str, torch.Tensor] = {}
     plan: SavePlan | None = None
     while True:
