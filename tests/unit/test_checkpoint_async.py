@@ -39,13 +39,15 @@ def snapshot(state: dict) -> dict:
     return {k: v.clone() for k, v in flat(state).items()}
 
 
-def durable(manager: CheckpointManager, *, boundaries: int = 200) -> list:
-    """Poll boundary after boundary until a save is durable (a step's worth of sleep in between)."""
-    for _ in range(boundaries):
+def durable(manager: CheckpointManager, *, within_s: float = 120) -> list:
+    """Poll boundary after boundary (a short step's worth of sleep in between) until a save is durable; the first
+    waits for the writer process to start (it imports torch)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
         if done := manager.poll():
             return done
         time.sleep(0.02)
-    raise AssertionError(f"no save became durable in {boundaries} boundaries")
+    raise AssertionError(f"no save became durable in {within_s} s")
 
 
 def assert_loads(manager: CheckpointManager, step_: int, want: dict) -> None:
