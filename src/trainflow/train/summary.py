@@ -37,12 +37,23 @@ class ProfileSummary(Record):
 
 @dataclass(frozen=True)
 class SaveRecord(Record):
-    """One checkpoint save of this job: the energy report's checkpoint phase."""
+    """One checkpoint save of this job, once durable (checkpoint.interval's SaveDone, rank 0's figures): the energy
+    report's checkpoint phase and the report's checkpoint lines."""
 
     step: int
     started: float
     """Wall-clock time the save began."""
     save_s: float
+    """Seconds training was blocked by it: the whole save in sync mode; in async mode the staging, an optimizer
+    step's wait for the background copy and the step boundaries' agreements while it was in flight."""
+    background_s: float | None = None
+    """checkpoint.mode=async: the slowest rank's background copy and write plus rank 0's manifest and rename; None
+    in sync mode."""
+    waited_s: float = 0.0
+    """Seconds the next save, a stop signal or the segment's end waited for it to become durable."""
+    overlap_steps: int = 0
+    """Steps that ran while it was in the background (steps `step` to `step + overlap_steps - 1`): the report
+    compares their mean time with the other steps'."""
 
 
 @dataclass(frozen=True)
