@@ -22,9 +22,9 @@ from statistics import median
 import torch
 import torch.distributed as dist
 
-from trainflow.checkpoint.interval import IntervalPlanner
+from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
 from trainflow.checkpoint.manager import CheckpointManager
-from trainflow.checkpoint.state import build_state, load_state, state_digest
+from trainflow.checkpoint.state import build_state, load_state, state_bytes, state_digest
 from trainflow.config import ParallelDims, TrainflowConfig, as_dict
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.schema import PRECISIONS
@@ -107,7 +107,15 @@ class Trainer:
         """Checkpoints and their interval, the stop signal, what the segment records of itself."""
         cfg, t, c = self.cfg, self.cfg.train, self.cfg.checkpoint
         ends = {(s + 1) * t.segment_steps for s in range(t.segments)}
-        self.checkpoints = CheckpointManager(cfg.io.checkpoints, keep=c.keep, pinned=ends, io_threads=c.io_threads)
+        self.checkpoints = CheckpointManager(
+            cfg.io.checkpoints,
+            keep=c.keep,
+            pinned=ends,
+            io_threads=c.io_threads,
+            mode=c.mode,
+            device=self.device,
+            staging_bytes=state_bytes(self.model.named_parts()),  # async: refused at start-up where it cannot fit
+        )
         self.planner = IntervalPlanner(
             mtbf_s=cfg.cluster.hardware.mtbf_hours * 3600,
             fixed_steps=c.interval_steps,
@@ -147,16 +155,24 @@ class Trainer:
         return loaded
 
     def save(self, step: int) -> None:
-        seconds = self.checkpoints.save(
+        done = self.checkpoints.save(
             step,
             self.state(step),
+            optimizers=self.optimizers,  # async: their next step waits for the background copy of their tensors
+            step_s=self.planner.step_s,
             before_commit=lambda: maybe_inject_fault(self.cfg.fault, step, during_save=True),
             layout=self.cfg.parallel.name,
             model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
         )
-        self.saves.append(SaveRecord(step=step, started=time.time() - seconds, save_s=seconds))
+        self.saved(done)
+
+    def saved(self, done: list[SaveDone]) -> None:
+        """Record the saves that became durable (in sync mode the one just taken; in async mode at a later step
+        boundary, or where training stops) and plan the next interval from them."""
         before = self.planner.interval_steps
-        self.planner.observe_save(seconds)
+        for d in done:
+            self.saves.append(SaveRecord(d.step, d.started, d.blocking_s, d.background_s, d.waited_s, d.overlap_steps))
+            self.planner.observe_save(d.blocking_s, step_s=d.step_s, background_s=d.background_s)
         plan = self.planner.describe()
         if self.is_logger and plan.interval_steps != before:
             log.info(
@@ -230,6 +246,7 @@ class Trainer:
             since_save += 1
             self.recorder.step(record)
             self.planner.observe_step(record.step_s)
+            self.saved(self.checkpoints.poll())  # async: where the save in flight stands, agreed
             if step % t.eval_every == 0 or step == self.end_step:
                 self.evaluate(step)
             if stop_signal := self.stop.agreed():
@@ -243,6 +260,7 @@ class Trainer:
         for sig, handler in previous.items():
             if stop_signal or sig != signal.SIGUSR2:
                 signal.signal(sig, handler)
+        self.saved(self.checkpoints.finish())  # async: the save in flight is durable before the segment ends
         self.sampler.close()
         self.checkpoints.close()
         if self.offloader is not None:
