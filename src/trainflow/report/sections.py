@@ -157,17 +157,45 @@ def top_operators(profile: ProfileSummary | None, here: Path) -> list[str]:
 
 
 def checkpoints(last: SegmentSummary, verify: VerifyReport, verify_path: str, here: Path) -> list[str]:
+    """The interval and what it was planned from, the verification, and per save of the last segment's job: the
+    seconds training was blocked, the background write (async) and the wait for it, and the steps that ran beside
+    the write against the others (the segment's first, warm-up, step left out)."""
     ci = last.checkpoint_interval
     young_daly = f", Young/Daly interval {ci.interval_s:.1f} s" if ci.interval_s else ""
-    return [
+    floor = "" if ci.background_s is None else f", background write {ci.background_s:.2f} s: the interval's floor"
+    lines = [
         "## Checkpoints",
         "",
-        f"Interval policy **{ci.policy}**: {ci.interval_steps} steps (save {ci.save_s:.2f} s measured, "
-        f"step {ci.step_s:.3f} s measured, MTBF {ci.mtbf_s / 3600:.1f} h{young_daly}).",
+        f"Interval policy **{ci.policy}**: {ci.interval_steps} steps (training blocked {ci.save_s:.3f} s a save "
+        f"measured{floor}, step {ci.step_s:.3f} s measured, MTBF {ci.mtbf_s / 3600:.1f} h{young_daly}).",
         f"Verified {verify.files} files in {len(verify.checkpoints)} checkpoints ({verify.bytes / 1e6:.1f} MB, "
         f"{verify.algorithm}): {len(verify.failures)} mismatches. [verify.json]({relative(verify_path, here)})",
         "",
     ]
+    step_s = {r.step: r.step_s for r in last.steps[1:]}
+    during = {s.step + i for s in last.saves for i in range(s.overlap_steps)}
+    others = [t for step, t in step_s.items() if step not in during]
+    other_s = sum(others) / len(others) if others else None
+    rows = []
+    for s in last.saves:
+        beside = [step_s[k] for k in range(s.step, s.step + s.overlap_steps) if k in step_s]
+        mean = sum(beside) / len(beside) if beside else None
+        rows.append(
+            [
+                s.step,
+                f"{s.save_s:.3f}",
+                "-" if s.background_s is None else f"{s.background_s:.3f}",
+                f"{s.waited_s:.3f}",
+                s.overlap_steps,
+                "-" if mean is None else f"{mean:.4f}",
+                "-" if mean is None or not other_s else f"{mean / other_s:.2f}x",
+            ]
+        )
+    if not rows:
+        return lines
+    header = ["step", "blocking s", "background s", "waited s", "steps beside", "their mean s", "slowdown"]
+    others_text = "no other steps" if other_s is None else f"the other {len(others)} steps' mean {other_s:.4f} s"
+    return [*lines, table(rows, header), "", f"Slowdown: the steps beside a background write over {others_text}.", ""]
 
 
 def gate(nccl: NcclReport, nccl_path: str, here: Path) -> list[str]:
