@@ -97,7 +97,7 @@ def test_a_bad_jsonl_line_fails_naming_file_and_line_or_is_skipped_with_a_count(
     corpus.write_text("\n".join([*lines[:3], "{not json", '{"body": "no text field"}', *lines[3:]]) + "\n")
     with pytest.raises(DataError) as err:
         prepare(tmp_path, corpus)
-    assert f"{corpus}:4 is not a JSON object with a string field 'text'" in str(err.value)
+    assert f"{corpus}:4 is not JSON (" in str(err.value)
     assert "data.bad_lines=skip" in str(err.value) and "\n" not in str(err.value)
     shard = prepare(tmp_path, corpus, "data.bad_lines=skip")
     assert json.loads((shard.parent / "index.json").read_text())["skipped_lines"] == 2

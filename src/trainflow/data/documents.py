@@ -11,7 +11,6 @@ document (or one Parquet row group of the text column) is held at a time.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -23,11 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import zstandard
-
+from trainflow.data.compressed import COMPRESSIONS, open_binary, reading
 from trainflow.data.record import DataError
-
-COMPRESSIONS = (".gz", ".zst")
 
 
 @dataclass(frozen=True)
@@ -58,20 +54,6 @@ def is_validation(key: str, val_fraction: float) -> bool:
     return int.from_bytes(digest[:8], "little") / 2**64 < val_fraction
 
 
-@contextmanager
-def open_binary(path: str) -> Iterator[tuple[BinaryIO, BinaryIO]]:
-    """(decompressed stream, raw file): the raw file's position is the progress through it."""
-    with open(path, "rb") as raw:
-        if path.endswith(".gz"):
-            with gzip.GzipFile(fileobj=raw) as stream:
-                yield stream, raw
-        elif path.endswith(".zst"):
-            with zstandard.ZstdDecompressor().stream_reader(raw, closefd=False) as stream:
-                yield stream, raw
-        else:
-            yield raw, raw
-
-
 class Documents:
     """The non-empty documents of `files` in order, stopping once `max_bytes` of text were read (0 = all).
 
@@ -90,15 +72,16 @@ class Documents:
             size = Path(path).stat().st_size
             read = {"jsonl": self.jsonl, "parquet": self.parquet, "text": self.text}[file_format(path)]
             self.per_file[path] = 0
-            for doc in read(path, done):
-                if not doc.text.strip():
-                    continue
-                self.documents += 1
-                self.per_file[path] += 1
-                self.text_bytes += len(doc.text.encode("utf-8"))
-                yield doc
-                if self.max_bytes and self.text_bytes >= self.max_bytes:
-                    return
+            with reading(path):  # a truncated or mislabelled compressed file: one line naming it
+                for doc in read(path, done):
+                    if not doc.text.strip():
+                        continue
+                    self.documents += 1
+                    self.per_file[path] += 1
+                    self.text_bytes += len(doc.text.encode("utf-8"))
+                    yield doc
+                    if self.max_bytes and self.text_bytes >= self.max_bytes:
+                        return
             done += size
             self.raw_bytes = done
 
@@ -114,12 +97,9 @@ class Documents:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
-                try:
-                    text = json.loads(line)[self.text_field]
-                    if not isinstance(text, str):
-                        raise TypeError(f"{self.text_field!r} holds {type(text).__name__}, not a string")
-                except (ValueError, KeyError, TypeError) as err:
-                    self.bad(f"{path}:{number} is not a JSON object with a string field {self.text_field!r} ({err})")
+                text, why = self.parse(line)
+                if why is not None:
+                    self.bad(f"{path}:{number} {why}")
                     continue
                 self.raw_bytes = done + raw.tell()
                 yield Document(f"{name}:{number}", text)
@@ -149,9 +129,28 @@ class Documents:
                     yield Document(f"{name}#{row}", text)
                 self.raw_bytes = done + size * (group + 1) // pf.num_row_groups
 
+    def parse(self, line: str) -> tuple[str, str | None]:
+        """A JSONL line's text, or why it is no document: not JSON, nested past the parser's recursion limit, not an
+        object, or without a string in data.text_field."""
+        field = f"data.text_field({self.text_field!r})"
+        try:
+            value = json.loads(line)
+        except RecursionError:
+            return "", "is nested too deeply to parse"
+        except ValueError as err:
+            return "", f"is not JSON ({err})"
+        if not isinstance(value, dict):
+            return "", f"holds a JSON {type(value).__name__}, not an object with the text in {field}"
+        if self.text_field not in value:
+            keys = ", ".join(map(repr, list(value)[:8])) or "none"
+            return "", f"has no field {field} (its fields: {keys}): set data.text_field to the field holding the text"
+        if not isinstance(text := value[self.text_field], str):
+            return "", f"holds {type(text).__name__} in {field}, not a string"
+        return text, None
+
     def bad(self, message: str) -> None:
         if self.bad_lines == "fail":
-            raise DataError(f"{message}; fix it or set data.bad_lines=skip to skip such lines with a count")
+            raise DataError(f"{message}; fix the line or set data.bad_lines=skip to skip such lines with a count")
         self.skipped += 1
 
 
