@@ -11,14 +11,14 @@ from trainflow.config import ConfigError, stage_hash
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import corpus_files, shard_groups
 from trainflow.data.record import DataError, record_path
-from trainflow.config.overrides import compose_workflow, hydra_quote
-
-validate(config, "../schemas/config.schema.yaml")
+from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
 
 try:
+    check_workflow_config(config)  # in one line, before the schema below would dump itself
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
+validate(config, "../schemas/config.schema.yaml")
 
 # Every rule's shell line reads these two globals (snakemake --lint notes it): putting the overrides
 # in params would make any change of any setting rerun every stage, since params decide reruns.

@@ -19,6 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from trainflow.config.compose import CONF_DIR, compose
+from trainflow.config.domain import RUN_NAME
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
 
@@ -76,6 +77,31 @@ def check(word: str, source: str) -> None:
         raise ConfigError(f"{refuse} must name a preset in conf/{key}/ by its name alone")
     if re.fullmatch(r"cluster\.allocation\.setup(\..*)?", key):
         raise ConfigError(f"{refuse} sets shell lines of the sbatch script; put them in a conf/cluster/ preset")
+
+
+WORKFLOW_KEYS = ("run", "site", "overrides")
+"""workflow/config.yaml's keys, the only ones `snakemake --config` takes."""
+
+
+def check_workflow_config(config: dict) -> None:
+    """Snakemake's config (workflow/config.yaml and --config) in one ConfigError line, before its JSON schema would
+    refuse it with a dump of the schema."""
+    if odd := sorted(set(config) - set(WORKFLOW_KEYS)):
+        raise ConfigError(
+            f"--config {odd[0]}=... is no workflow setting: give {', '.join(k + '=' for k in WORKFLOW_KEYS)} (Hydra "
+            f'settings go inside overrides="...")'
+        )
+    for key in WORKFLOW_KEYS:
+        if not isinstance(value := config.get(key), str):
+            quoted = f"--config \"{key}='{value}'\""
+            raise ConfigError(
+                f"--config {key}({value!r}) is read as {type(value).__name__}, not text; quote it: {quoted}"
+            )
+    if not re.fullmatch(RUN_NAME, run := config["run"]):
+        raise ConfigError(
+            f"--config run({run!r}) must be a plain name (letters, digits, _ . - and no leading dot): it names the "
+            "folder runs/<run>/; give e.g. run=lr1e3"
+        )
 
 
 def checked_overrides(run: str, site: str, overrides: str) -> list[str]:
