@@ -11,9 +11,10 @@ a background thread, exactly as the synchronous save's commit (CheckpointManager
 reports the checkpoint durable. A failure anywhere (the full disk, an I/O error, a writer process that died)
 is the same one-line CheckpointWriteError on every rank at the next boundary, and no step-N/ appears.
 
-Why not torch.distributed.checkpoint.async_save(async_checkpointer_type=PROCESS), tried with torch 2.13:
-- its background process answers with DCP's Metadata only: ChecksummingWriter's CRCs stay in that process, so
-  the manifest would need a second read of every shard;
+Why not torch.distributed.checkpoint.async_save(async_checkpointer_type=PROCESS), tried with torch 2.13 (it
+takes ChecksummingWriter, pickled into its process, and writes DCP's files through it):
+- its background process answers with DCP's Metadata only: ChecksummingWriter's CRCs stay in that process (the
+  caller's writer came back with none), so the manifest would need a second read of every shard;
 - it commits in the background: its coordinator process writes `.metadata`, and a trainer SIGKILLed during the
   write leaves its writer (a daemon only at a clean exit) finishing the checkpoint, `.metadata` and all, after
   the rank died; here only a live rank 0, after every live rank agreed, publishes anything;
