@@ -42,9 +42,12 @@ LIMITED = (
 )
 
 
-def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tokens):
-    limited = make_config("train_segment", tmp_path / "limited", *WORK, *LIMITED, tokens=tokens)
-    unlimited = make_config("train_segment", tmp_path / "unlimited", *WORK, tokens=tokens)
+@pytest.mark.parametrize("mode", ["sync", pytest.param("async", marks=pytest.mark.slow)])
+def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tokens, mode):
+    """In async mode each USR2 waits for the save in flight, saves, and waits for that one before the requeue."""
+    work = (*WORK, f"checkpoint.mode={mode}")
+    limited = make_config("train_segment", tmp_path / "limited", *work, *LIMITED, tokens=tokens)
+    unlimited = make_config("train_segment", tmp_path / "unlimited", *work, tokens=tokens)
     with ThreadPoolExecutor(1) as beside:
         reference = beside.submit(train_segment.run, unlimited)
         train_segment.run(limited)
