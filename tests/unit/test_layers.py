@@ -12,6 +12,7 @@ SRC = REPO / "src/trainflow"
 # Top-level module or package -> layer; each may import only what lies below it (or itself).
 LAYERS = {
     "errors": 0,
+    "torch_compat": 0,
     "atomic": 1,
     "crc": 1,
     "progress": 1,

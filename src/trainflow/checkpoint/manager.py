@@ -233,6 +233,7 @@ class CheckpointManager:
             dcp.load(state, storage_reader=reader, planner=ExactLoadPlanner())
         except CheckpointException as err:  # its text holds every failing rank's traceback
             rank, (cause, _) = next(iter(err.failures.items()))
+            cause = reader.metadata_error or cause  # 2.11 says only "metadata is None"; 2.12+ append the error
             cause = " ".join(str(cause).split())  # one line, whatever the cause's own text looks like
             raise ChecksumError(
                 f"loading {step_dir(self.root, step)} failed on rank {rank}: {cause}; the seed's remedy: check its "

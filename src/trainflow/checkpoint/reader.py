@@ -128,10 +128,22 @@ class InPlaceReader(dcp.FileSystemReader):
     def __init__(self, path: str | os.PathLike, *, thread_count: int = 2) -> None:
         super().__init__(path)
         self.thread_count = thread_count
+        self.metadata_error: Exception | None = None  # torch 2.11's dcp.load drops read_metadata's error
 
     def read_metadata(self) -> Metadata:
         """`.metadata`, unpickled by MetadataUnpickler and checked by check_metadata. Taking no `rank`
         keeps DCP from falling back to a rank's own `__{rank}.metadata`, which trainflow never writes."""
+        try:
+            metadata = self._checked_metadata()
+        except Exception as err:
+            self.metadata_error = err
+            raise
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _checked_metadata(self) -> Metadata:
         path = self._get_metadata_path()
         with self.fs.create_stream(path, "rb") as f:
             try:
@@ -141,9 +153,6 @@ class InPlaceReader(dcp.FileSystemReader):
             except Exception as err:
                 raise not_trainflows(path, f"{type(err).__name__}: {' '.join(str(err).split())}") from err
         check_metadata(metadata, path)
-        if metadata.storage_meta is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:

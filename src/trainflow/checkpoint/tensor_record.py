@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch.storage import _storage_type_to_dtype_map
 
+from trainflow.torch_compat import record_size
+
 HEAD = 4096
 """Bytes read at each end of a record: the zip directory at its end, data.pkl and data/0's header at its start."""
 
@@ -166,7 +168,8 @@ def describe(f: io.BufferedIOBase, offset: int, length: int) -> SavedTensor | No
     name = f"data/{storage.key}"
     if not zipped.has_record(name):
         return None
-    data_offset, data_bytes = zipped.get_record_offset(name), zipped.get_record_size(name)
+    data_offset = zipped.get_record_offset(name)
+    data_bytes = record_size(zipped, name, numel=storage.numel, itemsize=storage.dtype.itemsize)
     if data_offset + data_bytes > length:
         return None
     return SavedTensor(storage.dtype, size, stride, storage_offset, storage.numel, data_offset, data_bytes)

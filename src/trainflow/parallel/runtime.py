@@ -32,6 +32,7 @@ from trainflow.parallel.grad_reducer import GradReducer, local
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
+from trainflow.torch_compat import rearm_recv_grads
 
 
 @dataclass
@@ -97,9 +98,13 @@ class Parallelized:
                 loss = self.loss_fn(self.parts[0](inputs), targets)
             else:
                 losses: list[torch.Tensor] = []
-                args = (inputs,) if self.has_first else ()
+                # contiguous: torch 2.11's first stage checks its inputs' strides against a contiguous meta copy
+                # (the sampler's [:, :-1] view has stride T+1; 2.12+ check only under TORCH_DISTRIBUTED_DEBUG=DETAIL)
+                args = (inputs.contiguous(),) if self.has_first else ()
                 run = self.schedule.step if backward else self.schedule.eval
                 run(*args, target=targets if self.has_last else None, losses=losses)
+                if not backward:
+                    rearm_recv_grads(self.schedule)
                 loss = torch.stack(losses).mean() if self.has_last else torch.zeros(())
         if backward and self.schedule is None:
             loss.backward()  # outside autocast, as torch's AMP recipe says: backward ops take their forward's dtype
