@@ -4,9 +4,13 @@ file under 2.13 and again under 2.11: scripts/test.sh)."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 import tomllib
 
+import pytest
 import torch
 from torch.distributed.pipelining.stage import _RecvInfo
 
@@ -56,3 +60,27 @@ def test_recv_buffers_are_rearmed_only_on_the_torch_that_needs_it():
     torch_compat.rearm_recv_grads(schedule)
     assert floats.requires_grad is torch_compat.OLD_PIPELINE  # 2.12+ do it themselves; touching it there can raise
     assert not ints.requires_grad
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("2.10.2", "torch 2.10.2 is outside trainflow's range (torch>=2.11,<2.15)"),
+        ("2.15.0+cu130", "torch 2.15.0+cu130 is outside trainflow's range (torch>=2.11,<2.15)"),
+        (None, "cannot import torch; install a torch of pyproject.toml's range first"),
+    ],
+)
+def test_system_torch_bootstrap_refuses_an_environment_without_a_supported_torch(tmp_path, version, message):
+    """bootstrap.sh --system-torch stops in one line before pip runs (a fake torch on PYTHONPATH stands for one)."""
+    if version:
+        (tmp_path / "torch").mkdir()
+        (tmp_path / "torch/__init__.py").write_text(f"__version__ = {version!r}\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1"}
+    if not version:
+        env["PYTHON"] = str(tmp_path / "python")  # a python whose torch import fails
+        (tmp_path / "python").write_text(f'#!/bin/sh\nexec {sys.executable} -c "import sys; sys.exit(1)"\n')
+        (tmp_path / "python").chmod(0o755)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/bootstrap.sh"), "--system-torch"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
