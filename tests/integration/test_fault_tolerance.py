@@ -26,6 +26,8 @@ BASE = (
     "checkpoint.interval_steps=2",
     "cluster.runtime.collective_timeout_s=10",
 )
+NO_RESTART = "cluster.allocation.max_restarts=0"
+"""The drills of a failure a person reruns after (test_restarts.py has the stage restart its own job)."""
 
 
 def segment(root: Path, tokens: Path, index: int, *fault: str) -> dict:
@@ -60,7 +62,7 @@ def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp
     first = segment(tmp_path, tokens, 0)
     step = random.Random().randint(7, 11)
     with pytest.raises(LaunchError) as err:
-        segment(tmp_path, tokens, 1, f"fault.step={step}", "fault.rank=1", "fault.signal=KILL")
+        segment(tmp_path, tokens, 1, f"fault.step={step}", "fault.rank=1", "fault.signal=KILL", NO_RESTART)
     # One line: the dead rank, its host and signal, the job and the dead rank's log, and where a rerun resumes:
     # the newest checkpoint, every 2 steps, before the step rank 1 died at.
     saved = step - step % 2
@@ -71,6 +73,7 @@ def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp
     assert re.fullmatch(
         rf"segment 1 failed: rank 1 on host {re.escape(socket.gethostname())} was killed by SIGKILL "
         rf"\(local job (\d+), full log: .*/\1_1_log\.err\); "
+        r"not restarted: cluster\.allocation\.max_restarts\(0\) used up; "
         rf"rerunning the workflow resumes it from step {saved} \(newest checkpoint in {re.escape(str(root))}\)",
         line,
     ), line
@@ -113,7 +116,7 @@ def test_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used(tmp_pat
 
 def test_crash_while_writing_a_checkpoint_leaves_the_previous_one_intact(tmp_path, tokens, reference):
     with pytest.raises(LaunchError):
-        segment(tmp_path, tokens, 0, "fault.step=4", "fault.rank=1", "fault.during_save=true")
+        segment(tmp_path, tokens, 0, "fault.step=4", "fault.rank=1", "fault.during_save=true", NO_RESTART)
     root = checkpoints(tmp_path)
     assert (root / "step-00000004.tmp").is_dir() and list_steps(root) == [2]
     assert verify(step_dir(root, 2))["files"] >= 3  # .metadata + each rank's shards

@@ -87,3 +87,14 @@ def test_local_cluster_script(tmp_path, monkeypatch):
     assert flags["nodes"] == "1" and flags["ntasks-per-node"] == "2" and flags["partition"] == "debug"
     assert flags["signal"] == "USR2@30" and "gpus-per-node" not in flags and "account" not in flags
     assert "# setup" not in text  # no empty setup section when the cluster has no setup lines
+
+
+def test_a_restart_s_left_out_hosts_are_in_the_script(tmp_path, monkeypatch):
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    cfg = compose("train_segment", ["cluster=slurm_local"])
+    executor = build_executor(
+        cfg.cluster.allocation, world_size=2, folder=tmp_path, name="restart", exclude={"n2", "n1"}
+    )
+    slurm = executor._executor
+    text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
+    assert "#SBATCH --exclude=n1,n2\n" in text and "--kill-on-bad-exit=1" in text

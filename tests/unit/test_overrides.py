@@ -68,7 +68,7 @@ def test_an_out_of_domain_value_fails_at_compose_time_naming_the_key(key, kind, 
     [
         ("optim.lr=nan", "optim.lr(nan) must be a finite number"),
         ("cluster.allocation.executor=ssh", "cluster.allocation.executor('ssh') must be one of local, slurm"),
-        ("fault.signal=STOP", "fault.signal('STOP') must be one of USR2, TERM, KILL"),
+        ("fault.signal=HUP", "fault.signal('HUP') must be one of USR2, TERM, KILL, STOP"),
         ("fault.rank=2", "fault.rank(2) must be < the world size 2"),
         (
             "cluster.allocation.partition='debug --wrap=id'",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainflow.launch.job_end import remedy
+from trainflow.launch.failure import remedy
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from trainflow.config import ALLOCATING, CONF_DIR, STAGES
+from trainflow.config import ALLOCATING, CONF_DIR, STAGES, compose
+from trainflow.config.hashing import stage_hash
+from trainflow.config.stages import UNHASHED
 
 
 def test_every_stage_has_a_rule_file_a_module_and_a_primary_config_and_nothing_else_does():
@@ -40,3 +42,10 @@ def test_localrules_are_the_stages_that_submit_their_own_allocation():
     assert set(re.findall(r"\w+", block[1])) == {"all", *ALLOCATING}
     for stage in ALLOCATING:  # they run where Snakemake runs: no Slurm resources of their own
         assert "resources:" not in (REPO / f"workflow/rules/{stage}.smk").read_text()
+
+
+def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
+    base = stage_hash(compose("train_segment", []), "train_segment")
+    for path, value in zip(UNHASHED, ("0", "true", "5", "7", "1")):
+        assert stage_hash(compose("train_segment", [f"{path}={value}"]), "train_segment") == base, path
+    assert stage_hash(compose("train_segment", ["cluster.runtime.collective_timeout_s=7"]), "train_segment") != base

@@ -63,8 +63,9 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report and "![loss](loss.png)" in report
     assert "### Planned vs measured" in report and "| `step_s_less_data` |" in report  # validate_nccl's plan
-    for plot in ("loss", "throughput", "breakdown", "power"):
+    for plot in ("loss", "throughput", "breakdown", "power", "goodput"):
         assert (run / f"report/{plot}.png").stat().st_size > 1000
+    assert "## Goodput" in report and "![goodput](goodput.png)" in report
     energy = read_json(run / "energy.json")
     assert {s["stage"] for s in energy["stages"]} >= {"prepare_data", "train_segment", "validate_nccl"}
     assert read_json(run / "verify.json")["failures"] == []

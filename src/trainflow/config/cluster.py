@@ -36,6 +36,12 @@ class AllocationConfig:
     signal_delay_s: int = checked(ge=0)
     """Seconds before the time limit at which Slurm sends USR2 (submitit's pre-timeout signal)."""
     max_requeues: int = checked(3, ge=0)
+    """Slurm requeues of one job on its pre-timeout signal (submitit's)."""
+    max_restarts: int = checked(3, ge=0)
+    """New jobs train_segment submits itself after a rank died or hung, each leaving out the failing host (and the
+    gate's nccl-exclude.txt hosts); failures a restart cannot fix end the stage at once (launch.restart)."""
+    exclude_stragglers: bool = False
+    """A restart also leaves out the hosts whose ranks the last job flagged as stragglers (train.straggler_factor)."""
     partition: str = checked("", pattern=SLURM_WORD)
     account: str = checked("", pattern=SLURM_WORD)
     constraint: str = checked("", pattern=SLURM_WORD)
@@ -52,8 +58,27 @@ class RuntimeConfig:
     backend: str = checked(one_of=("gloo", "nccl"))
     collective_timeout_s: int = checked(gt=0)
     """torch.distributed collective timeout (the seed's "NCCL_TIMEOUT 300 s")."""
+    failure_detect_s: float = checked(30.0, gt=0)
+    """How soon a dead rank's job ends, as the goodput plan assumes it: srun's --kill-on-bad-exit (locally the
+    launcher) ends the other ranks at once, and the stage sees the job's end within Slurm's poll and settle time
+    (launch.job_end: about 20 s); the drills hold it."""
+    hang_detect_s: float = checked(0.0, ge=0)
+    """A rank silent (or without step progress) this long is hung and ends the job (launch.heartbeat); 0: the larger
+    of 60 s and 10 x the median step."""
+    heartbeat_s: float = checked(5.0, gt=0)
+    """How often every rank beats, and the watchers look."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment for every rank (NCCL_* tuning lives here)."""
+
+
+MIN_HANG_S = 60.0
+"""The shortest hang threshold runtime.hang_detect_s=0 gives: a slow step is not a hang."""
+
+
+def hang_threshold_s(runtime: RuntimeConfig, median_step_s: float) -> float:
+    """How long a rank may make no step progress before it counts as hung: runtime.hang_detect_s, or where that is 0,
+    the larger of MIN_HANG_S and 10 x the median step."""
+    return runtime.hang_detect_s or max(MIN_HANG_S, 10 * median_step_s)
 
 
 @dataclass
@@ -103,8 +128,6 @@ class HardwareConfig:
     host_copy_gbps: float = checked(gt=0)
     """Device-to-host copy bandwidth per device: what an asynchronous checkpoint blocks training for is the copy of
     the rank's state into host memory; the storage write runs behind it."""
-
-
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from trainflow.config.schema import TrainflowConfig
-from trainflow.config.stages import STAGE_READS
+from trainflow.config.stages import STAGE_READS, UNHASHED
 
 
 def as_dict(node: Any) -> Any:
@@ -21,8 +21,15 @@ def as_dict(node: Any) -> Any:
 
 
 def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...]) -> str:
-    """A short stable hash of the named config subtrees."""
-    blob = json.dumps({s: as_dict(getattr(cfg, s)) for s in sections}, sort_keys=True)
+    """A short stable hash of the named config subtrees, without the UNHASHED settings."""
+    tree = {s: as_dict(getattr(cfg, s)) for s in sections}
+    for path in UNHASHED:
+        *parents, leaf = path.split(".")
+        node = tree
+        for key in parents:
+            node = node.get(key, {})
+        node.pop(leaf, None)
+    blob = json.dumps(tree, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

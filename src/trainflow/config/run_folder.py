@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from trainflow.config.hashing import stage_hash
 from trainflow.config.schema import TrainflowConfig
 
-PLOTS = ("loss", "throughput", "breakdown", "power")
+PLOTS = ("loss", "throughput", "breakdown", "power", "goodput")
 TOKEN_INDEX = "index.json"
 TOKENIZER = "tokenizer.json"
 
@@ -92,6 +92,21 @@ class RunFolder:
     @staticmethod
     def evals_log(checkpoints: str) -> str:
         return f"{checkpoints}/evals.jsonl"
+
+    @staticmethod
+    def guard_log(checkpoints: str) -> str:
+        """The loss-spike guard's skips and rollbacks (train.guard), kept like the step records."""
+        return f"{checkpoints}/guard.jsonl"
+
+    @staticmethod
+    def spans_log(checkpoints: str) -> str:
+        """Rank 0's ledger of where each job's time went (train.step_log.Span): the measured goodput's input."""
+        return f"{checkpoints}/spans.jsonl"
+
+    @staticmethod
+    def jobs_log(checkpoints: str) -> str:
+        """Every job train_segment submitted, how it ended and what the restart left out (train.goodput.JobRun)."""
+        return f"{checkpoints}/jobs.jsonl"
 
     @property
     def train_dir(self) -> str:

@@ -144,6 +144,18 @@ class OptimConfig:
 
 
 @dataclass
+class SpikeConfig:
+    """The loss-spike guard (train.guard): a step whose loss or gradient norm is not finite, or whose loss exceeds the
+    mean of the last `window` applied steps by more than `factor` standard deviations, is not applied."""
+
+    window: int = checked(50, ge=2)
+    """Applied steps the running mean and deviation of the loss cover; the guard judges spikes once it is full."""
+    factor: float = checked(4.0, gt=0)
+    rollback_after: int = checked(3, ge=1)
+    """This many bad steps in a row reload the last verified checkpoint and skip the data windows that caused them."""
+
+
+@dataclass
 class TrainConfig:
     seed: int = checked(1234, ge=0)
     segments: int = checked(2, ge=1)
@@ -174,6 +186,9 @@ class TrainConfig:
     of the last fp8_amax_history steps' amaxes (delayed, Transformer Engine's recipe)."""
     fp8_amax_history: int = checked(16, ge=1)
     """Steps of amax history under train.fp8=delayed."""
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    straggler_factor: float = checked(1.5, gt=1)
+    """The report flags a rank whose median step compute exceeds this many times the median over ranks."""
     cross_document: bool = True
     """Training windows may run over an end-of-document token into the next document (GPT's packing); false
     re-draws a window until its inputs lie inside one document (data.sampler). A training setting, not a data
@@ -227,18 +242,25 @@ class EnergyConfig:
 
 @dataclass
 class FaultConfig:
-    """Fault injection for tests and failure drills. Read by no stage's config hash, so a drill
-    and its rerun without the fault share one checkpoint series."""
+    """Fault injection for tests and failure drills. Read by no stage's config hash, so a drill and its rerun without
+    the fault share one checkpoint series. The signals strike in a segment's first job only: a job train_segment
+    restarts after a failure meets no fault, as a transient failure would not come back."""
 
     step: int = checked(-1, ge=-1)
     """At the start of this step (-1: never) ..."""
     rank: int = checked(0, ge=0)
     """... this rank ..."""
-    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL"))
+    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL", "STOP"))
     """... receives this signal: USR2 (Slurm's pre-timeout: save and requeue), TERM (scancel or the time limit:
-    save and stop, no requeue), or KILL (a dead rank)."""
+    save and stop, no requeue), KILL (a dead rank) or STOP (a hung one)."""
     during_save: bool = False
     """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
+    slow_ms: float = checked(0.0, ge=0, le=60000)
+    """Instead of a signal: fault.rank sleeps this long in every step's forward (a straggler: a throttled device)."""
+    nan_step: int = checked(-1, ge=-1)
+    """The loss and gradients of the step that draws this data window (that step, unless the guard skipped windows) come
+    out NaN on every rank (-1: never): the loss-spike guard's drill. Unlike
+    the signals, it strikes in every job of the segment, so a rerun meets it again."""
 
 
 @dataclass

@@ -15,6 +15,15 @@ from dataclasses import dataclass
 
 TRAIN_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster")
 """What training reads: also the name of its checkpoint series (config.run_folder.RunFolder.train_hash)."""
+UNHASHED = (
+    "cluster.allocation.max_restarts",
+    "cluster.allocation.exclude_stragglers",
+    "cluster.runtime.failure_detect_s",
+    "cluster.runtime.hang_detect_s",
+    "cluster.runtime.heartbeat_s",
+)
+"""Settings of how a failure is found and handled, never of what is computed: in no hash, like fault.*, so changing
+them (a drill, a faster detection for a rerun) keeps the checkpoint series and reruns nothing."""
 
 
 @dataclass(frozen=True)

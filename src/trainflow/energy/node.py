@@ -2,7 +2,7 @@
 CPU packages; every other rank only reports its own CPU time. The stage then sums nodes, never ranks.
 
     with node_window(cfg.energy, local_rank=env.local_rank, folder=RunFolder.of(cfg).power, segment=0) as window:
-        Trainer(cfg, device, on_phase=window.enter).train()
+        Trainer(cfg, device, on_phase=lambda kind, step: window.enter(kind)).train()   # train_segment: data, compute
     result = window.result()   # None on ranks that are not their node's local rank 0
 
 NVML's energy counter is per GPU and RAPL's per CPU package, and both count everything on the node: read

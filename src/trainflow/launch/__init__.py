@@ -12,7 +12,7 @@ likeliest cause, after a bounded wait (job_end.py).
 """
 
 from trainflow.launch.executors import build_executor
-from trainflow.launch.job_end import LaunchError, cancel_on_interrupt, run_job
+from trainflow.launch.job_end import LaunchError, cancel_on_interrupt, run_job, wait_job
 from trainflow.launch.task import distributed_task
 
-__all__ = ["LaunchError", "build_executor", "cancel_on_interrupt", "distributed_task", "run_job"]
+__all__ = ["LaunchError", "build_executor", "cancel_on_interrupt", "distributed_task", "run_job", "wait_job"]

@@ -13,18 +13,23 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import submitit
-from submitit.local.local import Controller, LocalJob, LocalJobEnvironment
+from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE, Controller, LocalJob, LocalJobEnvironment
 
 from trainflow.config import AllocationConfig
 
 
 def build_executor(
-    allocation: AllocationConfig, *, world_size: int, folder: str | Path, name: str
+    allocation: AllocationConfig, *, world_size: int, folder: str | Path, name: str, exclude: Sequence[str] = ()
 ) -> submitit.Executor:
-    """An executor for one job of `world_size` tasks shaped by cluster.allocation."""
+    """An executor for one job of `world_size` tasks shaped by cluster.allocation, on no host of `exclude` (Slurm
+    node names: a restart leaves out the failed job's bad hosts; one machine has no other host to go to).
+
+    A task that fails ends the others at once: srun's --kill-on-bad-exit on Slurm, LocalController here. Without it
+    the ranks still running wait for the dead one until the collective timeout, and a stopped one forever."""
     tasks_per_node = world_size // allocation.nodes
     if allocation.executor == "local":
         executor = LocalExecutor(folder=folder)
@@ -39,7 +44,10 @@ def build_executor(
         cpus_per_task=allocation.cpus_per_task,
         mem_gb=allocation.mem_gb,
         slurm_signal_delay_s=allocation.signal_delay_s,
+        slurm_srun_args=["--kill-on-bad-exit=1"],
     )
+    if exclude:
+        params["slurm_exclude"] = ",".join(sorted(exclude))
     if allocation.setup:
         params["slurm_setup"] = list(allocation.setup)
     if allocation.gpus_per_node:
@@ -80,7 +88,9 @@ class LocalExecutor(submitit.LocalExecutor):
 
 class LocalController(Controller):
     """submitit's local job controller, which also writes each task's abnormal end into the job's log, worded
-    as srun does (submitit's forgets how its tasks ended): the first such line names the first death."""
+    as srun does (submitit's forgets how its tasks ended): the first such line names the first death. As srun's
+    --kill-on-bad-exit does, a task's abnormal end (not a requeue's exit) kills the others at once (SIGKILL: a
+    stopped process receives nothing else)."""
 
     def wait(self, freq: int = 24) -> list[int | None]:
         """submitit's wait: USR2 signal_delay_s before the time limit; the exit codes once every task ended."""
@@ -96,6 +106,8 @@ class LocalController(Controller):
                             file=self.stderrs[0],
                             flush=True,
                         )
+                    if code and code != LOCAL_REQUEUE_RETURN_CODE:
+                        self._forward_signal(signal.SIGKILL)
             if None not in codes:
                 break
             if not warned and time.monotonic() - start >= self.timeout_s - self.signal_delay_s:

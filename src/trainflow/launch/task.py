@@ -1,6 +1,6 @@
 """What each task of a job does first: mark where it runs, join the default process group.
 
-with distributed_task(cfg.cluster.runtime) as (rank, world_size, device): ...   # inside a submitit task
+with distributed_task(cfg.cluster.runtime) as (rank, world_size, device, marker): ...   # inside a submitit task
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from submitit.core.utils import JobPaths
 from trainflow.atomic import write_json
 from trainflow.config import CONF_DIR, RuntimeConfig
 from trainflow.energy.node import hostname
+from trainflow.errors import TrainflowError
 
 if TYPE_CHECKING:
     import torch
@@ -32,14 +33,19 @@ def task_marker(paths: JobPaths) -> Path:
 
 
 @contextlib.contextmanager
-def marked_task() -> Iterator[None]:
+def marked_task() -> Iterator[dict]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
-    ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer)."""
+    ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer). A
+    raise records whether it was one of trainflow's own errors (launch.restart does not retry those). The block may
+    add facts to the dict it is given (the step a training rank was at)."""
     env = submitit.JobEnvironment()
     record = {"rank": env.global_rank, "host": hostname(), "pid": os.getpid(), "started": time.time()}
     write_json(task_marker(env.paths), record)
     try:
-        yield
+        yield record
+    except BaseException as err:
+        record.update(error=type(err).__name__, expected=isinstance(err, TrainflowError))
+        raise
     finally:
         write_json(task_marker(env.paths), {**record, "ended": time.time()})
 
@@ -50,15 +56,16 @@ def configure_logging() -> None:
 
 
 @contextlib.contextmanager
-def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.device]]:
-    """Rank, world size and device of this task inside the default process group, in a marked task."""
+def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.device, dict]]:
+    """Rank, world size and device of this task inside the default process group, in a marked task (and the
+    marker's facts, which the block may add to)."""
     # Imported here, not at the top: the local controller (`python -m trainflow.launch`) imports this package
     # and would wait 3 s for torch.
     import torch
     import torch.distributed as dist
 
     configure_logging()
-    with marked_task():
+    with marked_task() as marker:
         os.environ.update(runtime.env)
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         if runtime.device == "cuda":
@@ -73,6 +80,6 @@ def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.d
             device_id=device if backend == "nccl" else None,
         )
         try:
-            yield env.rank, env.world_size, device
+            yield env.rank, env.world_size, device, marker
         finally:
             dist.destroy_process_group()

@@ -1,4 +1,5 @@
-"""The report's plots, PNG files beside report.md: loss, throughput, the step time breakdown and power per node.
+"""The report's plots, PNG files beside report.md: loss, throughput, the step time breakdown, power per node and where
+each segment's wall time went (goodput).
 
 plot_loss(steps, evals, Path("runs/default/report/loss.png"))
 """
@@ -16,7 +17,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from trainflow.atomic import atomic_path  # noqa: E402
 from trainflow.energy.phases import power_series, trace_host  # noqa: E402
 from trainflow.energy.report import SegmentEnergy  # noqa: E402
+from trainflow.train.goodput import TERMS  # noqa: E402
 from trainflow.train.step_log import EvalRecord, StepRecord  # noqa: E402
+from trainflow.train.summary import SegmentSummary  # noqa: E402
 
 BREAKDOWN = (
     ("data_s", "data loading"),
@@ -74,4 +77,18 @@ def plot_power(segments: Sequence[SegmentEnergy], cpu_watts_per_core: float, out
             ax.plot(times, watts, lw=1, label=f"segment {seg.segment}, {trace_host(path)} ({source})")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    save(fig, out)
+
+
+def plot_goodput(segments: Sequence[SegmentSummary], out: Path) -> None:
+    """One stacked bar per segment: its wall time by term (train.goodput), productive steps at the bottom."""
+    fig, ax = figure("Where the wall time went", "segment", "seconds")
+    measured = [s for s in segments if s.goodput is not None]
+    bottom = [0.0] * len(measured)
+    for term in TERMS:
+        heights = [s.goodput.seconds.get(term, 0.0) for s in measured]
+        if any(heights):
+            ax.bar([str(s.segment) for s in measured], heights, bottom=bottom, label=term)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.legend(fontsize=7, loc="upper right")
     save(fig, out)

@@ -1,4 +1,4 @@
-"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, NCCL gate, energy, checklist.
+"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, goodput, NCCL gate, energy, checklist.
 
     python -m trainflow.stages.report 'io.segment_reports=[...]' io.report=runs/default/report/report.md
 
@@ -23,7 +23,8 @@ from trainflow.records import read_record
 from trainflow.report import sections
 from trainflow.report.checklist import checklist
 from trainflow.report.energy import energy_section
-from trainflow.report.plots import plot_breakdown, plot_loss, plot_power, plot_throughput
+from trainflow.report.goodput import goodput_section
+from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
 from trainflow.stage import StageError, run_stage, stage_log
 from trainflow.train.summary import SegmentSummary
 
@@ -48,6 +49,7 @@ def run(cfg: TrainflowConfig) -> dict:
     plot_throughput(steps, Path(plots["throughput"]))
     plot_breakdown(steps, Path(plots["breakdown"]))
     plot_power(energy.segments, cfg.energy.cpu_watts_per_core, Path(plots["power"]))
+    plot_goodput(segments, Path(plots["goodput"]))
     last, here = segments[-1], out.parent
     rows = checklist(nccl, segments, energy, cluster=cfg.cluster, leak_mb=cfg.observe.leak_mb)
     lines = [
@@ -56,6 +58,7 @@ def run(cfg: TrainflowConfig) -> dict:
         *sections.planned_vs_measured(nccl.plan, steps, last),
         *sections.top_operators(last.profile, here),
         *sections.checkpoints(last, verify, io.verify_report, here),
+        *goodput_section(segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor),
         *sections.gate(nccl, io.nccl_report, here),
         *energy_section(energy, cfg, plots["power"], here),
         "## Tuning checklist (seed)",

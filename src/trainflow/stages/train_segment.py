@@ -10,9 +10,11 @@ which resumes from that checkpoint. `checkpoint()` returns a fresh instance: no 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -22,10 +24,16 @@ from omegaconf import DictConfig
 from trainflow.checkpoint.manager import list_steps
 from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
+from trainflow.energy.dvfs import PHASES
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.node import actions_taken, node_window, sum_nodes
-from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
+from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
+from trainflow.launch.failure import JobFailure, read_markers
+from trainflow.launch.heartbeat import Heartbeat
+from trainflow.launch.restart import gate_exclusions, judge, straggler_hosts
 from trainflow.stage import StageError, run_stage, stage_log, write_json
+from trainflow.train.goodput import JobRun, measure_goodput, segment_jobs
+from trainflow.train.step_log import Span, StepLog
 from trainflow.train.summary import RankEnergy, SegmentSummary
 from trainflow.train.trainer import Trainer
 
@@ -33,17 +41,30 @@ log = stage_log(__file__)
 
 
 class TrainSegment(submitit.helpers.Checkpointable):
-    def __init__(self, cfg: TrainflowConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: TrainflowConfig, attempt: int = 0) -> None:
+        self.cfg, self.attempt = cfg, attempt
+        """Which job of the segment this is (0: the first; a restart after a failure counts up)."""
 
     def __call__(self) -> SegmentSummary:
         cfg, env = self.cfg, submitit.JobEnvironment()
         power = RunFolder.of(cfg).power
         with (
-            distributed_task(cfg.cluster.runtime) as (_, _, device),
+            distributed_task(cfg.cluster.runtime) as (rank, world, device, marker),
             node_window(cfg.energy, local_rank=env.local_rank, folder=power, segment=cfg.segment) as window,
+            Heartbeat.start(cfg.cluster.runtime, rank=rank, world=world, paths=env.paths) as beat,
         ):
-            summary = Trainer(cfg, device, on_phase=window.enter).train()
+
+            def on_phase(kind: str, step: int) -> None:
+                beat.progress(kind, step)
+                if kind in PHASES:  # the DVFS policy acts on the steps' data and compute phases only
+                    window.enter(kind)
+
+            try:
+                trainer = Trainer(cfg, device, on_phase=on_phase, on_step=beat.timed, attempt=self.attempt)
+                summary = trainer.train()
+            except BaseException:
+                marker["step"] = beat.step  # the failure's step, for the restart's judge (out of memory twice)
+                raise
         if summary.interrupted_by:
             self.stop(summary.interrupted_by)
         # Each rank's own CPU time (its whole process: the task is started for this job), and the node's counters
@@ -59,13 +80,13 @@ class TrainSegment(submitit.helpers.Checkpointable):
         if signame == "SIGUSR2" and callable(handler):
             handler(signal.SIGUSR2, None)  # rank 0: checkpoint() -> requeue -> exit; other ranks return
             log.info("Stopped for requeue after %s", signame)
-        else:
-            log.info("Stopped after %s without a requeue: the job is being ended", signame)
+            sys.exit(0)  # a clean exit: a failing one would end rank 0 before it requeued (srun's --kill-on-bad-exit)
+        log.info("Stopped after %s without a requeue: the job is being ended", signame)
         sys.exit(-1)
 
     def checkpoint(self) -> submitit.helpers.DelayedSubmission:
         # The trainer has already saved at the agreed step boundary: resubmit the same config.
-        return submitit.helpers.DelayedSubmission(TrainSegment(self.cfg))
+        return submitit.helpers.DelayedSubmission(TrainSegment(self.cfg, self.attempt))
 
 
 def resume_point(cfg: TrainflowConfig) -> str:
@@ -77,17 +98,69 @@ def resume_point(cfg: TrainflowConfig) -> str:
     return f"{cfg.io.checkpoints} holds no checkpoint to resume it from"
 
 
-def run(cfg: TrainflowConfig) -> dict:
-    executor = build_executor(
-        cfg.cluster.allocation,
-        world_size=cfg.parallel.world_size,
-        folder=cfg.io.submitit,
-        name=f"{cfg.run}-train-{cfg.segment}",
+def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
+    """Every rank's summary of the segment, restarting its job after a failure a new one may fix (launch.restart),
+    each job in the jobs ledger (train.goodput)."""
+    a, ledger = cfg.cluster.allocation, StepLog(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    failures: list[JobFailure] = []
+    exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude)
+    while True:
+        attempt = len(failures)
+        executor = build_executor(
+            a,
+            world_size=cfg.parallel.world_size,
+            folder=cfg.io.submitit,
+            name=f"{cfg.run}-train-{cfg.segment}",
+            exclude=exclude,
+        )
+        submitted = time.time()
+        job = executor.submit(TrainSegment(cfg, attempt))
+        run = functools.partial(job_run, cfg, job, attempt, submitted, exclude)
+        try:
+            results = wait_job(job)
+        except LaunchError as err:
+            if err.failure is None:
+                raise
+            slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
+            verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=attempt, slow=slow)
+            ledger.append(run(err.failure, verdict.why))
+            if not verdict.restart:
+                raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
+            log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
+            failures.append(err.failure)
+            exclude = exclude | verdict.exclude if a.executor == "slurm" else exclude  # one machine: recorded only
+            continue
+        ledger.append(run(None, ""))
+        return results
+
+
+def job_run(
+    cfg: TrainflowConfig,
+    job: submitit.Job,
+    attempt: int,
+    submitted: float,
+    exclude: frozenset[str],
+    failure: JobFailure | None,
+    verdict: str,
+) -> JobRun:
+    """The ledger's record of a job that ended."""
+    started = [m["started"] for m in read_markers(job).values() if isinstance(m.get("started"), (int, float))]
+    return JobRun(
+        segment=cfg.segment,
+        attempt=attempt,
+        job_id=str(job.job_id),
+        submitted=submitted,
+        started=min(started, default=submitted),
+        ended=time.time(),
+        outcome=failure.kind if failure else "completed",
+        line=failure.line if failure else "",
+        verdict=verdict,
+        exclude=sorted(exclude),
     )
-    try:
-        results = run_job(executor, TrainSegment(cfg))
-    except LaunchError as err:
-        raise LaunchError(f"segment {cfg.segment} failed: {err}; {resume_point(cfg)}") from err
+
+
+def run(cfg: TrainflowConfig) -> dict:
+    results = train(cfg)
     summary: SegmentSummary = results[0]
     if not summary.completed:
         raise StageError(f"segment {cfg.segment} stopped at step {summary.end_step} before its end; rerun it to resume")
@@ -104,6 +177,13 @@ def run(cfg: TrainflowConfig) -> dict:
     windows = [r.energy.node for r in results if r.energy and r.energy.node]
     for action in actions_taken(windows):
         log.info("Energy: %s", action)
+    jobs = segment_jobs(StepLog(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read(), cfg.segment)
+    goodput = measure_goodput(jobs, StepLog(RunFolder.spans_log(cfg.io.checkpoints), Span).read())
+    log.info(
+        "Goodput of segment %d: %.1f %% of %.1f s over %d job(s)",
+        *(cfg.segment, 100 * goodput.goodput, goodput.wall_s, len(jobs)),
+    )
+    summary = dataclasses.replace(summary, goodput=goodput)
     write_json(cfg.io.segment_report, summary.to_json())
     return {
         "ranks": len(results),

@@ -46,7 +46,7 @@ class BandwidthJob:
 
     def __call__(self) -> dict:
         c, t = self.cfg.cluster, self.cfg.train
-        with distributed_task(c.runtime) as (_, world, device):
+        with distributed_task(c.runtime) as (_, world, device, _):
             rows, patterns = [], []
             if world > 1:
                 rows = sweep(c.gate.sweep_mb, iters=c.gate.sweep_iters, device=device)

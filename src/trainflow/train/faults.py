@@ -1,6 +1,9 @@
 """Failure drills (cfg.fault, in no config hash): the configured fault, injected where a real one would strike.
 
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a dead rank
+python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STOP   # a hung one
+python -m trainflow.stages.train_segment fault.nan_step=7                              # a NaN loss (train.guard)
+python -m trainflow.stages.train_segment fault.rank=1 fault.slow_ms=200                # a straggler
 """
 
 from __future__ import annotations
@@ -8,7 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
+from collections.abc import Iterable
 
+import torch
 import torch.distributed as dist
 
 from trainflow.config import FaultConfig
@@ -16,13 +22,33 @@ from trainflow.config import FaultConfig
 log = logging.getLogger(__name__)
 
 
-def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool) -> None:
+def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, attempt: int) -> None:
     """The drill at this point: a signal at the start of fault.step on fault.rank, or (fault.during_save) that
-    rank's death inside the checkpoint write of that step, after the shards and before the rename."""
-    if step != fault.step or dist.get_rank() != fault.rank or during_save != fault.during_save:
+    rank's death inside the checkpoint write of that step, after the shards and before the rename. Only in the
+    segment's first job (`attempt` 0): the job train_segment restarts after it meets no fault, as a transient
+    failure would not strike twice."""
+    if attempt or step != fault.step or dist.get_rank() != fault.rank or during_save != fault.during_save:
         return
     what = "death during save" if during_save else f"SIG{fault.signal}"
     log.warning("Injected fault at step %d on rank %d: %s", step, fault.rank, what)
     if during_save:
         os._exit(3)
     os.kill(os.getpid(), getattr(signal, f"SIG{fault.signal}"))
+
+
+def maybe_poison(fault: FaultConfig, window: int, loss: torch.Tensor, parameters: Iterable[torch.nn.Parameter]) -> None:
+    """The NaN drill: the loss and every gradient of the step that draws data window fault.nan_step become NaN, on
+    every rank (a bad batch: a rollback that leaves its window out no longer meets it)."""
+    if window != fault.nan_step:
+        return
+    log.warning("Injected NaN loss and gradients at data window %d", window)
+    loss.fill_(float("nan"))
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.fill_(float("nan"))
+
+
+def maybe_slow(fault: FaultConfig, parts: list[torch.nn.Module]) -> None:
+    """The straggler drill: on fault.rank, every forward of the first model chunk first sleeps fault.slow_ms."""
+    if fault.slow_ms and dist.get_rank() == fault.rank:
+        parts[0].register_forward_pre_hook(lambda module, args: time.sleep(fault.slow_ms / 1e3))

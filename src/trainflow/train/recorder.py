@@ -3,22 +3,27 @@ TensorBoard, the progress lines; and the profiler every rank runs.
 
     recorder = StepRecorder(cfg, rank=rank, device=device)
     recorder.resume(step)          # drop the records of the steps this run redoes
-    recorder.step(record) ...      # after each step; recorder.evaluation(step, val_loss) after each evaluation
+    recorder.step(record) ...      # after each step; recorder.evaluation(step, val_loss, started, seconds) after each
+    recorder.span("save", step, started, seconds)   # where else the job's time went (the measured goodput)
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from statistics import median
 
 import torch
+import torch.distributed as dist
 
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
+from trainflow.energy.node import hostname
 from trainflow.progress import Progress
+from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
-from trainflow.train.step_log import EvalRecord, StepLog, StepRecord
-from trainflow.train.summary import ProfileSummary
+from trainflow.train.step_log import EvalRecord, Span, StepLog, StepRecord
+from trainflow.train.summary import ProfileSummary, RankTiming
 from trainflow.train.tensorboard import TensorBoardLog
 
 log = logging.getLogger(__name__)
@@ -32,23 +37,39 @@ class StepRecorder:
         self.end_step = self.start_step + t.segment_steps
         self.steps_log = StepLog(RunFolder.steps_log(cfg.io.checkpoints), StepRecord)
         self.evals_log = StepLog(RunFolder.evals_log(cfg.io.checkpoints), EvalRecord)
+        self.guard_log = StepLog(RunFolder.guard_log(cfg.io.checkpoints), GuardEvent)
+        self.spans_log = StepLog(RunFolder.spans_log(cfg.io.checkpoints), Span)
         self.tensorboard = TensorBoardLog(run.tensorboard if self.is_logger and o.tensorboard else None)
         profile = Path(run.profile(cfg.segment)) if o.profile else None
         self.profiler = StepProfiler(profile, rank=rank, steps=o.profile_steps, device=device)
         self.progress = Progress(log, "Trained", t.segment_steps, unit="steps", every_s=10.0)
+        self.rank, self.forward_s = rank, []
+        """This rank's forward seconds of each step: every rank keeps its own (the stragglers)."""
 
     def resume(self, step: int) -> None:
         """Drop the records of the steps a run resumed from `step` redoes (they belong to work the checkpoint does
-        not contain): steps record the step they started from, evaluations the step they ended at."""
+        not contain): steps and guard events record the step they started from, evaluations the step they ended at."""
         if self.is_logger:
             self.steps_log.drop(step, self.end_step - 1)
             self.evals_log.drop(step + 1 if step else 0, self.end_step)
+            self.guard_log.drop(step, self.end_step - 1)
+
+    def span(self, kind: str, step: int, started: float, seconds: float) -> None:
+        if self.is_logger:
+            self.spans_log.append(Span(self.cfg.segment, kind, step, started, seconds))
+
+    def guard(self, event: GuardEvent) -> None:
+        if self.is_logger:
+            self.guard_log.append(event)
+            log.warning("Loss guard: %s", event.line())
 
     def step(self, record: StepRecord) -> None:
         self.profiler.step()
+        self.forward_s.append(record.forward_s)
         if not self.is_logger:
             return
         self.steps_log.append(record)
+        self.span("skipped" if record.skipped else "step", record.step, record.started, record.step_s)
         self.tensorboard.step(record)
         done = record.step + 1
         if done % self.cfg.train.log_every == 0 or done == self.end_step:
@@ -58,9 +79,10 @@ class StepRecorder:
             )
             self.progress.update(done - self.start_step)
 
-    def evaluation(self, step: int, val_loss: float) -> None:
+    def evaluation(self, step: int, val_loss: float, started: float, seconds: float) -> None:
         if self.is_logger:
             self.evals_log.append(EvalRecord(step=step, val_loss=val_loss))
+            self.span("eval", step, started, seconds)
             self.tensorboard.evaluation(step, val_loss)
             log.info("Evaluated step %d: validation loss %.4f", step, val_loss)
 
@@ -70,6 +92,17 @@ class StepRecorder:
 
     def evals(self) -> list[EvalRecord]:
         return self.evals_log.between(self.start_step, self.end_step) if self.is_logger else []
+
+    def guard_events(self) -> list[GuardEvent]:
+        return self.guard_log.between(self.start_step, self.end_step - 1) if self.is_logger else []
+
+    def rank_timings(self) -> list[RankTiming]:
+        """Every rank's median forward per step, gathered on rank 0 (a collective; the others return none)."""
+        times = self.forward_s[1:] or self.forward_s  # the first step warms up
+        mine = RankTiming(self.rank, hostname(), median(times) if times else float("nan"), len(self.forward_s))
+        timings: list | None = [None] * dist.get_world_size() if self.is_logger else None
+        dist.gather_object(mine, timings, dst=0)
+        return timings or []
 
     def close(self) -> ProfileSummary | None:
         """Close TensorBoard and the profiler (writing its trace if the segment ended inside its steps)."""

@@ -4,9 +4,9 @@ segment reports its whole range.
     python -c "from trainflow.train.step_log import StepLog, StepRecord; \
         print(StepLog('runs/default/capacity/checkpoints/<hash>/steps.jsonl', StepRecord).read()[:1])"
 
-One JSON line per training step and per evaluation, appended by rank 0. On resume from step s, the records of the
-steps this segment will redo are dropped first: they belong to work the checkpoint does not contain. Records of
-other segments stay.
+One JSON line per training step, evaluation and loss-guard event, appended by rank 0. On resume from step s, the
+records of the steps this segment will redo are dropped first: they belong to work the checkpoint does not contain.
+Records of other segments stay. The time spans (spans.jsonl) are never dropped: they are what the redone work cost.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ class StepRecord(Record):
     """Exposed data-parallel communication (after backward)."""
     bubble_s: float
     activation_s: float
+    forward_s: float = 0.0
+    """This rank's own forward seconds (train.clock: the straggler measure)."""
+    skipped: str | None = None
+    """Why the loss-spike guard did not apply the step (train.guard); None: applied."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,21 @@ class EvalRecord(Record):
     val_loss: float
 
 
-R = TypeVar("R", StepRecord, EvalRecord)
+@dataclass(frozen=True)
+class Span(Record):
+    """A stretch of a training job's wall time on rank 0 (the measured goodput's ledger, spans.jsonl): never dropped,
+    so work a failure or rollback made the segment redo stays on record as redone."""
+
+    segment: int
+    kind: str
+    """step, skipped (a step the guard did not apply), eval, save (the time the step loop was blocked) or load."""
+    step: int
+    started: float
+    """Wall-clock time (time.time())."""
+    seconds: float
+
+
+R = TypeVar("R", bound=Record)
 
 
 class StepLog(Generic[R]):
@@ -71,6 +89,7 @@ class StepLog(Generic[R]):
         write_text_atomic(self.path, "".join(json.dumps(r.to_json()) + "\n" for r in kept))
 
     def append(self, record: R) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(record.to_json()) + "\n")
 

@@ -7,12 +7,15 @@ account_energy and report read. Nothing here imports torch: the stages that only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from statistics import median
 
 from trainflow.checkpoint.interval import IntervalPlan
 from trainflow.config.layout import ParallelDims
 from trainflow.energy.node import NodeReading
 from trainflow.records import Record
+from trainflow.train.goodput import Goodput
+from trainflow.train.guard import GuardEvent
 from trainflow.train.step_log import EvalRecord, StepRecord
 
 
@@ -75,6 +78,27 @@ class RankEnergy(Record):
 
 
 @dataclass(frozen=True)
+class RankTiming(Record):
+    """One rank's own forward time per step (train.clock; every rank measures its own, rank 0's step records show
+    only rank 0's)."""
+
+    rank: int
+    host: str
+    forward_s: float
+    """Median seconds of forward per step, the first (warm-up) step left out."""
+    steps: int
+
+
+def stragglers(timings: list[RankTiming], factor: float) -> list[RankTiming]:
+    """The ranks whose median forward exceeds `factor` x the median over ranks (train.straggler_factor)."""
+    measured = [t for t in timings if t.steps and t.forward_s == t.forward_s]  # NaN: a rank that ran no step
+    if len(measured) < 2:
+        return []
+    typical = median(t.forward_s for t in measured)
+    return [t for t in measured if t.forward_s > factor * typical]
+
+
+@dataclass(frozen=True)
 class SegmentSummary(Record):
     segment: int
     start_step: int
@@ -104,6 +128,12 @@ class SegmentSummary(Record):
     steps: list[StepRecord]
     """Rank 0's step records of the whole segment (resumed parts included)."""
     evals: list[EvalRecord]
+    guard: list[GuardEvent] = field(default_factory=list)
+    """The loss-spike guard's skips and rollbacks in this segment (train.guard)."""
+    ranks: list[RankTiming] = field(default_factory=list)
+    """Every rank's own compute time (on rank 0's summary; the others gather none)."""
+    goodput: Goodput | None = None
+    """Added by the stage: where the segment's wall time went, over every job it took (train.goodput)."""
     energy: RankEnergy | None = None
     """Added by the stage's task: this rank's share of the job's energy."""
     slurm_job_id: str | None = None

@@ -26,8 +26,9 @@ class TensorBoardLog:
         if self.writer is None:
             return
         for key, value in record.to_json().items():
-            if key not in ("step", "started"):  # started: a wall-clock time
+            if key not in ("step", "started", "skipped"):  # started: a wall-clock time; skipped: the guard's reason
                 self.writer.add_scalar(f"train/{key}", value, record.step)
+        self.writer.add_scalar("train/applied", float(record.skipped is None), record.step)
 
     def evaluation(self, step: int, val_loss: float) -> None:
         if self.writer is not None:

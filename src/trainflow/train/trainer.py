@@ -3,9 +3,10 @@
     python -m trainflow.stages.train_segment segment=0 parallel=dp2_tp2_pp2
 
 A segment trains steps [segment * segment_steps, (segment + 1) * segment_steps), resuming from the
-newest verified checkpoint at or before its end. The batch of a step is a pure function of
-(seed, step), the learning rate a pure function of the step, and the model has no dropout: so
-model, optimizer and step are all a resumed run needs to continue bit for bit.
+newest verified checkpoint at or before its end. The batch of a step is a pure function of (seed, step
+and the data windows the loss guard left out), the learning rate a pure function of the step, and the model
+has no dropout: so model, optimizer, step and the guard's state (in the checkpoint's manifest) are all a resumed
+run needs to continue bit for bit. Every step is judged by the loss guard before it is applied (train.guard).
 """
 
 from __future__ import annotations
@@ -16,28 +17,27 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import median
 
 import torch
 import torch.distributed as dist
 
+from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
 from trainflow.checkpoint.manager import CheckpointManager
+from trainflow.checkpoint.manifest import read_manifest
 from trainflow.checkpoint.state import build_state, load_state, state_bytes, state_digest
 from trainflow.config import ParallelDims, TrainflowConfig, as_dict
-from trainflow.config.run_folder import RunFolder
-from trainflow.config.schema import PRECISIONS
 from trainflow.config.shape import flops_per_token, mfu
 from trainflow.data.sampler import TokenSampler
 from trainflow.errors import TrainflowError
 from trainflow.fp8 import backend_reason
-from trainflow.model import Llama, cross_entropy
-from trainflow.parallel import Parallelized, parallelize_model
-from trainflow.train.activations import apply_activations
-from trainflow.train.compile import apply_compile
+from trainflow.parallel import Parallelized
+from trainflow.train.build import build_model
+from trainflow.train.clock import ForwardClock
 from trainflow.train.controls import StopFlag, build_optimizer, lr_at, set_determinism
-from trainflow.train.faults import maybe_inject_fault
+from trainflow.train.faults import maybe_inject_fault, maybe_poison, maybe_slow
+from trainflow.train.guard import DivergenceError, GuardState, LossGuard, read_guard_state
 from trainflow.train.profile import memory_mb
 from trainflow.train.recorder import StepRecorder
 from trainflow.train.step_log import StepRecord
@@ -54,8 +54,13 @@ class ResumeError(TrainflowError):
 class Trainer:
     cfg: TrainflowConfig
     device: torch.device
-    on_phase: Callable[[str], None] = lambda kind: None
-    """Told when a step enters its data loading and its compute (energy.node's window: DVFS acts on it)."""
+    on_phase: Callable[[str, int], None] = lambda kind, step: None
+    """Told (kind, step) when the loop enters a step's data loading or compute, an evaluation, a save or a load:
+    energy.node's window (DVFS acts on data and compute) and launch.heartbeat's progress."""
+    on_step: Callable[[StepRecord], None] = lambda record: None
+    """Told each step's record, on every rank (launch.heartbeat keeps each rank's compute time: stragglers)."""
+    attempt: int = 0
+    """Which job of the segment this is: fault drills strike in the first only (train.faults)."""
     model: Parallelized = field(init=False)
     optimizers: list[torch.optim.Optimizer] = field(init=False)
 
@@ -67,7 +72,9 @@ class Trainer:
         )
         self.mesh = self.dims.build_mesh(self.device.type)
         self.rank, self.is_logger = dist.get_rank(), dist.get_rank() == 0
-        self.build_model()
+        self.model, self.parameters, self.offloader = build_model(cfg, self.device, self.dims, self.mesh, self.rank)
+        self.clock = ForwardClock(self.model.named_parts(), self.device)
+        maybe_slow(cfg.fault, self.model.named_parts())
         self.optimizers = [build_optimizer(part, cfg.optim, self.device) for part in self.model.parts]
         dp_rank, rows = self.mesh["dp"].get_local_rank(), self.dims.local_batch(t.global_batch)
         self.rows = slice(dp_rank * rows, (dp_rank + 1) * rows)
@@ -77,31 +84,6 @@ class Trainer:
         self.start_step = cfg.segment * t.segment_steps
         self.end_step = self.start_step + t.segment_steps
         self.build_records()
-
-    def build_model(self) -> None:
-        """The model of this rank, parallelized, with its activation memory mode and compiled blocks."""
-        cfg, t, m = self.cfg, self.cfg.train, self.cfg.model
-        full = Llama(m)
-        self.parameters = full.num_params()
-        self.model = parallelize_model(
-            full.to(self.device),
-            self.dims,
-            self.mesh,
-            loss_fn=cross_entropy,
-            device=self.device,
-            bucket_mb=cfg.parallel.bucket_mb,
-            overlap=cfg.parallel.overlap,
-            activation_shape=(self.dims.microbatch_size(t.global_batch), m.seq_len, m.dim),
-            compute_dtype=getattr(torch, PRECISIONS[t.precision].dtype),
-            fp8=t.fp8,
-            fp8_amax_history=t.fp8_amax_history,
-        )
-        if self.model.fp8_backend is not None and self.is_logger:
-            log.info("FP8 GEMMs (recipe %s) run on %s", t.fp8, self.model.fp8_backend)
-        offload = Path(RunFolder.offload(t.offload_dir, self.rank)) if t.offload_dir else None
-        self.offloader = apply_activations(self.model.named_parts(), t.activations, offload)
-        if t.compile:
-            apply_compile(self.model.named_parts(), self.device)
 
     def build_records(self) -> None:
         """Checkpoints and their interval, the stop signal, what the segment records of itself."""
@@ -123,6 +105,7 @@ class Trainer:
         )
         self.stop = StopFlag()
         self.saves: list[SaveRecord] = []
+        self.guard = LossGuard(t.spike)
         self.recorder = StepRecorder(cfg, rank=self.rank, device=self.device)
 
     # -- state ---------------------------------------------------------------------------------
@@ -131,39 +114,70 @@ class Trainer:
         return build_state(self.model.named_parts(), self.optimizers, step=step)
 
     def resume(self) -> int:
-        """Load the newest verified checkpoint at or before the segment's end (this run's, else
-        io.resume_from's, resharded to this layout); its step."""
-        source, step = self.checkpoints, self.checkpoints.newest_valid(at_most=self.end_step)
+        """Load the newest verified checkpoint at or before the segment's end; its step (0: none, at the start)."""
+        step, guard = self.load(at_most=self.end_step, why="Resumed from")
+        if step < 0 and self.start_step > 0:
+            raise ResumeError(
+                f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
+                f"holds no valid checkpoint at or before step {self.end_step}; rerun segment "
+                f"{self.cfg.segment - 1} or set io.resume_from=<another run's checkpoint folder>"
+            )
+        self.guard.restore(guard)
+        return max(step, 0)
+
+    def load(self, at_most: int, why: str) -> tuple[int, GuardState]:
+        """Load the newest verified checkpoint at or before `at_most` (this run's, else io.resume_from's, resharded
+        to this layout); its step and the guard state its manifest holds (-1 and an empty one: none)."""
+        source, step = self.checkpoints, self.checkpoints.newest_valid(at_most=at_most)
         if step < 0 and self.cfg.io.resume_from:
             source = CheckpointManager(
                 self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads
             )
-            step = source.newest_valid(at_most=self.end_step)
+            step = source.newest_valid(at_most=at_most)
         if step < 0:
-            if self.start_step > 0:
-                raise ResumeError(
-                    f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
-                    f"holds no valid checkpoint at or before step {self.end_step}; rerun segment "
-                    f"{self.cfg.segment - 1} or set io.resume_from=<another run's checkpoint folder>"
-                )
-            return 0
+            return -1, GuardState(skipped=[], losses=[])
+        started = time.time()
+        self.on_phase("load", step)
+        folder = step_dir(source.root, step)
+        guard = read_guard_state(read_manifest(folder), str(folder))  # every rank reads it: no collective to agree
         state = self.state()
         source.load(step, state)
         loaded = load_state(self.model.named_parts(), self.optimizers, state)
+        self.recorder.span("load", loaded, started, time.time() - started)
         if self.is_logger:
-            log.info("Resumed from the checkpoint of step %d in %s", loaded, source.root)
-        return loaded
+            log.info("%s the checkpoint of step %d in %s", why, loaded, source.root)
+        return loaded, guard
+
+    def rollback(self) -> int:
+        """After train.spike.rollback_after bad steps in a row: reload the newest verified checkpoint from before the
+        first of them and leave their data windows out of the stream (train.guard); the step to go on from."""
+        first, bad = self.guard.first_bad, self.guard.bad
+        step, state = self.load(at_most=first, why="Rolled back to")
+        if step < 0:
+            raise DivergenceError(
+                f"{len(bad)} bad steps in a row from step {first} (the last: {bad[-1][2]}) and no verified checkpoint "
+                f"at or before step {first} to roll back to; lower optim.lr, raise train.spike.factor or "
+                "train.spike.rollback_after, or check the data"
+            )
+        event = self.guard.rolled_back(step, state)
+        self.recorder.resume(step)
+        self.recorder.guard(event)
+        return step
 
     def save(self, step: int) -> None:
+        self.on_phase("save", step)
+        started = time.time()
         done = self.checkpoints.save(
             step,
             self.state(step),
             optimizers=self.optimizers,  # async: their next step waits for the background copy of their tensors
             step_s=self.planner.step_s,
-            before_commit=lambda: maybe_inject_fault(self.cfg.fault, step, during_save=True),
+            before_commit=lambda: maybe_inject_fault(self.cfg.fault, step, during_save=True, attempt=self.attempt),
             layout=self.cfg.parallel.name,
             model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
+            guard=self.guard.state().to_json(),  # what a resume from it judges and draws with (train.guard)
         )
+        self.recorder.span("save", step, started, time.time() - started)  # the time the loop was blocked
         self.saved(done)
 
     def saved(self, done: list[SaveDone]) -> None:
@@ -189,18 +203,23 @@ class Trainer:
 
     def train_step(self, step: int) -> StepRecord:
         start, started = time.perf_counter(), time.time()
-        self.on_phase("data")
+        self.on_phase("data", step)
         lr = lr_at(step, self.cfg.optim, self.cfg.train.total_steps)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = lr
-        inputs, targets = self.sampler.batch("train", step, self.cfg.train.global_batch, self.rows)
+        window = self.guard.window(step)
+        inputs, targets = self.sampler.batch("train", window, self.cfg.train.global_batch, self.rows)
         data_s = time.perf_counter() - start
-        self.on_phase("compute")
+        self.on_phase("compute", step)
+        self.clock.reset()
         loss, times = self.model.forward_backward(inputs.to(self.device), targets.to(self.device))
+        maybe_poison(self.cfg.fault, window, loss, self.model.parameters())
         grad_norm = self.model.clip_grad_norm(self.cfg.optim.grad_clip)
+        skipped = self.guard.judge(step, window, float(loss), grad_norm)  # global loss and norm: every rank agrees
         for opt in self.optimizers:
-            opt.step()
+            if skipped is None:
+                opt.step()
             opt.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - start
         tokens = self.cfg.train.global_batch * self.cfg.model.seq_len
@@ -219,15 +238,19 @@ class Trainer:
             dp_comm_s=times.dp_comm,
             bubble_s=times.bubble,
             activation_s=times.activation,
+            forward_s=self.clock.take(),
+            skipped=skipped,
         )
 
     def evaluate(self, step: int) -> float:
+        started = time.time()
+        self.on_phase("eval", step)
         losses = []
         for i in range(self.cfg.train.eval_batches):
             inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows)
             losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
         val = sum(losses) / len(losses)
-        self.recorder.evaluation(step, val)
+        self.recorder.evaluation(step, val, started, time.time() - started)
         return val
 
     def train(self) -> SegmentSummary:
@@ -240,13 +263,19 @@ class Trainer:
             self.evaluate(0)
         since_save, stop_signal = 0, 0
         while step < self.end_step:
-            maybe_inject_fault(self.cfg.fault, step, during_save=False)
+            maybe_inject_fault(self.cfg.fault, step, during_save=False, attempt=self.attempt)
             record = self.train_step(step)
             step += 1
             since_save += 1
             self.recorder.step(record)
+            self.on_step(record)
             self.planner.observe_step(record.step_s)
             self.saved(self.checkpoints.poll())  # async: where the save in flight stands, agreed
+            if record.skipped and self.guard.rollback_due:
+                step, since_save = self.rollback(), 0
+                continue
+            if record.skipped:
+                self.recorder.guard(self.guard.skip_event())
             if step % t.eval_every == 0 or step == self.end_step:
                 self.evaluate(step)
             if stop_signal := self.stop.agreed():
@@ -299,4 +328,6 @@ class Trainer:
             saves=self.saves,
             steps=steps,
             evals=self.recorder.evals(),
+            guard=self.recorder.guard_events(),
+            ranks=self.recorder.rank_timings(),
         )

@@ -1,0 +1,168 @@
+"""Why a job ended without every task's result: the one line a stage fails with, and the facts a restart decides on.
+
+    failure = analyse(job, "local", ("", 0), outcomes)   # launch.job_end does, for every failed job
+
+The line names the likeliest cause: a hang the job's own ranks diagnosed (launch.heartbeat), else the state of a job
+Slurm stopped (TIMEOUT, CANCELLED, NODE_FAIL...), else the first rank that died (its host, and the signal or exit
+code that srun, or for a local job executors.LocalController, wrote in the job's log), else the first rank that
+raised. Each task's marker (task.py) says where it ran, whether its code ended and, if it raised, whether the error
+was one of trainflow's own (a TrainflowError: a config, data or checkpoint problem that no restart fixes); a rank
+whose code never ended died abruptly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import submitit
+
+from trainflow.launch.hang import read_report
+from trainflow.launch.task import task_marker
+
+TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
+"""The line srun writes into the job's log for each task that ended abnormally; LocalController writes it too."""
+SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsignal(s))}
+"""srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
+
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+"""Slurm's final job states; a requeued job is PENDING again under the same id."""
+STOPPED = ENDED - {"COMPLETED", "FAILED"}
+"""Final states set by Slurm or an operator, not by the tasks: the state itself is the cause."""
+
+REMEDIES = (
+    (
+        re.compile(r"timed out|timeout|watchdog", re.IGNORECASE),
+        "the seed's remedy for collective timeouts: check the network's RDMA / transport configuration "
+        "(libfabric, aws-ofi-nccl, NCCL_IB_* / FI_* in cluster.runtime.env), rerun with NCCL_DEBUG=INFO in "
+        "cluster.runtime.env, and raise cluster.runtime.collective_timeout_s (seed: 300 s) if the links are only slow",
+    ),
+    (
+        re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE),
+        "the seed's remedy for device memory: rerun with CUDA_LAUNCH_BLOCKING=1 in cluster.runtime.env to find the "
+        "kernel and read the caching allocator's state (torch.cuda.memory_summary()); python -m trainflow.plan shows "
+        "which term overflows (train.activations=recompute, parallel.dp_mode=shard, more tp / pp)",
+    ),
+)
+"""(what a failed rank's last line matches, what to do about it): the seed's troubleshooting guide (section 4.1)."""
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    line: str
+    """The one line naming the cause, the job and a log file."""
+    kind: str
+    """hang (the ranks found one hung), stopped (Slurm or an operator ended the job), died (a rank ended abruptly),
+    raised (a rank's code raised), or lost (no rank to blame)."""
+    state: str = ""
+    """Slurm's final state ("" for a local job)."""
+    rank: int | None = None
+    host: str = ""
+    step: int | None = None
+    """The step the failing rank was at, where known."""
+    errors: dict[int, str] = field(default_factory=dict)
+    """Each rank that raised: its exception line."""
+    expected: bool = False
+    """A rank raised one of trainflow's own errors (TrainflowError): the cause is the input, not the machine."""
+    world: int = 0
+    """The job's ranks."""
+
+
+def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) -> JobFailure:
+    """Why the job ended without every task's result (the module docstring's order of causes)."""
+    state, requeues = end
+    ended = f" {state}" if state else ""
+    if requeues:
+        ended += f" after {requeues} requeue{'s' * (requeues > 1)}"
+    markers = read_markers(job)
+    errors = {k: last_line(outcome[1]) for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"}
+    expected = any(m.get("expected") for m in markers.values())
+    if hang := read_report(job.paths):
+        stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
+        line = f"{hang.line()} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"
+        return JobFailure(line, "hang", state, hang.rank, hang.host, hang.step, errors, expected, job.num_tasks)
+    if state not in STOPPED and (failed := first_failed_rank(job, outcomes, markers)):
+        rank, host, what = failed
+        where = f" on host {host}" if host else ""
+        line = f"rank {rank}{where} {what} ({kind} job {job.job_id}{ended}, full log: {job.task(rank).paths.stderr})"
+        died = "raised" if rank in errors else "died"
+        step = markers.get(rank, {}).get("step")
+        return JobFailure(line + remedy(what), died, state, rank, host, step, errors, expected, job.num_tasks)
+    unfinished = ranks([k for k, outcome in enumerate(outcomes) if not outcome or outcome[0] != "success"])
+    line = f"{kind} job {job.job_id} ended{ended} without the results of {unfinished} (full log: {job.paths.stderr})"
+    kind = "stopped" if state in STOPPED else "lost"
+    return JobFailure(line, kind, state, errors=errors, expected=expected, world=job.num_tasks)
+
+
+def read_markers(job: submitit.Job) -> dict[int, dict]:
+    """Each task's marker (task.py), by rank, for the tasks that wrote one."""
+    return {
+        k: json.loads(path.read_text())
+        for k in range(job.num_tasks)
+        if (path := task_marker(job.task(k).paths)).exists()
+    }
+
+
+def first_failed_rank(job: submitit.Job, outcomes: list, markers: dict[int, dict]) -> tuple[int, str, str] | None:
+    """(rank, host, what happened to it) of the rank that failed first: one that died abruptly (no result, and
+    its code never ended), else one that raised; among several, the first whose abnormal end the log reported."""
+    ends = reported_ends(job.paths.stderr)
+    died = [
+        k
+        for k, outcome in enumerate(outcomes)
+        if outcome is None and (k in markers or k in ends) and "ended" not in markers.get(k, {})
+    ]
+    raised = [k for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"]
+    reported = {k: position for position, k in enumerate(ends)}
+    for candidates in (died, raised):
+        if candidates:
+            rank = min(candidates, key=lambda k: (reported.get(k, math.inf), k))
+            host = markers[rank]["host"] if rank in markers else ends[rank][0] if rank in ends else ""
+            if outcomes[rank]:
+                return rank, host, f"raised {last_line(outcomes[rank][1])}"
+            return rank, host, ends[rank][1] if rank in ends else "ended abruptly, with no exit status in the log"
+    return None
+
+
+def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:
+    """Rank -> (host, what happened) of each abnormal end reported in the job's log, the latest per rank (a
+    requeued job appends to the same log), ordered as reported."""
+    ends: dict[int, tuple[str, str]] = {}
+    text = log_file.read_text(errors="replace") if log_file.exists() else ""
+    for host, tasks, how in TASK_END.findall(text):
+        signame = SIGNAL_NAMES.get(how)
+        code = re.fullmatch(r"Exited with exit code (\d+)", how)
+        what = f"was killed by {signame}" if signame else f"exited with code {code[1]}" if code else f"ended: {how}"
+        for part in tasks.split(","):
+            first, _, last = part.partition("-")
+            for rank in range(int(first), int(last or first) + 1):
+                ends.pop(rank, None)
+                ends[rank] = (host, what)
+    return ends
+
+
+def remedy(what: str) -> str:
+    """'; <the seed's remedy>' for a failure it names one for, else ''."""
+    return next((f"; {text}" for pattern, text in REMEDIES if pattern.search(what)), "")
+
+
+def last_line(trace: str) -> str:
+    """The exception line of a task's traceback."""
+    return next((line.strip() for line in reversed(trace.splitlines()) if line.strip()), "no traceback")
+
+
+def ranks(ks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-3, 6'."""
+    spans: list[list[int]] = []
+    for k in sorted(ks):
+        if spans and k == spans[-1][1] + 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    return f"rank{'s' * (len(ks) > 1)} " + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)

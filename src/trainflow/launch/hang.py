@@ -1,0 +1,105 @@
+"""A hung job's diagnosis and its evidence, beside the job's logs: the report the detecting rank writes, every live
+rank's Python stacks (and, over NCCL, PyTorch's Flight Recorder), and the one line the stage fails with.
+
+    <submitit folder>/<job>_hang.json          HangReport (launch.heartbeat's verdict)
+    <submitit folder>/<job>_<rank>_stacks.txt  faulthandler's dump of every thread of that rank
+    <submitit folder>/<job>_<rank>_flight.pkl  torch's NCCL Flight Recorder trace of that rank (NCCL only)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from submitit.core.utils import JobPaths
+
+from trainflow.atomic import atomic_path, write_json
+from trainflow.records import Record, RecordError, read_record
+
+HANG_EXIT = 86
+"""The exit status of a rank that left a hung job (ranks end themselves: a launcher cannot see a hang)."""
+
+
+@dataclass(frozen=True)
+class HangReport(Record):
+    rank: int
+    host: str
+    step: int
+    phase: str
+    """What the hung rank last reported doing (data, compute, eval, save, load, start)."""
+    seconds: float
+    """How long the detecting rank saw it silent (or, alive, without progress)."""
+    alive: bool
+    """True: it kept beating but its step stopped (a stuck collective); False: it stopped beating (a stopped
+    process, or one stuck in a driver call)."""
+    threshold_s: float
+    detected_by: int
+    waiting_in: str
+    """The collective the detecting rank's main thread was waiting in, and the trainflow code that called it."""
+
+    def line(self) -> str:
+        what = "made no progress" if self.alive else "stopped responding"
+        why = "a stuck collective" if self.alive else "a stopped process, or one stuck in a driver call"
+        return (
+            f"rank {self.rank} on host {self.host} {what} for {self.seconds:.0f} s (its last beat: step {self.step}, "
+            f"{self.phase}), "
+            f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s: {why}); rank {self.detected_by} waited in "
+            f"{self.waiting_in}"
+        )
+
+
+def report_path(paths: JobPaths) -> Path:
+    return paths.folder / f"{paths.job_id}_hang.json"
+
+
+def stacks_path(paths: JobPaths, rank: int) -> Path:
+    return paths.folder / f"{paths.job_id}_{rank}_stacks.txt"
+
+
+def write_report(paths: JobPaths, report: HangReport) -> None:
+    write_json(report_path(paths), report.to_json())
+
+
+def read_report(paths: JobPaths) -> HangReport | None:
+    """The job's hang report, None when it has none (or one that does not read: the plain failure line stands)."""
+    path = report_path(paths)
+    if not path.is_file():
+        return None
+    with contextlib.suppress(RecordError):
+        return read_record(HangReport, path)
+    return None
+
+
+def waiting_in(thread: threading.Thread) -> str:
+    """Where `thread` waits: its innermost torch.distributed function (else its innermost torch function: DDP's
+    gradient all-reduce waits inside autograd's backward) and the innermost trainflow frame that called it, e.g.
+    "all_reduce (trainflow/parallel/runtime.py:161, clip_grad_norm)"."""
+    frame = sys._current_frames().get(thread.ident)  # the documented way to see another thread's stack
+    if frame is None:
+        return "nothing (its main thread had ended)"
+    stack = traceback.extract_stack(frame)
+    torch_frames = [f for f in stack if "/torch/" in f.filename]
+    call = next((f for f in reversed(torch_frames) if "/torch/distributed/" in f.filename), None)
+    call = call or next(iter(torch_frames[-1:]), None)
+    ours = next((f for f in reversed(stack) if "/trainflow/" in f.filename), None)
+    where = f"{ours.filename.split('/src/')[-1]}:{ours.lineno}, {ours.name}" if ours else "outside trainflow"
+    if call is None:
+        return f"no torch call ({where})"
+    module = call.filename.split("/torch/")[-1].removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    return f"torch.{module}.{call.name} ({where})"
+
+
+def dump_stacks(paths: JobPaths, rank: int, *, nccl: bool) -> None:
+    """Every thread's Python stack of this rank, and over NCCL its Flight Recorder trace, beside the job's logs."""
+    with atomic_path(stacks_path(paths, rank)) as tmp, open(tmp, "w") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+    if nccl:  # PyTorch's Flight Recorder: the last collectives of every process group, as torchtitan dumps them
+        with contextlib.suppress(Exception), atomic_path(paths.folder / f"{paths.job_id}_{rank}_flight.pkl") as tmp:
+            import torch
+
+            tmp.write_bytes(torch._C._distributed_c10d._dump_nccl_trace())

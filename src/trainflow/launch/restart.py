@@ -1,0 +1,111 @@
+"""Whether a failed training job is worth a new one, and which hosts the new one leaves out.
+
+    verdict = judge(failure, earlier, max_restarts=3, restarts=1)   # train_segment, after each failed job
+
+A rank that died (a signal, the OOM killer, a lost node) or hung (launch.heartbeat) is the machine's fault: a new job
+on other hosts resumes from the newest verified checkpoint, the failing rank's host left out. What a restart cannot
+fix ends the stage at once, in one line saying why:
+- one of trainflow's own errors on any rank (TrainflowError: a config value, a data file, a checkpoint that fails
+  verification with no older one to fall back to): the same input fails again;
+- the same exception on every rank, or in two jobs: the code fails, wherever it runs;
+- running out of device memory at the same step twice;
+- a job Slurm or an operator ended (CANCELLED, DEADLINE; a TIMEOUT whose requeues ran out): a cancel stays a cancel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from submitit.core.utils import JobPaths
+
+from trainflow.errors import TrainflowError
+from trainflow.launch.failure import JobFailure
+from trainflow.launch.heartbeat import timing_path
+from trainflow.records import RecordError
+from trainflow.train.summary import RankTiming, stragglers
+
+NOT_RESTARTED_STATES = frozenset({"CANCELLED", "DEADLINE", "TIMEOUT"})
+OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+"""A node name as sbatch --exclude takes it. Hosts come from files of the run folder (task markers, the hang report,
+nccl-exclude.txt), which may be hostile: nothing else reaches the sbatch script."""
+
+
+class HostError(TrainflowError):
+    """A host name to leave out that is not one."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    restart: bool
+    why: str
+    """Why (not): one clause, for the log and the failure line."""
+    exclude: frozenset[str] = frozenset()
+    """The hosts to leave out of the new job."""
+
+
+def judge(
+    failure: JobFailure,
+    earlier: list[JobFailure],
+    *,
+    max_restarts: int,
+    restarts: int,
+    slow: frozenset[str] = frozenset(),
+) -> Verdict:
+    """Restart after `failure` (the failures before it in this segment: `earlier`), or not, and why; a restart leaves
+    out the failing rank's host and the stragglers' hosts `slow` (cluster.allocation.exclude_stragglers)."""
+    if failure.expected:
+        return Verdict(False, "not restarted: trainflow refused an input, which a new job would refuse again")
+    if len(failure.errors) == failure.world and len(set(failure.errors.values())) == 1:
+        return Verdict(False, "not restarted: every rank raised the same exception, so the code fails wherever it runs")
+    if failure.kind == "raised" and any(set(failure.errors.values()) & set(f.errors.values()) for f in earlier):
+        return Verdict(False, "not restarted: a rank raised the same exception in two jobs, so the code fails")
+    if failure.state in NOT_RESTARTED_STATES:
+        return Verdict(False, f"not restarted: Slurm ended the job ({failure.state}), which a new job would not undo")
+    oom = any(OUT_OF_MEMORY.search(text) for text in failure.errors.values())
+    if oom and failure.step is not None and any(_oom_at(f, failure.step) for f in earlier):
+        return Verdict(False, f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)")
+    if restarts >= max_restarts:
+        return Verdict(False, f"not restarted: cluster.allocation.max_restarts({max_restarts}) used up")
+    failed = {failure.host} if failure.kind in ("hang", "died", "raised") and failure.host else set()
+    exclude = checked_hosts(failed, "the failed job's task marker or hang report") | slow
+    left_out = f", leaving out {', '.join(sorted(exclude))}" if exclude else ""
+    return Verdict(True, f"restart {restarts + 1} of {max_restarts}{left_out}", exclude)
+
+
+def _oom_at(failure: JobFailure, step: int) -> bool:
+    return failure.step == step and any(OUT_OF_MEMORY.search(text) for text in failure.errors.values())
+
+
+def checked_hosts(hosts: list[str] | set[str] | frozenset[str], where: str) -> frozenset[str]:
+    """`hosts`, each a node name (HOST); else one HostError naming the value and its file."""
+    for host in hosts:
+        if not isinstance(host, str) or not HOST.fullmatch(host):
+            raise HostError(
+                f"{where} names the host {host!r} to leave out, which is not a node name ([A-Za-z0-9._-], up to 63 "
+                "characters); the file was altered: delete it"
+            )
+    return frozenset(hosts)
+
+
+def gate_exclusions(path: str | Path) -> frozenset[str]:
+    """The hosts validate_nccl's gate wrote to leave out (nccl-exclude.txt, comma-separated); none when absent."""
+    path = Path(path)
+    if not path.is_file():
+        return frozenset()
+    hosts = [h.strip() for h in path.read_text(errors="replace").replace("\n", ",").split(",") if h.strip()]
+    return checked_hosts(hosts, str(path))
+
+
+def straggler_hosts(paths: JobPaths, factor: float) -> frozenset[str]:
+    """The hosts of the ranks a failed job's heartbeat last timed as stragglers (launch.heartbeat's timing file);
+    none when it wrote none (a job shorter than a minute) or one that does not read."""
+    path = timing_path(paths)
+    timings: list[RankTiming] = []
+    with contextlib.suppress(OSError, ValueError, TypeError, RecordError):
+        timings = [RankTiming.from_json(t, where=str(path)) for t in json.loads(path.read_text())]
+    return checked_hosts({t.host for t in stragglers(timings, factor)}, str(path))

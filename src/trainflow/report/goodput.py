@@ -1,0 +1,81 @@
+"""The report's goodput section: where each segment's wall time went, the jobs it took, the loss guard's skips and
+rollbacks, and the ranks slower than the rest.
+
+    lines = goodput_section(segments, plot, here, straggler_factor=1.5)   # stages.report does
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from statistics import median
+
+from trainflow.report.sections import relative, table
+from trainflow.train.goodput import TERMS
+from trainflow.train.summary import SegmentSummary, stragglers
+
+
+def goodput_section(segments: Sequence[SegmentSummary], plot: str, here: Path, *, straggler_factor: float) -> list[str]:
+    measured = [s for s in segments if s.goodput is not None]
+    rows = [
+        [s.segment, f"{s.goodput.wall_s:.1f}", f"{s.goodput.goodput:.1%}", len(s.goodput.jobs)]
+        + [f"{s.goodput.seconds.get(term, 0.0):.1f}" for term in TERMS]
+        + [f"{s.goodput.unaccounted:.1%}"]
+        for s in measured
+    ]
+    lines = [
+        "## Goodput",
+        "",
+        "Each segment's wall time, from its first job's submission to its last job's end, in seconds by where it "
+        "went (train.goodput); goodput is the productive steps' share.",
+        "",
+        table(rows, ["segment", "wall s", "goodput", "jobs", *TERMS, "unaccounted"]),
+        "",
+        f"![goodput]({relative(plot, here)})",
+        "",
+        *jobs(measured),
+        *guard(segments),
+        *slow_ranks(segments, straggler_factor),
+    ]
+    return lines
+
+
+def jobs(segments: Sequence[SegmentSummary]) -> list[str]:
+    """The failed jobs and what was done about each."""
+    failed = [(s.segment, j) for s in segments for j in s.goodput.jobs if j.outcome != "completed"]
+    if not failed:
+        return []
+    rows = [[seg, j.attempt, j.job_id, j.outcome, j.line, j.verdict] for seg, j in failed]
+    return ["### Failed jobs", "", table(rows, ["segment", "job", "id", "kind", "failure", "verdict"]), ""]
+
+
+def guard(segments: Sequence[SegmentSummary]) -> list[str]:
+    events = [f"- segment {s.segment}, {e.line()}" for s in segments for e in s.guard]
+    return ["### Loss guard", "", *events, ""] if events else []
+
+
+def slow_ranks(segments: Sequence[SegmentSummary], factor: float) -> list[str]:
+    """Per-host medians of every rank's own forward time (train.clock), and the ranks above `factor` x the median."""
+    timings = segments[-1].ranks
+    if not timings:
+        return []
+    hosts: dict[str, list[float]] = {}
+    for t in timings:
+        hosts.setdefault(t.host, []).append(t.forward_s)
+    rows = [[host, len(times), f"{median(times) * 1e3:.1f}"] for host, times in sorted(hosts.items())]
+    flagged = stragglers(timings, factor)
+    verdict = (
+        "Stragglers (median forward above "
+        f"{factor:g} x the median over ranks): "
+        + ", ".join(f"rank {t.rank} on {t.host} ({t.forward_s * 1e3:.1f} ms)" for t in flagged)
+        if flagged
+        else f"No rank's median forward exceeds {factor:g} x the median over ranks (train.straggler_factor)."
+    )
+    return [
+        f"### Forward time per rank (segment {segments[-1].segment})",
+        "",
+        table(rows, ["host", "ranks", "median forward ms"]),
+        "",
+        verdict,
+        "",
+    ]

@@ -1,0 +1,128 @@
+"""Goodput drills through the real local launcher: the stage restarts its own job after a dead rank, names a hung one
+within the heartbeat's threshold, skips a NaN step, and refuses to restart what a restart cannot fix.
+
+Each drill trains one segment of 6 steps on 2 ranks (dp2, gloo, deterministic), checkpoints every 2 steps, and ends
+bit for bit where an uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config, run_segment, step_losses
+from trainflow.config.run_folder import RunFolder
+from trainflow.launch import LaunchError
+from trainflow.launch.hang import HANG_EXIT
+from trainflow.train.goodput import JobRun
+from trainflow.train.step_log import Span, StepLog
+from trainflow.train.summary import RankTiming, stragglers
+
+BASE = (
+    "parallel=dp2",
+    "train.segments=1",
+    "train.segment_steps=6",
+    "checkpoint.interval_steps=2",
+    "cluster.runtime.collective_timeout_s=60",
+    "cluster.runtime.heartbeat_s=1",
+)
+
+
+def segment(root: Path, tokens: Path, *extra: str) -> dict:
+    return run_segment(root, tokens, *BASE, *extra)
+
+
+def ledgers(root: Path, *extra: str) -> tuple[list[JobRun], list[Span]]:
+    folder = make_config("train_segment", root, *BASE, *extra).io.checkpoints
+    return StepLog(RunFolder.jobs_log(folder), JobRun).read(), StepLog(RunFolder.spans_log(folder), Span).read()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tokens) -> dict:
+    return segment(tmp_path_factory.mktemp("reference"), tokens)
+
+
+def assert_goodput_adds_up(summary: dict) -> dict:
+    """The measured terms sum to the wall time within 2 %, and nothing but the productive steps is most of it."""
+    goodput = summary["goodput"]
+    assert goodput["unaccounted"] < 0.02, goodput
+    assert goodput["seconds"]["other"] < 0.02 * goodput["wall_s"], goodput
+    assert 0 < goodput["goodput"] == pytest.approx(goodput["seconds"]["productive"] / goodput["wall_s"])
+    return goodput["seconds"]
+
+
+def test_a_dead_rank_ends_the_job_fast_and_the_stage_restarts_it_bitwise(tmp_path, tokens, reference):
+    summary = segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=KILL")
+    jobs, spans = ledgers(tmp_path)
+    assert [j.outcome for j in jobs] == ["died", "completed"]
+    host = socket.gethostname()
+    assert jobs[0].verdict == f"restart 1 of 3, leaving out {host}"  # one machine: recorded, not applied
+    assert re.match(rf"rank 1 on host {re.escape(host)} was killed by SIGKILL", jobs[0].line)
+    # The other rank was ended within failure_detect_s (30 s) + 10 s of the death: the first job's last span (rank 0
+    # finished step 2 just before rank 1 died at the start of step 3) to its end as the stage saw it.
+    last = max(s.started + s.seconds for s in spans if s.started < jobs[0].ended)
+    assert jobs[0].ended - last < 40
+    assert summary["state_digest"] == reference["state_digest"]
+    assert step_losses(summary) == step_losses(reference)
+    seconds = assert_goodput_adds_up(summary)
+    assert seconds["recomputed"] > 0 or seconds["detection"] > 0  # step 2 redone after the restart from step 2
+    assert seconds["load"] > 0 and seconds["restart"] >= 0
+
+
+def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks(tmp_path, tokens):
+    threshold = 5
+    start = time.monotonic()
+    hang = (f"cluster.runtime.hang_detect_s={threshold}", "cluster.allocation.max_restarts=0")
+    with pytest.raises(LaunchError) as err:
+        segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STOP", *hang)
+    line = str(err.value)
+    assert "\n" not in line
+    assert re.search(
+        # rank 1's last beat may be of an earlier step (its heartbeat thread publishes once a second)
+        rf"rank 1 on host {re.escape(socket.gethostname())} stopped responding for \d+ s \(its last beat: step "
+        rf"-?[0-3], (start|eval|data|compute|save)\), past cluster.runtime.hang_detect_s \({threshold} s: a stopped "
+        r"process, or one stuck in a driver call\); rank 0 waited in torch\.[\w.]+ \(trainflow/[\w/]+\.py:\d+, "
+        r"\w+\)",
+        line,
+    ), line
+    jobs, spans = ledgers(tmp_path, *hang)
+    stopped = max(s.started + s.seconds for s in spans)  # rank 1 stopped at the start of step 3, after the last span
+    assert jobs[0].ended - stopped < threshold + 10
+    folder = Path(make_config("train_segment", tmp_path, *BASE, *hang).io.submitit)
+    stacks = folder / f"{jobs[0].job_id}_0_stacks.txt"
+    assert "Thread" in stacks.read_text() and "trainflow" in stacks.read_text()
+    assert json.loads((folder / f"{jobs[0].job_id}_hang.json").read_text())["rank"] == 1
+    assert f"exit code {HANG_EXIT}" in (folder / f"{jobs[0].job_id}_0_log.err").read_text()
+    assert time.monotonic() - start < 120
+
+
+def test_a_nan_step_is_skipped_and_a_rerun_with_the_same_fault_is_bitwise_equal(tmp_path, tokens, reference):
+    # The second run also has a straggler (rank 1 sleeps in every forward): flagged, and the numbers do not change.
+    runs = [segment(tmp_path / "a", tokens, "fault.nan_step=3")]
+    runs.append(segment(tmp_path / "b", tokens, "fault.nan_step=3", "fault.rank=1", "fault.slow_ms=300"))
+    for run in runs:
+        records = run["steps"]
+        assert [r["step"] for r in records if r["skipped"]] == [3]
+        assert records[3]["skipped"] == "loss nan"
+        assert [e["action"] for e in run["guard"]] == ["skipped"]
+    assert runs[0]["state_digest"] == runs[1]["state_digest"] != reference["state_digest"]
+    assert step_losses(runs[0]) == step_losses(runs[1])
+    assert step_losses(runs[0])[:3] == step_losses(reference)[:3]
+    timings = [[RankTiming.from_json(t) for t in run["ranks"]] for run in runs]
+    assert [t.rank for t in timings[0]] == [0, 1] and stragglers(timings[0], 1.5) == []
+    assert [t.rank for t in stragglers(timings[1], 1.5)] == [1]
+
+
+def test_a_config_error_is_not_restarted_and_fails_in_one_line(tmp_path, tokens):
+    with pytest.raises(LaunchError) as err:
+        segment(tmp_path, tokens, "train.segments=2", "segment=1")  # no checkpoint of segment 0 to resume from
+    line = str(err.value)
+    assert "\n" not in line and "holds no valid checkpoint at or before step 12" in line
+    assert "not restarted: trainflow refused an input, which a new job would refuse again" in line
+    jobs, _ = ledgers(tmp_path, "train.segments=2", "segment=1")
+    assert len(jobs) == 1
