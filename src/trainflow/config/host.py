@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+from trainflow.config.hf import init_from_errors
 from trainflow.config.schema import DataConfig, TrainflowConfig
 
 
@@ -19,7 +20,7 @@ def host_errors(cfg: TrainflowConfig) -> list[str]:
         errors.append(f"train.offload_dir({t.offload_dir!r}) {why}; give a writable folder on the fast tier")
     if t.compile and cfg.cluster.runtime.device == "cpu" and (why := missing_compiler()):
         errors.append(f"train.compile=true {why}")
-    return errors + tokenizer_errors(cfg.data)
+    return errors + tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model)
 
 
 def tokenizer_errors(d: DataConfig) -> list[str]:

@@ -36,6 +36,10 @@ class IOConfig:
     resume_from: str = ""
     """Another run's checkpoint folder to start from when `checkpoints` holds none; DCP reshards it,
     so the layout may differ (e.g. dp2 x tp2 x pp2 -> dp4 x tp2). Empty: none."""
+    init_from: str = ""
+    """A Hugging Face LlamaForCausalLM folder (config.json, safetensors) whose weights a run starts from at step 0 when
+    neither `checkpoints` nor resume_from holds a checkpoint; resharded to the layout, the optimizer fresh. config.json
+    must describe the configured model (trainflow.config.hf). Empty: random initialisation."""
     segment_report: str = ""
     segment_reports: list[str] = field(default_factory=list)
     verify_report: str = ""

@@ -1,6 +1,7 @@
-"""Export a trainflow checkpoint as a Hugging Face LlamaForCausalLM folder.
+"""Hugging Face's LlamaForCausalLM layout, both ways: export a trainflow checkpoint as such a folder (here), and
+start a run from one (io.init_from: trainflow.export.hf_import, which the trainer calls).
 
-    python -m trainflow.export CHECKPOINT OUT [OVERRIDE ...]
+    python -m trainflow.export CHECKPOINT OUT [--max-shard-gb 5] [OVERRIDE ...]
     python -m trainflow.export runs/default/capacity/checkpoints/<hash> hf/default
 
 CHECKPOINT is one checkpoint (`.../checkpoints/<hash>/step-N/`) or a series (`.../checkpoints/<hash>/`, whose
@@ -12,18 +13,19 @@ optional: the run's Hydra overrides (e.g. model=tiny data.vocab_size=257), compo
 them. A checkpoint whose manifest records no model (trainflow before manifests held it) or one this version
 cannot read needs them; otherwise they must describe the model the manifest records.
 
-OUT gets config.json, model.safetensors (fp32, Hugging Face's parameter names) and, for a BPE run,
-tokenizer.json and tokenizer_config.json from the token file in the checkpoint's run folder
-(<capacity>/data/tokens/shard-00000.h5); a byte-tokenised run has no tokenizer file to export. Everything is written
-into a temporary folder beside OUT and renamed into place, so a failure leaves OUT as it was. OUT must
-be new or empty. The model's name is never part of a path.
+OUT gets config.json, the fp32 weights under Hugging Face's names (config.hf) as model.safetensors or, past
+--max-shard-gb, as shards with their index (export.hf_format) and, for a BPE run, tokenizer.json and
+tokenizer_config.json from the token file in the checkpoint's run folder (<capacity>/data/tokens/shard-00000.h5); a
+byte-tokenised run has no tokenizer file to export. Everything is written into a temporary folder beside OUT and
+renamed into place, so a failure leaves OUT as it was. OUT must be new or empty. The model's name is never part of
+a path.
 
 Loading goes through the checkpoint's own guards: the manifest is verified (every file's CRC-32C)
 before anything is read, `.metadata` is unpickled through trainflow's allow-list, tensors are read
-with torch.load(weights_only=True) (checkpoint.reader). One process with no process group reads the
-`model.*` tensors into full-size tensors: DCP reassembles tensor-parallel shards and gathers pipeline
-stages; the optimizer state is never read. Trainflow's rotary embedding rotates halves (HF's
-rotate_half), so q/k projections are copied as they are. The whole model is held in memory once.
+with torch.load(weights_only=True) (checkpoint.reader). One process with no process group reads each shard's
+`model.*` tensors into full-size tensors just before writing it: DCP reassembles tensor-parallel shards and gathers
+pipeline stages; the optimizer state is never read, and one shard's tensors are held in memory at a time.
+Trainflow's rotary embedding rotates halves (HF's rotate_half), so q/k projections are copied as they are.
 """
 
 from __future__ import annotations
@@ -33,14 +35,17 @@ import logging
 from pathlib import Path
 
 from trainflow.config import ModelConfig
+from trainflow.config.hf import hf_config, hf_name
 from trainflow.data.tokenizer import EOT_TEXT
-from trainflow.export.hf_format import check_out, hf_config, hf_name, write_folder
+from trainflow.export.hf_format import MAX_SHARD_BYTES, check_out, plan_shards, shard_names, write_folder
 from trainflow.export.source import (
     OVERRIDES_FIX,
     ExportError,
+    checked_shapes,
     choose_model,
     find_checkpoint,
     read_model,
+    read_tensors,
     read_tokenizer,
     run_tokens,
 )
@@ -50,7 +55,9 @@ __all__ = ["ExportError", "choose_model", "export", "read_model"]
 log = logging.getLogger(__name__)
 
 
-def export(checkpoint: Path, out: Path, given: ModelConfig | None = None) -> Path:
+def export(
+    checkpoint: Path, out: Path, given: ModelConfig | None = None, *, max_shard_bytes: int = MAX_SHARD_BYTES
+) -> Path:
     """Export the checkpoint `checkpoint` names to the folder `out`; the checkpoint exported. `given` is the
     model the run's overrides compose (None: take the manifest's, see choose_model)."""
     checkpoint = find_checkpoint(checkpoint)
@@ -58,36 +65,49 @@ def export(checkpoint: Path, out: Path, given: ModelConfig | None = None) -> Pat
     check_out(out, series)
     m = choose_model(checkpoint, given)
     altered = "its manifest records another model: the checkpoint was altered, export another one of the series"
-    model = read_model(checkpoint, m, fix=altered if m is not given else OVERRIDES_FIX)
-    tensors = {hf_name(name): t.contiguous() for name, t in model.items()}
-    tokens, files, eot_id = run_tokens(series), {}, None
+    shapes = checked_shapes(checkpoint, m, fix=altered if m is not given else OVERRIDES_FIX)
+    files = tokenizer_files(series, m)
+    files["config.json"] = json.dumps(hf_config(m, files.pop("eot_id", None)), indent=2) + "\n"
+    shards = plan_shards(shapes, max_shard_bytes)
+
+    def read(names: list[str]) -> dict:
+        return {hf_name(k): t.contiguous() for k, t in read_tensors(checkpoint, {k: shapes[k] for k in names}).items()}
+
+    nbytes = write_folder(out, files, shards, read)
+    log.info(
+        "Exported %s (%d tensors, %.1f MB in %d safetensors file%s) to %s: %s",
+        checkpoint,
+        len(shapes),
+        nbytes / 1e6,
+        len(shards),
+        "s" if len(shards) > 1 else "",
+        out,
+        ", ".join(sorted([*files, *shard_names(len(shards))])),
+    )
+    return checkpoint
+
+
+def tokenizer_files(series: Path, m: ModelConfig) -> dict:
+    """The tokenizer's files of a BPE run (tokenizer.json, tokenizer_config.json) from its token file, and under
+    "eot_id" its end-of-document id (none without the run's token file)."""
+    tokens, files = run_tokens(series), {}
     if tokens is None or not tokens.is_file():
         log.warning(
             "Found no token shard in the run folder of %s (<capacity>/data/tokens/shard-00000.h5): wrote no "
             "tokenizer and no eos_token_id",
             series,
         )
-    else:
-        kind, text, eot_id = read_tokenizer(tokens, m)
-        if kind == "bpe":
-            files["tokenizer.json"] = text
-            tokenizer_config = {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": EOT_TEXT,
-                "eos_token": EOT_TEXT,
-                "model_max_length": m.seq_len,
-            }
-            files["tokenizer_config.json"] = json.dumps(tokenizer_config, indent=2) + "\n"
-        else:
-            log.info("Wrote no tokenizer file: %s was tokenised by %r, which has none", tokens, kind)
-    files["config.json"] = json.dumps(hf_config(m, eot_id), indent=2) + "\n"
-    write_folder(out, files, tensors)
-    log.info(
-        "Exported %s (%d tensors, %.1f MB) to %s: %s",
-        checkpoint,
-        len(tensors),
-        sum(t.nbytes for t in tensors.values()) / 1e6,
-        out,
-        ", ".join(sorted([*files, "model.safetensors"])),
-    )
-    return checkpoint
+        return files
+    kind, text, files["eot_id"] = read_tokenizer(tokens, m)
+    if kind != "bpe":
+        log.info("Wrote no tokenizer file: %s was tokenised by %r, which has none", tokens, kind)
+        return files
+    files["tokenizer.json"] = text
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOT_TEXT,
+        "eos_token": EOT_TEXT,
+        "model_max_length": m.seq_len,
+    }
+    files["tokenizer_config.json"] = json.dumps(tokenizer_config, indent=2) + "\n"
+    return files

@@ -1,4 +1,4 @@
-"""python -m trainflow.export CHECKPOINT OUT [OVERRIDE ...]: see trainflow.export."""
+"""python -m trainflow.export CHECKPOINT OUT [--max-shard-gb 5] [OVERRIDE ...]: see trainflow.export."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import yaml
 from trainflow.config import CONF_DIR, TrainflowError, compose
 from trainflow.export import __doc__ as DOC
 from trainflow.export import export, log
+from trainflow.export.hf_format import MAX_SHARD_BYTES
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,11 +20,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trainflow.export", description=DOC.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint (step-N/) or a series of them")
     parser.add_argument("out", type=Path, help="the Hugging Face folder to write (new or empty)")
+    parser.add_argument("--max-shard-gb", type=float, default=MAX_SHARD_BYTES / 1e9, help="largest safetensors file")
     parser.add_argument("overrides", nargs="*", help="the run's Hydra overrides, e.g. model=tiny (optional)")
     args = parser.parse_args(argv)
     try:
         given = compose("train_segment", args.overrides).model if args.overrides else None
-        export(args.checkpoint, args.out, given)
+        export(args.checkpoint, args.out, given, max_shard_bytes=int(args.max_shard_gb * 1e9))
     except TrainflowError as err:
         log.error("%s: %s", type(err).__name__, err)
         sys.exit(1)

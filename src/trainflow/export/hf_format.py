@@ -1,12 +1,17 @@
-"""What an export writes: Hugging Face's LlamaForCausalLM names and config.json, and the folder they go to,
-all or nothing.
+"""What an export writes, all or nothing: config.json and the other small files, and the weights as one
+model.safetensors or, past `max_shard_bytes`, as shards model-0000i-of-0000n.safetensors with the index
+model.safetensors.index.json that transformers reads (Hugging Face's names: trainflow.config.hf).
+
+Shards are written one at a time, each read from the checkpoint just before it is written (`read` below), so an
+export holds at most one shard's tensors in memory: a 70B model (280 GB in fp32) exports in 5 GB pieces.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,59 +19,31 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from trainflow.atomic import fsync_path
-from trainflow.config import ModelConfig
+from trainflow.config.hf_weights import INDEX, SINGLE
 from trainflow.config.security import unsafe_path
 from trainflow.export.source import ExportError
 
-# trainflow's module names -> Hugging Face's: inside each block, then outside the blocks.
-BLOCK_NAMES = {
-    "attention_norm": "input_layernorm",
-    "attention.wq": "self_attn.q_proj",
-    "attention.wk": "self_attn.k_proj",
-    "attention.wv": "self_attn.v_proj",
-    "attention.wo": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "feed_forward.w1": "mlp.gate_proj",
-    "feed_forward.w3": "mlp.up_proj",
-    "feed_forward.w2": "mlp.down_proj",
-}
-
-TOP_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
+MAX_SHARD_BYTES = 5 * 10**9
+"""transformers' own default shard size (save_pretrained's max_shard_size="5GB")."""
 
 
-def hf_name(name: str) -> str:
-    """A trainflow parameter name as LlamaForCausalLM names it: layers.3.attention.wq.weight ->
-    model.layers.3.self_attn.q_proj.weight."""
-    module = name.removesuffix(".weight")
-    if block := re.fullmatch(r"layers\.(\d+)\.(.+)", module):
-        return f"model.layers.{block[1]}.{BLOCK_NAMES[block[2]]}.weight"
-    return f"{TOP_NAMES[module]}.weight"
+def plan_shards(shapes: dict[str, tuple[int, ...]], max_bytes: int) -> list[list[str]]:
+    """The tensors' names (in model order) cut into consecutive shards of at most `max_bytes` of fp32 each; a
+    tensor larger than that is a shard of its own, as transformers cuts them."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = 4 * int(torch.Size(shape).numel())
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
 
 
-def hf_config(m: ModelConfig, eot_id: int | None) -> dict:
-    """config.json of LlamaForCausalLM for the model `m`; documents end (and, as GPT-2's do, start) with
-    the end-of-document token `eot_id`, unknown (None) without the run's token file."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.dim,
-        "intermediate_size": m.ffn_dim,
-        "num_hidden_layers": m.n_layers,
-        "num_attention_heads": m.n_heads,
-        "num_key_value_heads": m.n_kv_heads,
-        "head_dim": m.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": m.seq_len,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_theta,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
-        "torch_dtype": "float32",
-    }
+def shard_names(count: int) -> list[str]:
+    return [SINGLE] if count == 1 else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
 
 
 def check_out(out: Path, series: Path) -> None:
@@ -86,19 +63,32 @@ def check_out(out: Path, series: Path) -> None:
         )
 
 
-def write_folder(out: Path, files: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
-    """Write `files` (name -> text) and model.safetensors into a temporary folder beside `out`, fsync
-    them and rename the folder to `out`; a failure removes the temporary folder and is one ExportError."""
+def write_folder(
+    out: Path, files: dict[str, str], shards: list[list[str]], read: Callable[[list[str]], dict[str, torch.Tensor]]
+) -> int:
+    """Write `files` (name -> text) and the weights, shard by shard (`read(names)` gives a shard's tensors under
+    their Hugging Face names), into a temporary folder beside `out`, fsync them and rename the folder to `out`; the
+    weights' bytes. A failure removes the temporary folder and is one ExportError."""
     tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         for name, text in files.items():
             (tmp / name).write_text(text)
-        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        weight_map, total = {}, 0
+        for file, names in zip(shard_names(len(shards)), shards):
+            tensors = read(names)
+            save_file(tensors, tmp / file, metadata={"format": "pt"})
+            total += sum(t.nbytes for t in tensors.values())
+            weight_map |= dict.fromkeys(tensors, file)
+            del tensors  # before the next shard is read: one shard in memory at a time
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
         umask = os.umask(0)
         os.umask(umask)
-        (tmp / "model.safetensors").chmod(0o666 & ~umask)  # safetensors writes it through a private temporary file
+        for path in tmp.glob("*.safetensors"):
+            path.chmod(0o666 & ~umask)  # safetensors writes each through a private temporary file
         for path in tmp.iterdir():
             fsync_path(path)
         tmp.rename(out)  # replaces an empty folder
@@ -108,3 +98,4 @@ def write_folder(out: Path, files: dict[str, str], tensors: dict[str, torch.Tens
         raise ExportError(f"writing {out} failed: {why}; free space or fix permissions there and export again") from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return total

@@ -24,11 +24,11 @@ from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import InPlaceReader
 from trainflow.config import ModelConfig, TrainflowError
 from trainflow.config.checks import domain_errors
+from trainflow.config.hf import parameter_shapes
 from trainflow.config.rules import model_errors
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.index import first_shard
 from trainflow.data.record import DataError, check_size
-from trainflow.model import Llama
 
 log = logging.getLogger(__name__)
 
@@ -101,45 +101,54 @@ FP8_STATE = ".amax_history"
 DCP load below reads only the keys asked for)."""
 
 
-def read_model(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, torch.Tensor]:
-    """The full fp32 model tensors of a verified checkpoint, keyed by trainflow's parameter names; `fix` ends
-    the error of tensors that are not the model `m`."""
+def checked_shapes(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, tuple[int, ...]]:
+    """The model tensors of a verified checkpoint (trainflow's names, model order) with their shapes, which must be
+    those of the model `m`; `fix` ends the error of tensors that are not."""
     verify_manifest(checkpoint)
-    reader = InPlaceReader(checkpoint)
     saved = {
-        k.removeprefix("model."): v.size
-        for k, v in reader.read_metadata().state_dict_metadata.items()
+        k.removeprefix("model."): tuple(v.size)
+        for k, v in InPlaceReader(checkpoint).read_metadata().state_dict_metadata.items()
         if k.startswith("model.") and not k.endswith(FP8_STATE)
     }
-    # Building the meta model takes time per layer and fails past int64 sizes: a forged model must not get there.
+    # Listing the model's shapes takes time per layer: a forged model (a billion layers) must not get there.
     widest = max((max(size, default=1) for size in saved.values()), default=0)
     if m.n_layers > len(saved) or max(m.vocab_size, m.dim, m.ffn_dim) > widest:
         raise ExportError(
             f"{checkpoint} holds {len(saved)} model tensors, none wider than {widest}: too few or too narrow for "
             f"n_layers({m.n_layers}), vocab_size({m.vocab_size}), dim({m.dim}), ffn_dim({m.ffn_dim}); {fix}"
         )
-    with torch.device("meta"):
-        shapes = {name: p.shape for name, p in Llama(m).state_dict().items()}
+    shapes = parameter_shapes(m)
     if odd := sorted(set(shapes) ^ set(saved)):
         side = "holds" if odd[0] in saved else "lacks"
         raise ExportError(
             f"{checkpoint} {side} the tensor model.{odd[0]}, unlike a model of {m.n_layers} layers; {fix}"
         )
-    if wrong := next((k for k in shapes if tuple(shapes[k]) != tuple(saved[k])), None):
+    if wrong := next((k for k in shapes if shapes[k] != saved[k]), None):
         raise ExportError(
-            f"{checkpoint} holds model.{wrong} of shape {tuple(saved[wrong])} where the model has "
-            f"{tuple(shapes[wrong])}; {fix}"
+            f"{checkpoint} holds model.{wrong} of shape {saved[wrong]} where the model has {shapes[wrong]}; {fix}"
         )
+    return shapes
+
+
+def read_tensors(checkpoint: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The full fp32 tensors `shapes` names (checked_shapes' names, a subset of them), read from the checkpoint:
+    one process with no process group, so DCP reassembles tensor-parallel shards and gathers pipeline stages, and
+    reads nothing else (the optimizer state, other tensors)."""
     state = {"model": {name: torch.empty(shape) for name, shape in shapes.items()}}
     try:
         with warnings.catch_warnings():  # DCP's notice that it loads in one process, which is the intent here
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            # No process group: DCP's single-process path reads every chunk, whichever rank wrote it.
-            dcp.load(state, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+            dcp.load(state, storage_reader=InPlaceReader(checkpoint), planner=DefaultLoadPlanner(), no_dist=True)
     except CheckpointException as err:
         _, (cause, _) = next(iter(err.failures.items()))
         raise ChecksumError(f"loading {checkpoint} failed: {' '.join(str(cause).split())}") from err
     return state["model"]
+
+
+def read_model(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, torch.Tensor]:
+    """The whole model of a verified checkpoint, keyed by trainflow's parameter names (the export streams it in
+    shards instead)."""
+    return read_tensors(checkpoint, checked_shapes(checkpoint, m, fix=fix))
 
 
 def read_tokenizer(tokens: Path, m: ModelConfig) -> tuple[str, str, int]:

@@ -55,6 +55,15 @@ def header(cfg: TrainflowConfig, last: SegmentSummary) -> list[str]:
         f"backend {c.backend}. Precision **{last.precision}**, activations **{last.activations}**, torch.compile "
         f"**{'on' if last.compile else 'off'}**, FP8 {fp8_text(last.fp8)}.",
         "",
+        *(
+            [
+                f"Step 0 was initialised from the Hugging Face weights in `{last.init_from}` (io.init_from); the optimizer "
+                "started fresh.",
+                "",
+            ]
+            if last.init_from
+            else []
+        ),
     ]
 
 

@@ -137,3 +137,5 @@ class SegmentSummary(Record):
     energy: RankEnergy | None = None
     """Added by the stage's task: this rank's share of the job's energy."""
     slurm_job_id: str | None = None
+    init_from: str | None = None
+    """The Hugging Face folder the run's step 0 was initialised from (io.init_from); None: random weights."""

@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
 import torch
@@ -31,6 +32,7 @@ from trainflow.config import ParallelDims, TrainflowConfig, as_dict
 from trainflow.config.shape import flops_per_token, mfu
 from trainflow.data.sampler import TokenSampler
 from trainflow.errors import TrainflowError
+from trainflow.export.hf_import import load_hf, recorded_init_from
 from trainflow.fp8 import backend_reason
 from trainflow.parallel import Parallelized
 from trainflow.train.build import build_model
@@ -107,6 +109,8 @@ class Trainer:
         self.saves: list[SaveRecord] = []
         self.guard = LossGuard(t.spike)
         self.recorder = StepRecorder(cfg, rank=self.rank, device=self.device)
+        self.init_from: str | None = None
+        """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -122,8 +126,18 @@ class Trainer:
                 f"holds no valid checkpoint at or before step {self.end_step}; rerun segment "
                 f"{self.cfg.segment - 1} or set io.resume_from=<another run's checkpoint folder>"
             )
+        if step < 0 and self.cfg.io.init_from:
+            self.initialise()
         self.guard.restore(guard)
         return max(step, 0)
+
+    def initialise(self) -> None:
+        """Step 0 from io.init_from's Hugging Face weights, resharded to this layout; the optimizer starts fresh."""
+        started = time.time()
+        self.on_phase("load", 0)
+        load_hf(Path(self.cfg.io.init_from), self.model.named_parts(), self.cfg.model)
+        self.init_from = self.cfg.io.init_from
+        self.recorder.span("load", 0, started, time.time() - started)
 
     def load(self, at_most: int, why: str) -> tuple[int, GuardState]:
         """Load the newest verified checkpoint at or before `at_most` (this run's, else io.resume_from's, resharded
@@ -139,7 +153,9 @@ class Trainer:
         started = time.time()
         self.on_phase("load", step)
         folder = step_dir(source.root, step)
-        guard = read_guard_state(read_manifest(folder), str(folder))  # every rank reads it: no collective to agree
+        manifest = read_manifest(folder)
+        guard = read_guard_state(manifest, str(folder))  # every rank reads it: no collective to agree
+        self.init_from = recorded_init_from(manifest)
         state = self.state()
         source.load(step, state)
         loaded = load_state(self.model.named_parts(), self.optimizers, state)
@@ -176,6 +192,7 @@ class Trainer:
             layout=self.cfg.parallel.name,
             model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
             guard=self.guard.state().to_json(),  # what a resume from it judges and draws with (train.guard)
+            init_from=self.init_from,  # where step 0 came from (io.init_from)
         )
         self.recorder.span("save", step, started, time.time() - started)  # the time the loop was blocked
         self.saved(done)
@@ -330,4 +347,5 @@ class Trainer:
             evals=self.recorder.evals(),
             guard=self.recorder.guard_events(),
             ranks=self.recorder.rank_timings(),
+            init_from=self.init_from,
         )

@@ -1,0 +1,208 @@
+"""Hugging Face's LlamaForCausalLM layout, without torch: its parameter names and config.json for a trainflow model
+(what trainflow.export writes), and config.json read back against the model a run configures (io.init_from).
+
+    python -c "from trainflow.config import compose; from trainflow.config.hf import init_from_errors; \
+        print(init_from_errors(compose('train_segment', ['model=llama3_8b', 'io.init_from=hf/Meta-Llama-3-8B'])))"
+
+The folder's files are untrusted: config.json is parsed as JSON and compared field by field, each mismatch named
+with the override (or the preset) that would match; the weights' checks are config.hf_weights'. Both run when the
+config is validated, so a folder that cannot start the run fails when the DAG is built, before any stage runs, and
+again when the trainer reads it (the files may change in between). Rotary embeddings: trainflow rotates halves, as
+HF's rotate_half, so q/k projections need no permutation; Llama 3.1's frequency scaling is refused (not modelled).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from trainflow.config.schema import ModelConfig
+from trainflow.config.shape import linear_shapes
+from trainflow.errors import TrainflowError
+
+CONFIG = "config.json"
+
+# trainflow's module names -> Hugging Face's: inside each block, then outside the blocks.
+BLOCK_NAMES = {
+    "attention_norm": "input_layernorm",
+    "attention.wq": "self_attn.q_proj",
+    "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "feed_forward.w1": "mlp.gate_proj",
+    "feed_forward.w3": "mlp.up_proj",
+    "feed_forward.w2": "mlp.down_proj",
+}
+TOP_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
+
+FIELDS = {
+    "vocab_size": "vocab_size",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "ffn_dim": "intermediate_size",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+}
+"""ModelConfig's field (or property: ffn_dim) -> the config.json key that must equal it. seq_len is free:
+continued pre-training may train shorter or longer windows than max_position_embeddings."""
+
+
+class HfFolderError(TrainflowError):
+    """A Hugging Face folder (io.init_from) that cannot initialise the configured model."""
+
+
+def hf_name(name: str) -> str:
+    """A trainflow parameter name as LlamaForCausalLM names it: layers.3.attention.wq.weight ->
+    model.layers.3.self_attn.q_proj.weight."""
+    module = name.removesuffix(".weight")
+    if block := re.fullmatch(r"layers\.(\d+)\.(.+)", module):
+        return f"model.layers.{block[1]}.{BLOCK_NAMES[block[2]]}.weight"
+    return f"{TOP_NAMES[module]}.weight"
+
+
+def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the model, by trainflow name, with its shape (what trainflow.model builds)."""
+    block = {f"{name}.weight": (d_out, d_in) for name, (d_in, d_out) in linear_shapes(m).items()}
+    block |= {"attention_norm.weight": (m.dim,), "ffn_norm.weight": (m.dim,)}
+    shapes = {f"layers.{i}.{name}": shape for i in range(m.n_layers) for name, shape in block.items()}
+    return {
+        "tok_embeddings.weight": (m.vocab_size, m.dim),
+        **shapes,
+        "norm.weight": (m.dim,),
+        **{"output.weight": (m.vocab_size, m.dim)},
+    }
+
+
+def hf_config(m: ModelConfig, eot_id: int | None) -> dict:
+    """config.json of LlamaForCausalLM for the model `m`; documents end (and, as GPT-2's do, start) with
+    the end-of-document token `eot_id`, unknown (None) without the run's token file."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **{key: getattr(m, field) for field, key in FIELDS.items()},
+        "head_dim": m.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": m.seq_len,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "torch_dtype": "float32",
+    }
+
+
+def read_config(folder: Path) -> dict:
+    """The folder's config.json as a JSON object; HfFolderError if it is missing or malformed."""
+    path = folder / CONFIG
+    if not folder.is_dir():
+        raise HfFolderError(
+            f"io.init_from({folder}) is no folder; give a Hugging Face model folder ({CONFIG} + weights)"
+        )
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise HfFolderError(
+            f"io.init_from({folder}) has no {CONFIG}; give the folder of a Hugging Face model (its config.json and "
+            "*.safetensors, e.g. from huggingface-cli download)"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise HfFolderError(f"{path} is no readable JSON ({' '.join(str(err).split())}); download it again") from err
+    if not isinstance(values, dict):
+        raise HfFolderError(
+            f"{path} holds a JSON {type(values).__name__}, not an object of settings; download it again"
+        )
+    return values
+
+
+def unsupported(path: Path, c: dict) -> str | None:
+    """What in config.json trainflow's Llama cannot compute (None: nothing)."""
+    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    checks = [
+        (c.get("model_type") == "llama", f"model_type {c.get('model_type')!r}, not 'llama'"),
+        (c.get("hidden_act", "silu") == "silu", f"hidden_act {c.get('hidden_act')!r}, not SwiGLU's 'silu'"),
+        (not c.get("attention_bias") and not c.get("mlp_bias"), "biases in attention or the MLP"),
+        (not c.get("tie_word_embeddings"), "an output head tied to the embedding"),
+        (
+            not isinstance(rope, dict) or rope.get("rope_type", "default") == "default",
+            f"rotary scaling {rope.get('rope_type') if isinstance(rope, dict) else rope!r} (e.g. Llama 3.1's)",
+        ),
+    ]
+    why = next((text for ok, text in checks if not ok), None)
+    return f"{path} describes {why}, which trainflow's Llama does not compute; import another model" if why else None
+
+
+def config_values(path: Path, c: dict) -> dict[str, int | float]:
+    """config.json's values of FIELDS, each of its JSON type (rope_theta also from transformers 5's
+    rope_parameters; num_key_value_heads defaults to the heads, as in Llama 2 7B)."""
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    values = {
+        **c,
+        "rope_theta": c.get("rope_theta", rope.get("rope_theta")),
+        "num_key_value_heads": c.get("num_key_value_heads", c.get("num_attention_heads")),
+    }
+    out = {}
+    for field, key in FIELDS.items():
+        kind = float if field in ("norm_eps", "rope_theta") else int
+        value = values.get(key)
+        if type(value) is not kind and not (kind is float and type(value) is int):  # bool is an int to isinstance
+            raise HfFolderError(f"{path} gives {key} as {value!r}, not a {kind.__name__}; download it again")
+        out[field] = value
+    heads = out["n_heads"]
+    if heads < 1 or c.get("head_dim", out["dim"] // heads) * heads != out["dim"]:
+        raise HfFolderError(
+            f"{path} gives head_dim {c.get('head_dim')} with {heads} heads of hidden_size "
+            f"{out['dim']}; trainflow's heads are hidden_size / num_attention_heads wide"
+        )
+    return out
+
+
+def check_config(folder: Path, m: ModelConfig) -> None:
+    """config.json must describe the model `m`: one HfFolderError naming every mismatched field and the preset or
+    overrides that would match."""
+    path = folder / CONFIG
+    c = read_config(folder)
+    if why := unsupported(path, c):
+        raise HfFolderError(why)
+    want = config_values(path, c)
+    wrong = [f for f in FIELDS if getattr(m, f) != want[f]]
+    if not wrong:
+        return
+    diff = ", ".join(f"model.{f}({getattr(m, f)}) but {FIELDS[f]} {want[f]}" for f in wrong)
+    raise HfFolderError(f"{path} describes another model: {diff}; {matching(want, m)}")
+
+
+def matching(want: dict, m: ModelConfig) -> str:
+    """The preset that gives config.json's model, else the overrides that do (ffn_dim through multiple_of)."""
+    from trainflow.config.compose import CONF_DIR  # imported here: compose imports the checks, which import this
+
+    for preset in sorted((CONF_DIR / "model").glob("*.yaml")):
+        values = {k: v for k, v in yaml.safe_load(preset.read_text()).items() if not str(v).startswith("${")}
+        candidate = ModelConfig(**{**vars(m), **values})
+        if all(getattr(candidate, f) == want[f] for f in FIELDS):
+            return f"model={preset.stem} matches it"
+    sets = {f: want[f] for f in FIELDS if f != "ffn_dim"}
+    if m.ffn_dim != want["ffn_dim"]:  # Llama's width rounds up to multiple_of: a multiple of the width itself gives it
+        base = int(2 * 4 * want["dim"] / 3)
+        sets |= {"ffn_dim_multiplier": min(1.0, want["ffn_dim"] / base), "multiple_of": want["ffn_dim"]}
+    return "set " + " ".join(f"model.{k}={v}" for k, v in sets.items() if getattr(m, k) != v) + " to match it"
+
+
+def init_from_errors(init_from: str, m: ModelConfig) -> list[str]:
+    """The config check of io.init_from (empty: no folder to start from): config.json and the weights' files."""
+    if not init_from:
+        return []
+    from trainflow.config.hf_weights import weight_files
+
+    try:
+        check_config(Path(init_from), m)
+        weight_files(Path(init_from), m)
+    except HfFolderError as err:
+        return [str(err)]
+    return []

@@ -1,0 +1,111 @@
+"""The weights of a Hugging Face folder (io.init_from), checked without reading a tensor: which safetensors files
+hold them (model.safetensors, or the shards model.safetensors.index.json lists), and each file's header against
+the model: every parameter once, of its shape, in a floating dtype, and no file cut short.
+
+    python -c "from pathlib import Path; from trainflow.config import compose; \
+        from trainflow.config.hf_weights import weight_files; \
+        print(weight_files(Path('hf/tiny'), compose('train_segment').model))"
+
+Only safetensors are read: a folder of pickle files (pytorch_model.bin, *.pth), which can run code when
+loaded, is refused with the conversion to make. safetensors' own parser reads each header (it refuses a header
+that is malformed or promises more bytes than the file holds), with the numpy framework, so no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from trainflow.config.hf import HfFolderError, hf_name, parameter_shapes
+from trainflow.config.schema import ModelConfig
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+PICKLES = ("*.bin", "*.pth", "*.pt", "*.ckpt")
+FLOATS = ("F32", "BF16", "F16")
+DCP_SHARDING = "DCP_SHARDING_INFO"
+"""The metadata key of torch's sharded HF writer, whose offsets torch's reader would apply: not a published model."""
+DERIVED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+"""A buffer older transformers saved beside the weights; derived from config.json, so not read."""
+
+
+def index_files(folder: Path) -> dict[str, str]:
+    """Tensor name -> the file holding it, as the index says (or everything in model.safetensors)."""
+    if (folder / INDEX).is_file():
+        path = folder / INDEX
+        try:
+            weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map is no object of file names")
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            raise HfFolderError(f"{path} is no safetensors index ({err}); download it again") from err
+        if bad := next((f for f in weight_map.values() if not re.fullmatch(r"[\w.-]+\.safetensors", f)), None):
+            raise HfFolderError(f"{path} names {bad!r}, not a .safetensors file beside it; download it again")
+        return weight_map
+    if (folder / SINGLE).is_file():
+        return {}
+    pickles = sorted(p.name for pattern in PICKLES for p in folder.glob(pattern))
+    if pickles:
+        raise HfFolderError(
+            f"{folder} holds {pickles[0]} but no safetensors: pickle files can run code when loaded, so trainflow "
+            "reads safetensors only; download the model's .safetensors files, or convert these where you trust them "
+            "(transformers: from_pretrained(...).save_pretrained(out, safe_serialization=True))"
+        )
+    raise HfFolderError(f"{folder} holds neither {SINGLE} nor {INDEX}; give a Hugging Face model folder")
+
+
+def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name -> (dtype, shape) of one safetensors file, from its header alone."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            if DCP_SHARDING in (f.metadata() or {}):
+                raise HfFolderError(f"{path} is a DCP shard ({DCP_SHARDING}), not a model file; consolidate it first")
+            return {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    except (SafetensorError, OSError) as err:
+        why = " ".join(str(err).split())
+        raise HfFolderError(
+            f"{path} cannot be read as safetensors ({why}): it is truncated or damaged; download it again"
+        ) from err
+
+
+def weight_files(folder: Path, m: ModelConfig) -> dict[str, list[str]]:
+    """Each safetensors file of the folder and the Hugging Face names of the parameters it holds; one HfFolderError
+    for a file that is missing, unlisted, truncated or holds a tensor this model has not, lacks or shapes otherwise."""
+    listed = index_files(folder)
+    files = sorted(set(listed.values())) or [SINGLE]
+    present = sorted(p.name for p in folder.glob("*.safetensors"))
+    if odd := sorted(set(files) ^ set(present)):
+        side = "lacks" if odd[0] in files else "holds the unlisted"
+        raise HfFolderError(f"{folder} {side} {odd[0]} (its index lists {len(files)} files); download the model again")
+    want = {hf_name(name): shape for name, shape in parameter_shapes(m).items()}
+    where: dict[str, str] = {}
+    for file in files:
+        for name, (dtype, shape) in read_header(folder / file).items():
+            if DERIVED.fullmatch(name):
+                continue
+            if name not in want:
+                raise HfFolderError(f"{folder / file} holds {name}, which {describe(m)} has not; {FIX}")
+            if name in where:
+                raise HfFolderError(f"{folder} holds {name} twice ({where[name]}, {file}); download the model again")
+            if shape != want[name]:
+                raise HfFolderError(
+                    f"{folder / file} holds {name} of shape {shape} where {describe(m)} has {want[name]}; {FIX}"
+                )
+            if dtype not in FLOATS:
+                raise HfFolderError(f"{folder / file} holds {name} as {dtype}; trainflow reads {', '.join(FLOATS)}")
+            if listed and listed.get(name) != file:
+                raise HfFolderError(f"{folder / INDEX} puts {name} in {listed.get(name)}, but {file} holds it")
+            where[name] = file
+    if missing := [name for name in want if name not in where]:
+        raise HfFolderError(f"{folder} lacks {missing[0]} ({len(missing)} tensors missing) of {describe(m)}; {FIX}")
+    return {file: [name for name, f in where.items() if f == file] for file in files}
+
+
+FIX = "the weights do not match config.json (or the files are not this model's): download the model again"
+
+
+def describe(m: ModelConfig) -> str:
+    return f"a LlamaForCausalLM of {m.n_layers} layers, hidden size {m.dim} and vocabulary {m.vocab_size}"

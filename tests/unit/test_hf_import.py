@@ -1,0 +1,204 @@
+"""io.init_from, one process: a folder transformers writes (bf16, sharded with its index) gives trainflow's Llama
+transformers' own logits; an export of a trainflow checkpoint imports bitwise; the export streams shards with an
+index that transformers reads; and every bad folder is refused in one line when the config is composed, before
+anything runs or is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from tests.conftest import make_config
+from tests.unit.test_export import newest, trained
+from trainflow.config import ConfigError, ModelConfig
+from trainflow.config.hf import parameter_shapes
+from trainflow.data.sampler import TokenSampler
+from trainflow.export import export, read_model
+from trainflow.export.hf_import import load_hf
+from trainflow.model import Llama, cross_entropy
+
+TOLERANCE = 1e-4  # max abs logit difference, fp32 (the same tolerance as the export's comparison)
+OVERRIDES = ("model.init_std=0.3",)  # attention far from uniform: a wrong q/k layout would show in the logits
+
+
+def model_config(tmp_path: Path, *overrides: str) -> ModelConfig:
+    return make_config("train_segment", tmp_path, *OVERRIDES, *overrides).model
+
+
+def hf_folder(out: Path, m: ModelConfig, *, dtype=torch.bfloat16, shard="600KB") -> transformers.LlamaForCausalLM:
+    """transformers' own LlamaForCausalLM of the model `m`, saved to `out` as Meta's published ones are (bf16, in
+    shards with an index); returned as transformers reads that folder in fp32."""
+    config = transformers.LlamaConfig(
+        vocab_size=m.vocab_size,
+        hidden_size=m.dim,
+        intermediate_size=m.ffn_dim,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.n_kv_heads,
+        max_position_embeddings=m.seq_len,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.norm_eps,
+        tie_word_embeddings=False,
+        initializer_range=m.init_std,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(out, max_shard_size=shard)
+    return transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)  # as a user would read it
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> tuple[Path, transformers.LlamaForCausalLM, ModelConfig]:
+    out = tmp_path_factory.mktemp("hf") / "llama"
+    m = model_config(out.parent)
+    return out, hf_folder(out, m), m
+
+
+def test_a_folder_transformers_wrote_gives_transformers_logits(published):
+    folder, theirs, m = published
+    assert len(list(folder.glob("*.safetensors"))) > 2 and (folder / "model.safetensors.index.json").is_file()
+    ours = Llama(m)
+    done = load_hf(folder, [ours], m)
+    assert done.tensors == len(parameter_shapes(m)) and done.bytes == 4 * ours.num_params()
+    ids = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = ours.eval()(ids), theirs.eval()(ids).logits
+    assert a.std() > 1 and (a - b).abs().max() <= TOLERANCE  # far from uniform, and the same
+
+
+def test_parameter_shapes_are_the_models(tmp_path):
+    for preset in ("tiny", "llama3_8b"):
+        m = make_config("train_segment", tmp_path, f"model={preset}").model
+        with torch.device("meta"):
+            assert parameter_shapes(m) == {k: tuple(v.shape) for k, v in Llama(m).state_dict().items()}
+
+
+def test_an_export_imports_bitwise_and_streams_shards_transformers_reads(tmp_path, tokens):
+    """A trained run's checkpoint exported in shards and imported again gives bitwise the logits and loss of the
+    checkpoint's own model (what resuming it loads); transformers reads the sharded export."""
+    cfg = trained(tmp_path / "run", tokens, "parallel=single", *OVERRIDES)
+    out = tmp_path / "export"
+    export(Path(cfg.io.checkpoints), out, max_shard_bytes=1_000_000)
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(shards) >= 3 and sorted(set(index["weight_map"].values())) == shards
+    resumed, imported = Llama(cfg.model), Llama(cfg.model)
+    resumed.load_state_dict(read_model(newest(cfg), cfg.model, fix=""))
+    load_hf(out, [imported], cfg.model)
+    sampler = TokenSampler(tokens, seq_len=cfg.model.seq_len, seed=0)
+    inputs, targets = sampler.batch("val", 0, 4, slice(0, 4))
+    sampler.close()
+    with torch.no_grad():
+        a, b = resumed(inputs), imported(inputs)
+        assert torch.equal(a, b) and torch.equal(cross_entropy(a, targets), cross_entropy(b, targets))
+        hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+        assert (hf.eval()(inputs).logits - a).abs().max() <= TOLERANCE
+
+
+def damaged(published, tmp_path: Path, damage) -> Path:
+    """A copy of the published folder, damaged by damage(folder)."""
+    copy = tmp_path / "llama"
+    shutil.copytree(published[0], copy)
+    damage(copy)
+    return copy
+
+
+def edit_config(**changes):
+    def damage(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+    return damage
+
+
+def truncate(folder: Path) -> None:
+    shard = sorted(folder.glob("*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:-1000])
+
+
+def rename_tensor(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    shard = sorted(folder.glob("*.safetensors"))[0]
+    tensors = load_file(shard)
+    save_file({name.replace("model.", "transformer."): t for name, t in tensors.items()}, shard)
+
+
+def reshape_tensor(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    shard = folder / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]["lm_head.weight"]
+    tensors = load_file(shard)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:-1]
+    save_file(tensors, shard)
+
+
+def pickles_only(folder: Path) -> None:
+    for path in [*folder.glob("*.safetensors*")]:
+        path.unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"a pickle that would run code")
+
+
+BAD = {
+    "no folder": (lambda f: shutil.rmtree(f), r"io\.init_from\(.*llama\) is no folder"),
+    "no config.json": (
+        lambda f: (f / "config.json").unlink(),
+        r"io\.init_from\(.*llama\) has no config\.json; give the folder",
+    ),
+    "malformed config.json": (
+        lambda f: (f / "config.json").write_text('{"hidden_size": 128,'),
+        r"config\.json is no readable JSON \(",
+    ),
+    "a list": (lambda f: (f / "config.json").write_text("[1, 2]"), r"config\.json holds a JSON list, not an object"),
+    "a string field": (edit_config(hidden_size="128"), r"gives hidden_size as '128', not a int"),
+    "another model": (
+        edit_config(
+            num_hidden_layers=32,
+            hidden_size=4096,
+            intermediate_size=14336,
+            vocab_size=128256,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            rope_theta=500000.0,
+            head_dim=128,
+        ),
+        r"describes another model: model\.vocab_size\(257\) but vocab_size 128256, model\.dim\(128\) but hidden_size "
+        r"4096, .*; model=llama3_8b matches it",
+    ),
+    "other eps": (
+        edit_config(rms_norm_eps=1e-6),
+        r"model\.norm_eps\(1e-05\) but rms_norm_eps 1e-06; set "
+        r"model\.norm_eps=1e-06 to match it",
+    ),
+    "rope scaling": (
+        edit_config(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0}),
+        r"describes rotary scaling 'llama3' \(e\.g\. Llama 3\.1's\), which trainflow's Llama does not compute",
+    ),
+    "tied": (edit_config(tie_word_embeddings=True), r"an output head tied to the embedding"),
+    "truncated": (truncate, r"model-00002-of-\d+\.safetensors cannot be read as safetensors \(.*\): it is truncated"),
+    "renamed tensors": (rename_tensor, r"holds transformer\.embed_tokens\.weight, which a LlamaForCausalLM of 4"),
+    "a wrong shape": (
+        reshape_tensor,
+        r"holds lm_head\.weight of shape \(256, 128\) where a LlamaForCausalLM .* has "
+        r"\(257, 128\)",
+    ),
+    "pickles only": (pickles_only, r"holds pytorch_model\.bin but no safetensors: pickle files can run code"),
+    "an unlisted file": (
+        lambda f: shutil.copy(next(f.glob("*.safetensors")), f / "extra.safetensors"),
+        r"llama holds the unlisted extra\.safetensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_a_bad_folder_is_refused_in_one_line_when_the_config_is_composed(published, tmp_path, case):
+    damage, match = BAD[case]
+    folder = damaged(published, tmp_path, damage)
+    with pytest.raises(ConfigError, match=match) as err:
+        make_config("train_segment", tmp_path, *OVERRIDES, f"io.init_from={folder}")
+    assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
