@@ -57,8 +57,8 @@ def header(cfg: TrainflowConfig, last: SegmentSummary) -> list[str]:
         "",
         *(
             [
-                f"Step 0 was initialised from the Hugging Face weights in `{last.init_from}` (io.init_from); the optimizer "
-                "started fresh.",
+                f"Step 0 was initialised from the Hugging Face weights in `{last.init_from}` (io.init_from); the "
+                "optimizer started fresh.",
                 "",
             ]
             if last.init_from
