@@ -13,6 +13,7 @@ from trainflow.config.layout import ParallelDims
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan, plan_campaign
 from trainflow.plan.fit import capacity_bytes, overflow, plan_memory
+from trainflow.plan.goodput import GoodputPlan, plan_goodput
 from trainflow.plan.memory import MemoryEstimate, checked_layout
 from trainflow.plan.remedies import Remedy, remedies
 from trainflow.plan.seed import SeedComparison, is_seed_layout, seed_comparison
@@ -48,13 +49,15 @@ class Plan(Record):
     """The one line that stops validate_nccl when the plan does not fit; None when it fits."""
     step: StepPlan
     campaign: CampaignPlan
+    goodput: GoodputPlan
+    """Goodput under failures with synchronous checkpoints and with each remedy, and the goal."""
     remedies: list[Remedy] = field(default_factory=list)
     seed: SeedComparison | None = None
     """The seed's observed figures beside the plan's, for the seed's layout only."""
 
 
 def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
-    """Memory, step split, throughput, checkpoint interval and campaign energy of cfg."""
+    """Memory, step split, throughput, checkpoint interval, campaign energy and goodput of cfg."""
     t = cfg.train
     dims, microbatch_size = checked_layout(cfg)
     memory = plan_memory(cfg)
@@ -69,6 +72,7 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
         activations=t.activations,
         cluster=cfg.cluster.name,
     )
+    campaign = plan_campaign(cfg, step_s=step.step_s)
     return Plan(
         setup=setup,
         hardware=asdict(cfg.cluster.hardware),
@@ -76,7 +80,8 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
         capacity_bytes=capacity_bytes(cfg.cluster, cfg.parallel.world_size),
         overflow=overflow(cfg, memory),
         step=step,
-        campaign=plan_campaign(cfg, step_s=step.step_s),
+        campaign=campaign,
+        goodput=plan_goodput(cfg, step_s=step.step_s, campaign=campaign, replicas=dims.dp // dims.shard_size),
         remedies=remedies(cfg) if with_remedies else [],
         seed=seed_comparison(cfg, step) if is_seed_layout(cfg) else None,
     )

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from trainflow.plan.build import Plan
 from trainflow.plan.campaign import CampaignPlan
+from trainflow.plan.goodput import GoodputPlan
 from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
 
@@ -77,8 +78,28 @@ def render(plan: Plan) -> str:
             ("tokens per joule", f"{camp.tokens_per_joule:.3g}"),
         ],
     )
-    lines += remedy_lines(plan.remedies) + seed_lines(plan.seed)
+    lines += goodput_lines(plan.goodput) + remedy_lines(plan.remedies) + seed_lines(plan.seed)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def seconds(s: float) -> str:
+    return f"{s:.0f} s" if s >= 100 else f"{s:.3g} s"
+
+
+def goodput_lines(g: GoodputPlan) -> list[str]:
+    lines = [
+        f"Goodput under failures (MTBF {g.mtbf_s / 3600:.3g} h, {g.productive_s / 3600:.4g} h of steps, {g.trials} "
+        f"seeded trials; goal {g.goal:.0%})",
+        f"  {'scenario':<27} {'C':>10} {'tau':>8} {'D':>8} {'R':>8}  {'simulated mean (5-95 %)':<24} closed form",
+    ]
+    for s in g.scenarios:
+        times = " ".join(
+            f"{seconds(t):>{w}}" for t, w in zip((s.blocking_s, s.interval_s, s.detect_s, s.restart_s), (10, 8, 8, 8))
+        )
+        band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%})"
+        verdict = f"{'meets' if s.meets_goal else 'misses'} {g.goal:.0%}"
+        lines.append(f"  {s.name:<27} {times}  {band:<24} {s.closed_form:6.1%}  {verdict}")
+    return [*lines, *(f"  - {note}" for note in [*g.notes, *([g.needed] if g.needed else [])]), ""]
 
 
 def checkpoint_rows(camp: CampaignPlan) -> list[tuple[str, str]]:

@@ -1,0 +1,99 @@
+"""trainflow.plan.goodput: the seed's campaign pinned with and without the remedies, the Monte Carlo against the closed
+form in every scenario, remedies and the MTBF in the direction they must push, and a deterministic simulation."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import pytest
+
+from trainflow.config import compose
+from trainflow.plan.__main__ import main
+from trainflow.plan.build import build_plan
+from trainflow.plan.goodput import GOAL, SCENARIOS, GoodputPlan, closed_form, simulate
+
+SEED = ("experiment=llama70b_alps",)
+CASES = [SEED, (), (*SEED, "cluster.hardware.mtbf_hours=2"), (*SEED, "cluster.hardware.mtbf_hours=16")]
+"""Where the first-order closed form holds: at MTBF 1 h the seed's baseline loses 40 % to failures, and the
+simulation gives 6 points more than the closed form (which counts failures over the wall time, waits included)."""
+
+
+@functools.cache
+def goodput(*overrides: str) -> GoodputPlan:
+    return build_plan(compose("train_segment", list(overrides)), with_remedies=False).goodput
+
+
+def by_name(plan: GoodputPlan) -> dict:
+    return {s.name: s for s in plan.scenarios}
+
+
+def test_the_seeds_campaign_with_sync_checkpoints_and_with_every_remedy():
+    """The seed's 70B campaign at MTBF 4 h: about 80 % with the configured synchronous checkpoints (121 s saves
+    every 151 steps, the 300 s collective timeout, a new job's 711 s restart), about 95 % with every remedy, held
+    to the goal only by a tenth of a point under the presets' assumptions; the job starts cost 2.3 % in both."""
+    s = by_name(goodput(*SEED))
+    base, best = s["baseline (sync checkpoints)"], s["all remedies"]
+    assert base.blocking_s == pytest.approx(121, abs=1) and base.interval_steps == 151
+    assert base.detect_s == 300 and base.restart_s == pytest.approx(711, abs=2)
+    assert base.simulated == pytest.approx(0.802, abs=0.01) and not base.meets_goal
+    assert best.blocking_s < 1 and best.interval_s >= best.write_s == base.blocking_s  # never shorter than the write
+    assert best.detect_s == pytest.approx(0.78 * 30 + 0.22 * 124, abs=1) and best.restart_s == pytest.approx(171, abs=2)
+    assert best.simulated == pytest.approx(0.951, abs=0.005) and best.meets_goal
+    assert best.terms["job starts"] == pytest.approx(0.023, abs=0.002)
+    assert best.simulated_low < best.simulated < best.simulated_high
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=lambda o: " ".join(o) or "default")
+def test_the_simulation_and_the_closed_form_agree_within_3_percent(overrides):
+    for s in goodput(*overrides).scenarios:
+        assert abs(s.simulated - s.closed_form) <= 0.03, s
+
+
+@pytest.mark.parametrize(
+    "overrides", [*CASES, (*SEED, "cluster.hardware.mtbf_hours=1")], ids=lambda o: " ".join(o) or "default"
+)
+def test_a_remedy_never_lowers_goodput(overrides):
+    """Strictly in the closed form; in the simulation within its noise (the scenarios share their seed)."""
+    s = by_name(goodput(*overrides))
+    base, best = s[SCENARIOS[0][0]], s["all remedies"]
+    for name, *_ in SCENARIOS[1:]:
+        assert base.closed_form <= s[name].closed_form <= best.closed_form, name
+        assert base.simulated <= s[name].simulated + 0.002 and s[name].simulated <= best.simulated + 0.002, name
+
+
+def test_a_shorter_mtbf_lowers_goodput_in_every_scenario():
+    longer, shorter = by_name(goodput(*SEED)), by_name(goodput(*SEED, "cluster.hardware.mtbf_hours=2"))
+    for name in longer:
+        assert shorter[name].simulated < longer[name].simulated and shorter[name].closed_form < longer[name].closed_form
+
+
+def test_the_simulation_is_deterministic_for_its_seed_and_fast():
+    args = dict(work_s=3.6e6, interval_s=1800.0, blocking_s=120.0, write_s=0.0, detect_s=300.0, wait_s=300.0)
+    args.update(held_s=400.0, mtbf_s=14400.0, jobs_s=0.0, trials=400)
+    start = time.perf_counter()
+    first = simulate(**args, seed=1)
+    assert time.perf_counter() - start < 1.0
+    assert (first == simulate(**args, seed=1)).all()
+    assert not (first == simulate(**args, seed=2)).all()
+    cfg = compose("train_segment", list(SEED))
+    assert build_plan(cfg, with_remedies=False).goodput == build_plan(cfg, with_remedies=False).goodput
+
+
+def test_without_failures_the_simulation_is_the_checkpoints_and_job_starts_exactly():
+    args = dict(work_s=1000.0, interval_s=300.0, blocking_s=10.0, detect_s=0.0, mtbf_s=1e15, jobs_s=50.0)
+    sim = simulate(**args, write_s=5.0, wait_s=0.0, held_s=0.0, trials=4, seed=0)
+    assert sim == pytest.approx(1000 / (1000 + 3 * 10 + 50))  # 4 pieces of training, 3 saves between them
+    closed, terms = closed_form(**args, restart_s=0.0)
+    assert terms["checkpoint"] == pytest.approx(10 / 300) and closed == pytest.approx(1 / (1 + 10 / 300 + 0.05))
+
+
+def test_the_command_prints_the_goodput_section_and_its_json(capsys):
+    assert main(list(SEED)) == 0
+    table = capsys.readouterr().out
+    assert "Goodput under failures (MTBF 4 h" in table
+    assert all(name in table for name, *_ in SCENARIOS) and f"meets {GOAL:.0%}" in table
+    assert main(["--json", *SEED]) == 0
+    carried = json.loads(capsys.readouterr().out)["goodput"]
+    assert GoodputPlan.from_json(carried) == goodput(*SEED) and carried["goal"] == GOAL
