@@ -11,6 +11,7 @@ import pytest
 from submitit.core.utils import JobPaths
 
 from trainflow.launch.failure import JobFailure
+from trainflow.launch.hang import HangReport, read_report, write_report
 from trainflow.launch.heartbeat import timing_path
 from trainflow.launch.restart import HostError, gate_exclusions, judge, straggler_hosts
 from trainflow.train.summary import RankTiming, stragglers
@@ -88,3 +89,12 @@ def test_stragglers_are_the_ranks_well_above_the_median(tmp_path):
         straggler_hosts(paths, 1.5)
     Path(timing_path(paths)).write_text("{not json")
     assert straggler_hosts(paths, 1.5) == frozenset()
+
+
+def test_the_first_hang_verdict_is_kept(tmp_path):
+    paths = JobPaths(tmp_path, job_id="7")
+    first = HangReport(1, "n2", 3, "compute", 6.0, False, 5.0, 0, "torch.distributed.all_reduce (x.py:1, f)")
+    later = HangReport(0, "?", -1, "start", 6.0, False, 5.0, 1, "nothing")  # a resumed stopped rank's view
+    assert write_report(paths, first) and not write_report(paths, later)
+    assert read_report(paths) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["7_hang.json"]

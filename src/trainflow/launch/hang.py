@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import os
 import sys
 import threading
 import traceback
@@ -61,8 +62,19 @@ def stacks_path(paths: JobPaths, rank: int) -> Path:
     return paths.folder / f"{paths.job_id}_{rank}_stacks.txt"
 
 
-def write_report(paths: JobPaths, report: HangReport) -> None:
-    write_json(report_path(paths), report.to_json())
+def write_report(paths: JobPaths, report: HangReport) -> bool:
+    """Write the job's diagnosis unless a rank wrote one first (False then). The first verdict is the one to keep: on
+    Slurm a stopped rank is sent SIGCONT before it is killed, and would judge the detecting rank, gone by then, hung."""
+    path = report_path(paths)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    write_json(tmp, report.to_json())
+    try:
+        os.link(tmp, path)  # atomic, and fails where the file exists: the first writer wins
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 def read_report(paths: JobPaths) -> HangReport | None:

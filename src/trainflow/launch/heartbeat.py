@@ -208,8 +208,7 @@ class Heartbeat:
 
     def abort(self, report: HangReport | None) -> None:
         """Write the diagnosis (the detecting rank), tell every rank, dump this rank's stacks and exit."""
-        if report is not None:
-            write_report(self.paths, report)
+        if report is not None and write_report(self.paths, report):
             log.error("Hang: %s", report.line())
             with contextlib.suppress(Exception):  # a stopped rank 0 holds the store: the others judge it themselves
                 self.store.set("trainflow/abort", str(report.rank))
