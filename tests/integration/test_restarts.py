@@ -126,3 +126,20 @@ def test_a_config_error_is_not_restarted_and_fails_in_one_line(tmp_path, tokens)
     assert "not restarted: trainflow refused an input, which a new job would refuse again" in line
     jobs, _ = ledgers(tmp_path, "train.segments=2", "segment=1")
     assert len(jobs) == 1
+
+
+@pytest.mark.slow
+def test_a_rollback_leaves_the_bad_window_out_and_a_resumed_run_draws_as_the_whole_one(tmp_path, tokens):
+    rollback = ("fault.nan_step=3", "train.spike.rollback_after=1")
+    whole = segment(tmp_path / "whole", tokens, "train.segment_steps=8", *rollback)
+    halves = [
+        segment(tmp_path / "halves", tokens, "train.segments=2", "train.segment_steps=4", f"segment={s}", *rollback)
+        for s in (0, 1)
+    ]
+    (event,) = whole["guard"]
+    assert (event["action"], event["step"], event["from_step"], event["windows"]) == ("rolled back", 2, 3, [3])
+    assert halves[0]["guard"] == [event] and halves[1]["guard"] == []
+    assert not any(r["skipped"] for run in (whole, *halves) for r in run["steps"])  # redone steps drew other windows
+    assert step_losses(*halves) == step_losses(whole)
+    assert halves[1]["state_digest"] == whole["state_digest"]  # segment 1 read the skipped window from the manifest
+    assert whole["goodput"]["seconds"]["recomputed"] > 0
