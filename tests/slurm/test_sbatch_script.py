@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from submitit.slurm.slurm import SlurmExecutor
 
+from tests.conftest import REPO
 from trainflow.config import compose
+from trainflow.errors import TrainflowError
 from trainflow.launch import build_executor
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -98,3 +100,44 @@ def test_a_restart_s_left_out_hosts_are_in_the_script(tmp_path, monkeypatch):
     slurm = executor._executor
     text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
     assert "#SBATCH --exclude=n1,n2\n" in text and "--kill-on-bad-exit=1" in text
+
+
+def site_overrides(profile: str) -> list[str]:
+    """A Snakemake profile's site overrides (its site.yaml), as the workflow applies them before the user's."""
+    return (REPO / f"profiles/{profile}/site.yaml").read_text().split('site: "', 1)[1].split('"', 1)[0].split()
+
+
+def test_alps_runs_its_ranks_in_the_container_engine_environment(tmp_path, monkeypatch):
+    """profiles/slurm's site puts the ranks in alps.toml's EDF: Pyxis's --environment on srun, the image's python3."""
+    monkeypatch.chdir(REPO)  # the EDF's path is relative to where Snakemake runs
+    text = sbatch_script([*site_overrides("slurm"), "experiment=llama70b_alps"], tmp_path, monkeypatch)
+    assert_matches_golden(text, "alps_gh200_edf.sbatch")
+    srun = text.rstrip().splitlines()[-1]
+    assert "--kill-on-bad-exit=1 --environment=profiles/slurm/alps.toml python3 -u -m submitit.core._submit" in srun
+    assert sbatch_flags(text)["nodes"] == "1024"  # the job's shape is the preset's, container or not
+
+
+def test_an_apptainer_image_wraps_every_rank_s_python(tmp_path, monkeypatch):
+    (tmp_path / "image").mkdir()
+    image = tmp_path / "image/trainflow.sif"
+    image.write_bytes(b"")  # build_executor checks that the image exists before submitting
+    overrides = [
+        "experiment=smoke",
+        "cluster=slurm_local",
+        f"cluster.allocation.container.sif={image}",
+        "cluster.allocation.container.binds=[/scratch:/scratch:ro]",
+    ]
+    text = sbatch_script(overrides, tmp_path / "job", monkeypatch).replace(str(image), "{sif}")
+    assert_matches_golden(text, "slurm_local_apptainer.sbatch")
+    srun = text.rstrip().splitlines()[-1]
+    assert srun.endswith(
+        "apptainer exec --bind {folder} --bind /scratch:/scratch:ro {sif} python3 -u -m submitit.core._submit {folder}"
+    )
+    assert "--nv" not in srun  # CPU ranks: no GPU libraries to bind
+
+
+def test_a_missing_image_is_refused_before_submitting(tmp_path, monkeypatch):
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    cfg = compose("train_segment", ["cluster=slurm_local", f"cluster.allocation.container.sif={tmp_path}/none.sif"])
+    with pytest.raises(TrainflowError, match=r"container.sif\(.*none.sif\) is no file here; build it: apptainer build"):
+        build_executor(cfg.cluster.allocation, world_size=2, folder=tmp_path, name="x")

@@ -7,8 +7,11 @@ import pytest
 from tests.conftest import REPO, read_json
 from tests.support import job_counts, snakemake
 
-# Known lints, each deliberate: rules read PYTHON/HYDRA_ARGS (see common.smk), and the venv of
-# scripts/bootstrap.sh is the software environment rather than a conda env per rule.
+# Known lints, each deliberate: rules read PYTHON/HYDRA_ARGS (see common.smk); and no rule names a conda env or
+# container because none runs in one of its own: the light stages run in Snakemake's environment (the venv of
+# scripts/bootstrap.sh, or the container Snakemake itself was started in), and validate_nccl and train_segment only
+# submit, their ranks running in cluster.allocation.container (an EDF or an Apptainer image, srun's line:
+# trainflow.launch.container), which Snakemake's software deployment cannot reach from a localrule.
 ALLOWED_LINTS = {
     "Shell command directly uses variable HYDRA_ARGS from outside of the rule",
     "Shell command directly uses variable PYTHON from outside of the rule",

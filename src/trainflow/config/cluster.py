@@ -11,13 +11,32 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from trainflow.config.domain import SLURM_WORD, checked
+from trainflow.config.domain import BIND_MOUNT, CONTAINER_FILE, SLURM_WORD, checked
 
 GATE_PATTERNS = ("dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "tp_all_reduce", "pp_send_recv")
 """The collectives validate_nccl times on the layout's own groups: <mesh dim>_<op> (trainflow.gate)."""
 VERSION_COMPONENTS = ("torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
 """What validate_nccl reads on every node (trainflow.gate.nodes.versions) and cluster.gate.versions_allowed may
 pin."""
+
+
+@dataclass
+class ContainerConfig:
+    """Where the ranks of validate_nccl and train_segment run (trainflow.launch.container): in the environment of
+    the process that submits them (both empty, the default), in CSCS's Container Engine (Enroot + Pyxis) from an
+    EDF, or in an Apptainer image. The light stages run wherever Snakemake runs."""
+
+    edf: str = checked(
+        "", pattern=CONTAINER_FILE, fix="a path to a .toml EDF or an EDF name, e.g. profiles/slurm/alps.toml"
+    )
+    """An Environment Definition File: srun --environment=<edf> (a .toml path, or a name in the EDF search path,
+    ~/.edf); its image, mounts and hooks are the EDF's."""
+    sif: str = checked("", pattern=CONTAINER_FILE, fix="a path to an Apptainer image, e.g. containers/trainflow.sif")
+    """An Apptainer image (.sif, built from containers/trainflow.def): srun ... apptainer exec <sif> <python>."""
+    binds: list[str] = checked(factory=list, pattern=BIND_MOUNT, fix="src[:dst[:ro|rw]] with plain paths")
+    """Apptainer's bind mounts (--bind), e.g. the storage roots; an EDF lists its own mounts."""
+    python: str = checked("python3", pattern=CONTAINER_FILE + "+", fix="python3, or an absolute path inside the image")
+    """The interpreter inside the container that has trainflow (scripts/bootstrap.sh --system-torch put it there)."""
 
 
 @dataclass
@@ -48,6 +67,8 @@ class AllocationConfig:
     """Slurm node features, e.g. the seed's THP-off / vBoost node setup."""
     setup: list[str] = field(default_factory=list)
     """Shell lines run in the sbatch script before the tasks start (a reviewed preset's only: overrides refuse it)."""
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    """The container the ranks run in (none: the submitter's environment)."""
 
 
 @dataclass

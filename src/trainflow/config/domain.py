@@ -63,3 +63,8 @@ def checked(default: Any = MISSING, *, factory: Any = None, **domain: Any) -> An
 # Strings that reach a command line or an sbatch script: no whitespace, quotes or shell syntax.
 SLURM_WORD = r"[\w.,:@%+=&|!*()\[\]-]*"
 RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+# A container image, an EDF or a program inside a container as srun's line takes them (trainflow.launch.container):
+# letters, digits and ._/+@- only; no spaces, quotes, `$` or `~` (expand variables before giving one). A bind mount
+# adds Apptainer's src[:dst[:ro|rw]].
+CONTAINER_FILE = r"[\w./+@-]*"
+BIND_MOUNT = r"[\w./+@-]+(:[\w./+@-]+(:(ro|rw))?)?"

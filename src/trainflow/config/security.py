@@ -11,6 +11,7 @@ import re
 from dataclasses import fields
 from pathlib import PurePosixPath
 
+from trainflow.config.cluster import ContainerConfig
 from trainflow.config.schema import TrainflowConfig
 
 # Quotes, backslashes and `$` would need escaping twice (shell, then Hydra's quoted strings); control
@@ -25,7 +26,8 @@ ENV_REFUSED = r".*PLUGIN.*|NCCL_DEBUG_FILE"
 
 
 def security_errors(cfg: TrainflowConfig) -> list[str]:
-    return path_errors(cfg) + env_errors(cfg.cluster.runtime.env)
+    a = cfg.cluster.allocation
+    return path_errors(cfg) + env_errors(cfg.cluster.runtime.env) + container_errors(a.container, executor=a.executor)
 
 
 def path_errors(cfg: TrainflowConfig) -> list[str]:
@@ -64,3 +66,23 @@ def env_errors(env: dict[str, str]) -> list[str]:
         elif re.search(r"[\x00-\x1f\x7f]", str(value)):
             errors.append(f"cluster.runtime.env.{name}({value!r}) holds a control character; give a one-line value")
     return errors
+
+
+def container_errors(c: ContainerConfig, *, executor: str) -> list[str]:
+    """cluster.allocation.container beyond its fields' characters (config.domain's CONTAINER_FILE, BIND_MOUNT): one
+    container, an image that is one, no '..', and only where srun starts the ranks."""
+    key = "cluster.allocation.container"
+    if c.edf and c.sif:
+        return [f"{key}.edf({c.edf}) and {key}.sif({c.sif}) are both set: the ranks run in one container; keep one"]
+    for name, value in (("edf", c.edf), ("sif", c.sif), ("python", c.python), *(("binds", b) for b in c.binds)):
+        if any(".." in PurePosixPath(part).parts for part in value.split(":")):
+            return [f"{key}.{name}({value}) climbs out of its folder through '..'; give the path without '..'"]
+    if c.sif and not c.sif.endswith(".sif"):
+        return [f"{key}.sif({c.sif}) is not an Apptainer image (.sif): build one from containers/trainflow.def"]
+    if c.edf and "/" in c.edf and not c.edf.endswith(".toml"):
+        return [f"{key}.edf({c.edf}) is a path but not a .toml EDF: give the EDF file, or its name in ~/.edf"]
+    if c.binds and not c.sif:
+        return [f"{key}.binds({c.binds}) are Apptainer's: set {key}.sif too, or list the mounts in the EDF"]
+    if (c.edf or c.sif) and executor != "slurm":
+        return [f"{key} runs the ranks through srun: it needs cluster.allocation.executor=slurm (here {executor})"]
+    return []

@@ -21,9 +21,11 @@ UNHASHED = (
     "cluster.runtime.failure_detect_s",
     "cluster.runtime.hang_detect_s",
     "cluster.runtime.heartbeat_s",
+    "cluster.allocation.container",
 )
-"""Settings of how a failure is found and handled, never of what is computed: in no hash, like fault.*, so changing
-them (a drill, a faster detection for a rerun) keeps the checkpoint series and reruns nothing."""
+"""Settings of how a failure is found and handled, and which container the ranks run in, never of what is computed: in
+no hash, like fault.*, so changing them (a drill, a faster detection for a rerun, the campaign moved into an image)
+keeps the checkpoint series and reruns nothing; the report names a campaign whose segments ran on different stacks."""
 
 
 @dataclass(frozen=True)

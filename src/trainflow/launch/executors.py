@@ -20,6 +20,7 @@ import submitit
 from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE, Controller, LocalJob, LocalJobEnvironment
 
 from trainflow.config import AllocationConfig
+from trainflow.launch.container import check_container, python_command, srun_args
 
 
 def build_executor(
@@ -35,7 +36,13 @@ def build_executor(
         executor = LocalExecutor(folder=folder)
         executor.update_parameters(timeout_min=allocation.time_min, tasks_per_node=tasks_per_node, nodes=1)
         return executor
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=allocation.max_requeues)
+    check_container(allocation.container)
+    executor = submitit.AutoExecutor(
+        folder=folder,
+        cluster="slurm",
+        slurm_max_num_timeout=allocation.max_requeues,
+        slurm_python=python_command(allocation, folder=folder),  # the container's interpreter, where there is one
+    )
     params = dict(
         name=name,
         timeout_min=allocation.time_min,
@@ -44,7 +51,7 @@ def build_executor(
         cpus_per_task=allocation.cpus_per_task,
         mem_gb=allocation.mem_gb,
         slurm_signal_delay_s=allocation.signal_delay_s,
-        slurm_srun_args=["--kill-on-bad-exit=1"],
+        slurm_srun_args=["--kill-on-bad-exit=1", *srun_args(allocation.container)],
     )
     if exclude:
         params["slurm_exclude"] = ",".join(sorted(exclude))
