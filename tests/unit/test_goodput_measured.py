@@ -47,3 +47,10 @@ def test_the_wall_time_covers_the_jobs_since_the_segment_last_completed():
     history.insert(1, job(0, 0, 1, 5, "completed", segment=1))
     assert [j.submitted for j in segment_jobs(history, 0)] == [50, 70]
     assert segment_jobs(history[:1], 0) == history[:1]
+
+
+def test_a_step_s_bookkeeping_counts_with_it_and_a_gap_after_a_save_is_other():
+    spans = [Span(0, "step", 0, 1.0, 1.0), Span(0, "save", 1, 2.25, 0.5), Span(0, "step", 1, 3.0, 1.0)]
+    g = measure_goodput([job(0, 0.0, 0.0, 4.0, "completed")], spans)
+    assert g.seconds["productive"] == 2.25 and g.seconds["checkpoint"] == 0.5  # 0.25 s of records after step 0
+    assert g.seconds["other"] == 0.25 and g.seconds["start-up"] == 1.0 and g.unaccounted == 0.0

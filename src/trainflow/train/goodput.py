@@ -6,7 +6,8 @@ ledger of each job's spans (spans.jsonl), beside the checkpoints. Nothing here i
 
 The wall time runs from the first job's submission to the last job's end, over the jobs since the segment last
 completed (a rerun by hand after a failure is part of it: its wait is the restart gap a person cost). It splits into
-- productive: the steps the final model contains (the last run of each step); goodput = productive / wall;
+- productive: the steps the final model contains (the last run of each step), each with its bookkeeping up to the
+  next span (its records, the stop-signal agreement: the loop's cost per step); goodput = productive / wall;
 - evaluation, checkpoint (the time the step loop was blocked saving), load (reading a checkpoint back);
 - recomputed: steps and evaluations redone after a failure or a rollback (all runs of a step but its last);
 - skipped: steps the loss guard did not apply;
@@ -15,7 +16,7 @@ completed (a rerun by hand after a failure is part of it: its wait is the restar
 - detection: a failed job's last span to its end as the stage saw it (the lost partial step, the wait until the
   failure was detected and every rank ended); shutdown: a completed job's last span to its end;
 - restart: one job's end to the next one's submission (the verdict, a person);
-- other: the gaps between spans inside a job that none of the above covers (logging, the stop-signal agreement).
+- other: the gaps inside a job that none of the above covers (after a save or a load, before the next span).
 Every term is measured on its own; `unaccounted` is what the wall time holds beyond their sum (clock skew, overlap).
 """
 
@@ -96,14 +97,14 @@ def measure_goodput(jobs: list[JobRun], spans: list[Span]) -> Goodput:
         seconds["queue"] += job.started - job.submitted
         if n:
             seconds["restart"] += job.submitted - jobs[n - 1].ended
-        cursor, first = job.started, True
+        cursor, before = job.started, "start-up"  # the term a gap before the next span counts under
         for k, span in enumerate(spans):
             if not job.started <= span.started <= job.ended:
                 continue
-            gap = max(span.started - cursor, 0.0)
-            seconds["start-up" if first or span.kind == "load" else "other"] += gap
-            seconds[term(span, last[work(span)] == k)] += span.seconds
-            cursor, first = max(cursor, span.started + span.seconds), False
+            seconds["start-up" if span.kind == "load" else before] += max(span.started - cursor, 0.0)
+            seconds[kind := term(span, last[work(span)] == k)] += span.seconds
+            cursor = max(cursor, span.started + span.seconds)
+            before = kind if span.kind in ("step", "skipped", "eval") else "other"  # a step's bookkeeping is its own
         seconds["detection" if job.outcome != "completed" else "shutdown"] += max(job.ended - cursor, 0.0)
     wall = jobs[-1].ended - jobs[0].submitted
     return Goodput(
