@@ -14,6 +14,9 @@ from trainflow.report.sections import relative, table
 from trainflow.train.goodput import TERMS
 from trainflow.train.summary import SegmentSummary, stragglers
 
+SLOWEST = 16
+"""Ranks the per-rank table shows, slowest first (a 4096-rank job's table would bury the report)."""
+
 
 def goodput_section(segments: Sequence[SegmentSummary], plot: str, here: Path, *, straggler_factor: float) -> list[str]:
     measured = [s for s in segments if s.goodput is not None]
@@ -71,10 +74,17 @@ def slow_ranks(segments: Sequence[SegmentSummary], factor: float) -> list[str]:
         if flagged
         else f"No rank's median forward exceeds {factor:g} x the median over ranks (train.straggler_factor)."
     )
+    slowest = sorted(timings, key=lambda t: -t.forward_s)[:SLOWEST]
+    ranks = [[t.rank, t.host, f"{t.forward_s * 1e3:.1f}", t.steps] for t in slowest]
+    shown = f"the {SLOWEST} slowest of {len(timings)}" if len(timings) > SLOWEST else "every rank"
     return [
         f"### Forward time per rank (segment {segments[-1].segment})",
         "",
         table(rows, ["host", "ranks", "median forward ms"]),
+        "",
+        f"Per rank ({shown}):",
+        "",
+        table(ranks, ["rank", "host", "median forward ms", "steps"]),
         "",
         verdict,
         "",

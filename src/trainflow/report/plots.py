@@ -90,5 +90,5 @@ def plot_goodput(segments: Sequence[SegmentSummary], out: Path) -> None:
         if any(heights):
             ax.bar([str(s.segment) for s in measured], heights, bottom=bottom, label=term)
             bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     save(fig, out)

@@ -1,0 +1,48 @@
+"""The report's goodput section (report.goodput): each segment's terms, the failed jobs and their verdicts, every
+loss-guard event, and the ranks' forward times with the stragglers flagged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from trainflow.report.goodput import SLOWEST, goodput_section
+from trainflow.train.goodput import JobRun, measure_goodput
+from trainflow.train.guard import GuardEvent
+from trainflow.train.step_log import Span
+from trainflow.train.summary import RankTiming
+
+
+def segment(index: int, *, failed: bool, ranks: list[RankTiming], guard: list[GuardEvent]) -> SimpleNamespace:
+    """What the section reads of a SegmentSummary."""
+    jobs = [JobRun(index, 0, "11", 0.0, 1.0, 10.0, "completed")]
+    if failed:
+        died = JobRun(
+            index, 0, "10", 0.0, 1.0, 5.0, "died", "rank 1 on host n2 was killed by SIGKILL", "restart 1 of 3"
+        )
+        jobs = [died, JobRun(index, 1, "11", 6.0, 7.0, 10.0, "completed")]
+    spans = [Span(index, "step", 0, 2.0, 2.0), Span(index, "step", 0, 7.5, 2.0)]
+    return SimpleNamespace(segment=index, goodput=measure_goodput(jobs, spans), guard=guard, ranks=ranks)
+
+
+def test_the_section_holds_every_term_the_failures_the_guard_and_the_stragglers():
+    ranks = [RankTiming(r, f"n{r // 4}", 0.050 + (0.05 if r == 6 else 0.0), 30) for r in range(8)]
+    skip = GuardEvent(step=7, action="skipped", reason="loss nan", windows=[7])
+    segments = [segment(0, failed=False, ranks=[], guard=[]), segment(1, failed=True, ranks=ranks, guard=[skip])]
+    text = "\n".join(goodput_section(segments, "/r/report/goodput.png", Path("/r/report"), straggler_factor=1.5))
+    assert "| segment | wall s | goodput | jobs | productive |" in text and "![goodput](goodput.png)" in text
+    assert "| 1 | 10.0 | 20.0% | 2 |" in text  # step 0's second run is kept: 2 s of 10
+    assert "| 1 | 0 | 10 | died | rank 1 on host n2 was killed by SIGKILL | restart 1 of 3 |" in text
+    assert "- segment 1, step 7: not applied (loss nan; data window 7)" in text
+    assert "| n0 | 4 | 50.0 |" in text and "| n1 | 4 | 50.0 |" in text  # per-host medians
+    assert "Stragglers (median forward above 1.5 x the median over ranks): rank 6 on n1 (100.0 ms)" in text
+    assert text.index("| 6 | n1 | 100.0 | 30 |") < text.index("| 0 | n0 | 50.0 | 30 |")  # slowest first
+
+
+def test_a_large_job_shows_only_its_slowest_ranks():
+    ranks = [RankTiming(r, f"n{r // 4}", 0.05, 30) for r in range(4096)]
+    text = "\n".join(
+        goodput_section([segment(0, failed=False, ranks=ranks, guard=[])], "g.png", Path("."), straggler_factor=1.5)
+    )
+    assert f"Per rank (the {SLOWEST} slowest of 4096):" in text
+    assert "No rank's median forward exceeds 1.5 x the median over ranks" in text
