@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 
 from tests.conftest import make_config
 from tests.unit.test_export import newest, trained
 from trainflow.config import ConfigError, ModelConfig
-from trainflow.config.hf import parameter_shapes
+from trainflow.config.hf import hf_name, parameter_shapes
 from trainflow.data.sampler import TokenSampler
 from trainflow.export import export, read_model
 from trainflow.export.hf_import import load_hf
@@ -65,6 +66,9 @@ def test_a_folder_transformers_wrote_gives_transformers_logits(published):
     ours = Llama(m)
     done = load_hf(folder, [ours], m)
     assert done.tensors == len(parameter_shapes(m)) and done.bytes == 4 * ours.num_params()
+    ours_by_hf = {hf_name(k): v for k, v in ours.state_dict().items()}
+    saved = load_file(next(folder.glob("*.safetensors")))
+    assert saved and all(t.dtype == torch.bfloat16 and torch.equal(ours_by_hf[k], t.float()) for k, t in saved.items())
     ids = torch.randint(0, m.vocab_size, (2, m.seq_len), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         a, b = ours.eval()(ids), theirs.eval()(ids).logits
