@@ -219,3 +219,11 @@ def test_measured_parts_pair_with_the_plans_parts_they_hold():
     ddp = side_by_side(planned, measured, layout=ParallelDims(dp=2, tp=1, pp=1, world_size=2))
     assert ddp["compute_s"]["plan_parts"] == ["compute", "tp", "dp"] and ddp["dp_comm_s"]["predicted"] == 0
     assert ddp["bubble_s"]["predicted"] == 0 and ddp["bubble_s"]["ratio"] == 0
+
+
+def test_the_headline_step_runs_fp8_where_training_does():
+    bf16 = build_plan(compose("train_segment", ["experiment=llama70b_alps"]))
+    fp8 = build_plan(compose("train_segment", ["experiment=llama70b_alps", "train.fp8=delayed"]))
+    (remedy,) = [r for r in bf16.remedies if r.name == "FP8 matmuls"]
+    assert fp8.step.tokens_per_s_per_device == pytest.approx(remedy.step.tokens_per_s_per_device)
+    assert fp8.step.tokens_per_s_per_device > 1.05 * bf16.step.tokens_per_s_per_device

@@ -100,7 +100,8 @@ class StepPlan(Record):
 
 
 def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
-    """The step of a composed config (its layout checked as training checks it)."""
+    """The step of a composed config (its layout checked as training checks it), its block linears at
+    cluster.hardware.fp8_speedup where train.fp8 is on (or `fp8`: the planner's FP8 remedy)."""
     t = cfg.train
     dims, microbatch_size = checked_layout(cfg)
     return step_plan(
@@ -112,7 +113,7 @@ def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
         activations=t.activations,
         bucket_mb=cfg.parallel.bucket_mb,
         overlap=cfg.parallel.overlap,
-        fp8=fp8,
+        fp8=fp8 or t.fp8 != "none",
     )
 
 
