@@ -24,6 +24,7 @@ LAYERS = {
     "checkpoint": 3,
     "parallel": 3,
     "energy": 3,
+    "stack": 3,
     "plan": 4,
     "export": 4,
     "train": 5,

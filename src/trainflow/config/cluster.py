@@ -15,9 +15,10 @@ from trainflow.config.domain import BIND_MOUNT, CONTAINER_FILE, SLURM_WORD, chec
 
 GATE_PATTERNS = ("dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "tp_all_reduce", "pp_send_recv")
 """The collectives validate_nccl times on the layout's own groups: <mesh dim>_<op> (trainflow.gate)."""
-VERSION_COMPONENTS = ("torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
-"""What validate_nccl reads on every node (trainflow.gate.nodes.versions) and cluster.gate.versions_allowed may
-pin."""
+VERSION_COMPONENTS = ("image", "uenv", "torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
+"""The software stack validate_nccl and every training job read on every node, inside the ranks' environment
+(trainflow.stack), and cluster.gate.versions_allowed may pin: the container image (name@digest) or uenv, then the
+versions."""
 
 
 @dataclass

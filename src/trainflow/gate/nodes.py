@@ -1,14 +1,13 @@
-"""What validate_nccl reads on every node: the software stack's versions, the seed's node settings (transparent huge
-pages, swap, CUDA MPS), the GPUs' clock slowdowns and the checkpoint folder's Lustre stripe count.
+"""What validate_nccl reads on every node beside its software stack (trainflow.stack): the seed's node settings
+(transparent huge pages, swap, CUDA MPS), the GPUs' clock slowdowns and the checkpoint folder's Lustre stripe count.
 
-    python -c "from trainflow.gate.nodes import node_facts, versions; print(node_facts(), versions())"
+    python -c "from trainflow.gate.nodes import node_facts; print(node_facts())"
 
 Each reads the node it runs on; a fact that cannot be read here is None, with the reason where one is known.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,30 +15,6 @@ from pathlib import Path
 
 from trainflow.energy.nvml import NodeGpus
 from trainflow.gate.report import NodeFacts
-
-
-def libfabric_version() -> str | None:
-    """libfabric's version from `fi_info --version`, if installed."""
-    if not shutil.which("fi_info"):
-        return None
-    out = subprocess.run(["fi_info", "--version"], capture_output=True, text=True, timeout=10).stdout
-    m = re.search(r"libfabric:\s*(\S+)", out)
-    return m[1] if m else out.strip() or None
-
-
-def versions() -> dict:
-    import torch
-
-    nccl = None
-    if torch.cuda.is_available():
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nccl": nccl,
-        "libfabric": libfabric_version(),
-        "aws_ofi_nccl": os.environ.get("AWS_OFI_NCCL_VERSION"),
-    }
 
 
 def stripe_count(folder: str) -> tuple[int | None, str]:

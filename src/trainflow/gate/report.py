@@ -66,8 +66,8 @@ class HostFacts(Record):
     host: str
     node: NodeFacts
     versions: dict[str, str | None]
-    """torch, cuda, nccl, libfabric, aws_ofi_nccl as the rank's environment sees them (config.cluster's
-    VERSION_COMPONENTS)."""
+    """The software stack as the rank's environment sees it: image, uenv, torch, cuda, nccl, libfabric, aws_ofi_nccl
+    (trainflow.stack; config.cluster's VERSION_COMPONENTS)."""
 
 
 @dataclass(frozen=True)

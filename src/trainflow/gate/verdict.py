@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trainflow.config.cluster import GateConfig
 from trainflow.gate.report import HostFacts, PatternRow, SweepRow
+from trainflow.stack import describe
 
 
 def problems(
@@ -27,10 +28,14 @@ def problems(
                 f"(ranks {row.slowest_group}, hosts {','.join(row.slowest_hosts)}) is below "
                 f"cluster.gate.busbw_gbps.{row.pattern}({row.threshold_gbps})"
             )
-    seen = {(h.versions.get("nccl"), h.versions.get("libfabric")) for h in hosts}
-    if len(seen) > 1:
+    stacks: dict[str, set[str]] = {}
+    for h in hosts:
+        stacks.setdefault(describe(h.versions), set()).add(h.host)
+    if len(stacks) > 1:  # the image, torch, CUDA, NCCL, libfabric or aws-ofi-nccl: any of them
+        listed = "; ".join(f"{','.join(sorted(names))}: {stack}" for stack, names in sorted(stacks.items()))
         found.append(
-            f"NCCL/libfabric versions differ across nodes {sorted(map(str, seen))}: align them (seed: -30 % on Alps)"
+            f"the software stack's versions differ across nodes ({listed}): run every node in one image or uenv "
+            "(cluster.allocation.container; seed: -30 % on Alps from an NCCL / libfabric mismatch)"
         )
     found += version_problems(hosts, gate.versions_allowed)
     if stripes is not None and 0 < stripes < gate.min_stripe_count:  # -1: striped over every target

@@ -1,4 +1,5 @@
-"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, goodput, NCCL gate, energy, checklist.
+"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, goodput, NCCL gate, software stack, energy,
+checklist.
 
     python -m trainflow.stages.report 'io.segment_reports=[...]' io.report=runs/default/report/report.md
 
@@ -25,6 +26,7 @@ from trainflow.report.checklist import checklist
 from trainflow.report.energy import energy_section
 from trainflow.report.goodput import goodput_section
 from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
+from trainflow.report.stack import stack_section
 from trainflow.stage import StageError, run_stage, stage_log
 from trainflow.train.summary import SegmentSummary
 
@@ -60,6 +62,7 @@ def run(cfg: TrainflowConfig) -> dict:
         *sections.checkpoints(last, verify, io.verify_report, here),
         *goodput_section(segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor),
         *sections.gate(nccl, io.nccl_report, here),
+        *stack_section(nccl, segments),
         *energy_section(energy, cfg, plots["power"], here),
         "## Tuning checklist (seed)",
         "",

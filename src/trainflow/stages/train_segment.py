@@ -26,11 +26,12 @@ from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
 from trainflow.energy.meter import cpu_seconds
-from trainflow.energy.node import actions_taken, node_window, sum_nodes
+from trainflow.energy.node import actions_taken, hostname, node_window, sum_nodes
 from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
 from trainflow.launch.failure import JobFailure, read_markers
 from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.restart import gate_exclusions, judge, straggler_hosts
+from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, run_stage, stage_log, write_json
 from trainflow.train.goodput import JobRun, measure_goodput, segment_jobs
 from trainflow.train.step_log import Span, StepLog
@@ -70,7 +71,8 @@ class TrainSegment(submitit.helpers.Checkpointable):
         # Each rank's own CPU time (its whole process: the task is started for this job), and the node's counters
         # (NVML, RAPL) only from its local rank 0's window.
         energy = RankEnergy(cpu_s=cpu_seconds(), node=window.result())
-        return dataclasses.replace(summary, energy=energy, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
+        stack = [NodeStack(hostname(), versions())]  # as this rank sees it, inside the job's container if any
+        return dataclasses.replace(summary, energy=energy, slurm_job_id=os.environ.get("SLURM_JOB_ID"), stack=stack)
 
     def stop(self, signame: str) -> None:
         """After the agreed checkpoint every task ends without a result. On USR2 (Slurm's pre-timeout or
@@ -183,7 +185,7 @@ def run(cfg: TrainflowConfig) -> dict:
         "Goodput of segment %d: %.1f %% of %.1f s over %d job(s)",
         *(cfg.segment, 100 * goodput.goodput, goodput.wall_s, len(jobs)),
     )
-    summary = dataclasses.replace(summary, goodput=goodput)
+    summary = dataclasses.replace(summary, goodput=goodput, stack=per_node(s for r in results for s in r.stack))
     write_json(cfg.io.segment_report, summary.to_json())
     return {
         "ranks": len(results),

@@ -26,12 +26,13 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.node import hostname
 from trainflow.gate.env import audit_env
-from trainflow.gate.nodes import node_facts, stripe_count, versions
+from trainflow.gate.nodes import node_facts, stripe_count
 from trainflow.gate.patterns import judge, sweep, time_patterns
 from trainflow.gate.report import HostFacts, NcclReport, Stripes
 from trainflow.gate.verdict import problems
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.plan.build import build_plan
+from trainflow.stack import versions
 from trainflow.stage import StageError, run_stage, stage_log, write_json
 
 log = stage_log(__file__)

@@ -14,6 +14,7 @@ from trainflow.checkpoint.interval import IntervalPlan
 from trainflow.config.layout import ParallelDims
 from trainflow.energy.node import NodeReading
 from trainflow.records import Record
+from trainflow.stack import NodeStack
 from trainflow.train.goodput import Goodput
 from trainflow.train.guard import GuardEvent
 from trainflow.train.step_log import EvalRecord, StepRecord
@@ -139,3 +140,6 @@ class SegmentSummary(Record):
     slurm_job_id: str | None = None
     init_from: str | None = None
     """The Hugging Face folder the run's step 0 was initialised from (io.init_from); None: random weights."""
+    stack: list[NodeStack] = field(default_factory=list)
+    """Added by the stage's task (this rank's) and the stage (every node's of the job's ranks): the software stack
+    training ran on, read inside its environment (trainflow.stack)."""
