@@ -9,7 +9,7 @@
 
 The layouts beyond one process each for compile and bf16 are `slow` (bf16 matmuls on a CPU without
 bf16 instructions run ~30x slower than fp32; compile takes ~1 min per process on 2 cores), as are fp8 under tp
-(25-90 s each here, by load; tests/unit/test_fp8.py holds tp2 against one process by default, on one block).
+(25-90 s each here, by load; tests/unit/test_fp8_ranks.py holds tp2 against one process by default, on one block).
 """
 
 from __future__ import annotations
