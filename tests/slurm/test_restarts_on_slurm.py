@@ -14,23 +14,13 @@ import pytest
 import submitit
 
 from tests.conftest import make_config, run_segment
+from tests.integration.test_restarts import BASE, ledgers
 from tests.slurm.conftest import idle_nodes
-from trainflow.config.run_folder import RunFolder
 from trainflow.launch import LaunchError
 from trainflow.launch.failure import read_markers
-from trainflow.train.goodput import JobRun
-from trainflow.train.step_log import Span, StepLog
 
 pytestmark = pytest.mark.slurm
 
-BASE = (
-    "parallel=dp2",
-    "train.segments=1",
-    "train.segment_steps=6",
-    "checkpoint.interval_steps=2",
-    "cluster.runtime.collective_timeout_s=60",
-    "cluster.runtime.heartbeat_s=1",
-)
 SLURM = ("cluster=slurm_local", "cluster.allocation.nodes=1")
 
 
@@ -39,17 +29,12 @@ def two_nodes() -> None:
         pytest.skip("a restart on another node needs 2 nodes: bash scripts/slurm_cluster.sh start --nodes 2")
 
 
-def ledgers(root: Path) -> tuple[list[JobRun], list[Span]]:
-    folder = make_config("train_segment", root, *BASE, *SLURM).io.checkpoints
-    return StepLog(RunFolder.jobs_log(folder), JobRun).read(), StepLog(RunFolder.spans_log(folder), Span).read()
-
-
 def test_a_dead_rank_s_node_is_left_out_of_the_restarted_job(tmp_path, tokens):
     two_nodes()
     summary = run_segment(
         tmp_path / "drill", tokens, *BASE, *SLURM, "fault.step=3", "fault.rank=1", "fault.signal=KILL"
     )
-    jobs, spans = ledgers(tmp_path / "drill")
+    jobs, spans = ledgers(tmp_path / "drill", *SLURM)
     assert [j.outcome for j in jobs] == ["died", "completed"]
     failed_host = re.match(r"rank 1 on host (\S+) was killed by SIGKILL", jobs[0].line)[1]
     assert jobs[0].verdict == f"restart 1 of 3, leaving out {failed_host}"
@@ -68,6 +53,7 @@ def test_a_dead_rank_s_node_is_left_out_of_the_restarted_job(tmp_path, tokens):
 
 @pytest.mark.slow
 def test_a_hung_rank_on_slurm_is_named_and_its_job_ended(tmp_path, tokens):
+    hang = ("cluster.runtime.hang_detect_s=5", "cluster.allocation.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         run_segment(
             tmp_path,
@@ -77,11 +63,10 @@ def test_a_hung_rank_on_slurm_is_named_and_its_job_ended(tmp_path, tokens):
             "fault.step=3",
             "fault.rank=1",
             "fault.signal=STOP",
-            "cluster.runtime.hang_detect_s=5",
-            "cluster.allocation.max_restarts=0",
+            *hang,
         )
     line = str(err.value)
     assert re.search(r"rank 1 on host n[12] stopped responding for \d+ s \(its last beat: step", line), line
-    jobs, spans = ledgers(tmp_path)
+    jobs, spans = ledgers(tmp_path, *SLURM, *hang)
     assert jobs[0].outcome == "hang"
     assert jobs[0].ended - max(s.started + s.seconds for s in spans) < 5 + 10 + 20  # Slurm's state settles for 15 s
