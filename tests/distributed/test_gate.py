@@ -29,6 +29,12 @@ def test_every_pattern_of_the_layout_is_timed_on_its_groups(layout, patterns, tm
     assert set(table) == patterns
     for row in table.values():
         assert row["groups"] == 2 and row["group_size"] == 2 and row["busbw_gbps"] > 0 and row["passed"]
+    # The recorded plan stands on what the job measured: the block rate and the links (gate.calibrate).
+    report = read_json(cfg.io.nccl_report)
+    measured = {c["name"]: c["measured"] for c in report["calibration"]["constants"]}
+    assert {"matmul_efficiency", "intra_node_gbps"} <= set(measured) and 0 < measured["matmul_efficiency"] <= 1
+    assert all(report["plan"]["hardware"][name] == value for name, value in measured.items())
+    assert report["calibration"]["configured_step_s"] > 0 and report["plan"]["step"]["step_s"] > 0
 
 
 def test_a_pattern_below_its_gate_stops_and_writes_the_exclude_list(tmp_path):

@@ -79,6 +79,28 @@ class Stripes(Record):
 
 
 @dataclass(frozen=True)
+class Constant(Record):
+    """One cluster.hardware value of the recorded plan: as configured, as measured, and how."""
+
+    name: str
+    configured: float
+    measured: float
+    source: str
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.configured
+
+
+@dataclass(frozen=True)
+class Calibration(Record):
+    constants: list[Constant]
+    """The values the gate measured; every other cluster.hardware value is the configured one."""
+    configured_step_s: float
+    """The step the configured constants plan (the recorded plan's step is the calibrated one)."""
+
+
+@dataclass(frozen=True)
 class NcclReport(Record):
     world_size: int
     backend: str
@@ -92,5 +114,8 @@ class NcclReport(Record):
     threshold_gbps: float
     """cluster.gate.min_busbw_gbps, the sweep's gate at its largest message."""
     plan: Plan
-    """The plan of the run, made before any allocation (trainflow.plan). The report is written only when the gate
+    """The plan of the run (trainflow.plan) on the constants the gate measured (calibration); the plan validate_nccl
+    made before any allocation, on the configured ones, only had to fit. The report is written only when the gate
     passed: a failure stops the DAG with its reasons instead."""
+    calibration: Calibration | None = None
+    """What the gate measured for the plan, beside the configured values (gate.calibrate); None in older files."""

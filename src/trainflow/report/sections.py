@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config import ParallelDims, TrainflowConfig
-from trainflow.gate.report import NcclReport
+from trainflow.gate.report import Calibration, NcclReport
 from trainflow.plan.build import Plan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.report.plots import BREAKDOWN
@@ -142,12 +142,29 @@ def planned_vs_measured(plan: Plan, steps: Sequence[StepRecord], last: SegmentSu
         for key, r in rows.items()
     ]
     return [
-        "### Planned vs measured (validate_nccl's plan, pipeline rank 0; medians of rank 0's steps)",
+        "### Planned vs measured (validate_nccl's plan on the constants it measured, pipeline rank 0; medians of "
+        "rank 0's steps)",
         "",
         table(cells, ["measured part", "plan's parts", "planned s", "measured s", "planned / measured"]),
         "",
         f"Planned {plan.step.tokens_per_s_per_device:.0f} tokens/s/device at MFU {plan.step.mfu:.1%}; "
         f"measured {last.tokens_per_s_per_device:.0f} at {last.mfu:.1%}.",
+        "",
+    ]
+
+
+def calibration(cal: Calibration | None) -> list[str]:
+    """The constants validate_nccl measured for the plan above, beside the configured ones (gate.calibrate)."""
+    if cal is None:
+        return []
+    rows = [
+        [f"`{c.name}`", f"{c.configured:.4g}", f"{c.measured:.4g}", f"{c.ratio:.2f}", c.source] for c in cal.constants
+    ]
+    return [
+        f"The plan's cluster.hardware constants as validate_nccl measured them on this allocation; the configured ones "
+        f"planned {cal.configured_step_s:.4f} s per step.",
+        "",
+        table(rows, ["constant", "configured", "measured", "measured / configured", "how"]),
         "",
     ]
 

@@ -58,6 +58,7 @@ def run(cfg: TrainflowConfig) -> dict:
         *sections.header(cfg, last),
         *sections.training(segments, io.segment_reports, evals, plots=plots, here=here, cfg=cfg),
         *sections.planned_vs_measured(nccl.plan, steps, last),
+        *sections.calibration(nccl.calibration),
         *sections.top_operators(last.profile, here),
         *sections.checkpoints(last, verify, io.verify_report, here),
         *goodput_section(segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor),

@@ -25,13 +25,14 @@ from trainflow.config import CONF_DIR, ParallelDims, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.node import hostname
+from trainflow.gate.calibrate import block_seconds, calibrate, with_hardware
 from trainflow.gate.env import audit_env
 from trainflow.gate.nodes import node_facts, stripe_count
 from trainflow.gate.patterns import judge, sweep, time_patterns
-from trainflow.gate.report import HostFacts, NcclReport, Stripes
+from trainflow.gate.report import Calibration, HostFacts, NcclReport, Stripes
 from trainflow.gate.verdict import problems
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
-from trainflow.plan.build import build_plan
+from trainflow.plan.build import Plan, build_plan
 from trainflow.stack import versions
 from trainflow.stage import StageError, run_stage, stage_log, write_json
 
@@ -39,8 +40,8 @@ log = stage_log(__file__)
 
 
 class BandwidthJob:
-    """The submitit task: every rank sweeps the world and times the layout's patterns on its groups; rank 0
-    returns every rank's patterns, node facts and CPU time."""
+    """The submitit task: every rank sweeps the world, times the layout's patterns on its groups and its devices'
+    block rate (gate.calibrate); rank 0 returns every rank's patterns, node facts, CPU time, block seconds and cores."""
 
     def __init__(self, cfg: TrainflowConfig) -> None:
         self.cfg = cfg
@@ -48,7 +49,7 @@ class BandwidthJob:
     def __call__(self) -> dict:
         c, t = self.cfg.cluster, self.cfg.train
         with distributed_task(c.runtime) as (_, world, device, _):
-            rows, patterns = [], []
+            rows, patterns, mesh = [], [], None
             if world > 1:
                 rows = sweep(c.gate.sweep_mb, iters=c.gate.sweep_iters, device=device)
                 dims = ParallelDims.from_config(
@@ -57,9 +58,11 @@ class BandwidthJob:
                 nbytes = int(max(c.gate.sweep_mb) * 2**20)
                 mesh = dims.build_mesh(device.type)
                 patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=c.gate.sweep_iters, device=device)
+            block_s = block_seconds(self.cfg, mesh, device)
             ranks = [None] * world
             host = HostFacts(host=hostname(), node=node_facts(), versions=versions())
-            dist.all_gather_object(ranks, (host, patterns, cpu_seconds()))  # CPU time: the stage's energy counts it
+            mine = (host, patterns, cpu_seconds(), block_s, len(os.sched_getaffinity(0)))
+            dist.all_gather_object(ranks, mine)  # CPU time: the stage's energy counts it
         return {"world_size": world, "sweep": rows, "ranks": ranks}
 
 
@@ -82,10 +85,10 @@ def run(cfg: TrainflowConfig) -> dict:
         result = run_job(executor, BandwidthJob(cfg))[0]
     except LaunchError as err:
         raise LaunchError(f"validate_nccl failed: {err}") from err
-    hosts = [host for host, _, _ in result["ranks"]]
-    patterns, exclude = judge(
-        [rows for _, rows, _ in result["ranks"]], [h.host for h in hosts], cfg.cluster.gate.busbw_gbps
-    )
+    hosts = [rank[0] for rank in result["ranks"]]
+    names = [h.host for h in hosts]
+    patterns, exclude = judge([rank[1] for rank in result["ranks"]], names, cfg.cluster.gate.busbw_gbps)
+    calibrated, calibration = calibrated_plan(cfg, result, patterns, names)
     folder = Path(cfg.io.checkpoints).parent  # the checkpoint series' parent: it exists before training
     folder.mkdir(parents=True, exist_ok=True)
     count, source = stripe_count(str(folder))
@@ -98,7 +101,8 @@ def run(cfg: TrainflowConfig) -> dict:
         checkpoint_stripes=Stripes(str(folder), count, source),
         env_warnings=audit_env({**os.environ, **cfg.cluster.runtime.env}),
         threshold_gbps=cfg.cluster.gate.min_busbw_gbps,
-        plan=plan,
+        plan=calibrated,
+        calibration=calibration,
     )
     log_measurements(report)
     found = problems(report.sweep, patterns, hosts, count, cfg.cluster.gate)
@@ -110,7 +114,30 @@ def run(cfg: TrainflowConfig) -> dict:
         raise StageError("validate_nccl failed: " + "; ".join(found))
     write_json(cfg.io.nccl_report, report.to_json())
     log.info("Validated %s over %d ranks: passed", report.backend, report.world_size)
-    return {"ranks": report.world_size, "rank_cpu_s": sum(cpu_s for _, _, cpu_s in result["ranks"])}
+    return {"ranks": report.world_size, "rank_cpu_s": sum(rank[2] for rank in result["ranks"])}
+
+
+def calibrated_plan(cfg: TrainflowConfig, result: dict, patterns: list, hosts: list[str]) -> tuple[Plan, Calibration]:
+    """The plan on the constants the job measured (gate.calibrate), and what was measured."""
+    ranks = result["ranks"]
+    values, calibration = calibrate(
+        cfg,
+        seconds=[rank[3] for rank in ranks],
+        patterns=patterns,
+        sweep=result["sweep"],
+        hosts=hosts,
+        cores=min(rank[4] for rank in ranks),
+    )
+    plan = build_plan(with_hardware(cfg, **values), with_remedies=False)
+    for c in calibration.constants:
+        log.info("Measured cluster.hardware.%s %.4g (configured %.4g)", c.name, c.measured, c.configured)
+    log.info(
+        "Planned %.4f s per step on the measured constants (%.4f s on the configured ones), %.1f tokens/s/device",
+        plan.step.step_s,
+        calibration.configured_step_s,
+        plan.step.tokens_per_s_per_device,
+    )
+    return plan, calibration
 
 
 def log_measurements(report: NcclReport) -> None:
