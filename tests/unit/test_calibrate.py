@@ -7,7 +7,7 @@ import pytest
 
 from trainflow.config import compose
 from trainflow.config.shape import block_flops_per_token, output_params
-from trainflow.gate.calibrate import calibrate, link_values, with_hardware
+from trainflow.gate.calibrate import Probe, calibrate, link_values, with_hardware
 from trainflow.gate.report import PatternRow, SweepRow
 from trainflow.plan.memory import checked_layout
 from trainflow.plan.step import plan_step
@@ -35,34 +35,38 @@ def test_links_come_from_the_slowest_patterns_and_the_latency_from_the_sweep():
     assert link_values([], sweep, ["a", "a"])["intra_node_gbps"] == pytest.approx(sweep[-1].busbw_gbps)
 
 
-def probe_seconds(cfg, flops_per_s: float) -> float:
-    """What the block probe would measure at a rate of flops_per_s (no tp: nothing to subtract)."""
-    m = cfg.model
-    return checked_layout(cfg)[1] * m.seq_len * 3 * sum(block_flops_per_token(m)) / flops_per_s
+def probes(cfg, flops_per_s: float, *, ends_share: float = 0.5, cores: int = 2) -> list[Probe]:
+    """What every rank's probe would measure at a rate of flops_per_s (no tp: nothing to subtract), its stage's ends
+    taking `ends_share` of the head's FLOPs' time on the last stage (and of the block's on the others)."""
+    m, p = cfg.model, cfg.parallel
+    tokens = checked_layout(cfg)[1] * m.seq_len
+    block_s = tokens * 3 * sum(block_flops_per_token(m)) / flops_per_s
+    head_s = tokens * 3 * 2 * output_params(m) / flops_per_s
+    stages = [r // (p.world_size // p.pp) for r in range(p.world_size)]  # the mesh is (pp, dp, tp), row-major
+    return [Probe(block_s, ends_share * (head_s if s == p.pp - 1 else block_s), s, cores) for s in stages]
 
 
-def test_the_block_rate_becomes_the_plans_and_its_block_takes_the_probe_s_time():
+def test_the_compute_rate_becomes_the_plans_and_its_stage_takes_the_probe_s_time():
     cfg = compose("train_segment", [])  # tiny, dp2: 0.1 TFLOP/s x 0.6 configured
-    seconds = probe_seconds(cfg, 20e9)
-    values, cal = calibrate(cfg, seconds=[seconds * 0.9, seconds], patterns=[], sweep=[], hosts=["a", "a"], cores=2)
-    assert values["matmul_efficiency"] == pytest.approx(0.2)  # the slowest rank's 20 GFLOP/s of the 0.1 TFLOP/s peak
-    by_name = {c.name: c for c in cal.constants}
-    assert by_name["matmul_efficiency"].configured == 0.6 and by_name["matmul_efficiency"].ratio == pytest.approx(1 / 3)
-    assert cal.configured_step_s == pytest.approx(plan_step(cfg).step_s)
+    measured = probes(cfg, 20e9, ends_share=3.0)  # the ends take 3x what the head's FLOPs would at the blocks' rate
+    values, cal = calibrate(cfg, probes=measured, patterns=[], sweep=[], hosts=["a", "a"])
     m, mb = cfg.model, cfg.parallel.microbatches
-    head_s = checked_layout(cfg)[1] * m.seq_len * 3 * 2 * output_params(m) / 20e9
+    stage_s = m.n_layers * measured[0].block_s + measured[0].ends_s
     planned = plan_step(with_hardware(cfg, **values))
-    assert planned.split.compute == pytest.approx(mb * (m.n_layers * seconds + head_s))
+    assert planned.split.compute == pytest.approx(mb * stage_s)  # the plan's stage takes what the probes took
+    by_name = {c.name: c for c in cal.constants}
+    assert by_name["matmul_efficiency"].configured == 0.6
+    assert by_name["matmul_efficiency"].measured < 0.2  # below the blocks' 20 GFLOP/s: the ends are slower
+    assert cal.configured_step_s == pytest.approx(plan_step(cfg).step_s)
 
 
 def test_a_rate_above_the_configured_peak_raises_it_and_oversubscribed_cpus_leave_out_the_bubble():
     cfg = compose("train_segment", [])
-    values, _ = calibrate(cfg, seconds=[probe_seconds(cfg, 2e11)], patterns=[], sweep=[], hosts=["a"], cores=2)
+    values, _ = calibrate(cfg, probes=probes(cfg, 2e11, ends_share=1.0), patterns=[], sweep=[], hosts=["a", "a"])
     assert values["matmul_efficiency"] == 1.0 and values["peak_tflops"] == pytest.approx(0.2)
     pp = compose("train_segment", ["parallel=pp2_1f1b"])
     bubble = plan_step(pp).bubble_fraction
-    seconds = [probe_seconds(pp, 10e9)] * 2
-    busy, _ = calibrate(pp, seconds=seconds, patterns=[], sweep=[], hosts=["a", "a"], cores=2)
-    shared, cal = calibrate(pp, seconds=seconds, patterns=[], sweep=[], hosts=["a", "a"], cores=1)
+    busy, _ = calibrate(pp, probes=probes(pp, 10e9), patterns=[], sweep=[], hosts=["a", "a"])
+    shared, cal = calibrate(pp, probes=probes(pp, 10e9, cores=1), patterns=[], sweep=[], hosts=["a", "a"])
     assert shared["matmul_efficiency"] == pytest.approx(busy["matmul_efficiency"] / (1 - bubble))
     assert "bubble-corrected" in cal.constants[-1].source

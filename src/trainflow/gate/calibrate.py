@@ -2,16 +2,19 @@
 and latency, measured where training will run, become the recorded plan's constants; the configured ones stay beside
 them with their ratio.
 
-    seconds = block_seconds(cfg, mesh, device)                 # on every rank, all at once, inside the gate's job
-    values, calibration = calibrate(cfg, seconds=..., ...)     # on the stage, from every rank's results
+    probe = probe_compute(cfg, mesh, device)                  # on every rank, all at once, inside the gate's job
+    values, calibration = calibrate(cfg, probes=..., ...)     # on the stage, from every rank's results
 
 - Block rate: one trainflow Block's forward and backward on one microbatch at the layout's shapes (train.global_batch
   / (dp x microbatches) sequences of seq_len tokens), split over the tp group as training splits it (TP_PLAN), in the
   run's precision and with its threads per rank, every rank at once, so ranks sharing a node's cores or its memory
-  share them as in training. Its model FLOPs per rank over its median time less the plan's tp all-reduces of one
-  block (the plan counts those apart) is what the plan's peak_tflops x matmul_efficiency stands for: a real block's
-  matmuls with its norms, rotary embeddings, softmax and SwiGLU around them (benchmarks/plan_vs_measured.py's block
-  probe; on this 2-core VM it gave the plan 0.96-1.02x of measured steps where configured constants gave ~0.35-0.5x).
+  share them as in training; beside it, the ends of the rank's pipeline stage the same way: the embedding on the
+  first stage, the final norm, output head and cross-entropy on the last. A rank's model FLOPs of its stage (its
+  blocks and, on the last, the head) over the time of its blocks (the probe's, less the plan's tp all-reduces of one
+  block, which the plan counts apart) and its ends is what the plan's peak_tflops x matmul_efficiency stands for: real
+  matmuls with their norms, rotary embeddings, softmax, SwiGLU, lookups and loss around them (benchmarks/
+  plan_vs_measured.py calibrates on the block alone and gets 0.96-1.02x on a model 4x the tiny one's width; on the
+  tiny default the ends take about a block's time, and the configured constants planned 0.35-0.5x).
   The slowest rank's rate sets matmul_efficiency (peak_tflops is raised only where a rate exceeds it). On CPU ranks
   that outnumber the node's cores, pipeline ranks idle through their bubble and leave the cores to the others, which
   the probe (every rank busy) does not: the rate is divided by 1 - the bubble share there.
@@ -25,16 +28,17 @@ them with their ratio.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
+import os
+from dataclasses import dataclass, replace
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import parallelize_module
 
-from trainflow.config.schema import PRECISIONS, TrainflowConfig
-from trainflow.config.shape import block_flops_per_token
+from trainflow.config.schema import PRECISIONS, ModelConfig, TrainflowConfig
+from trainflow.config.shape import block_flops_per_token, output_params
 from trainflow.gate.report import Calibration, Constant, PatternRow, SweepRow
-from trainflow.model import Block, rope_tables
+from trainflow.model import Block, Llama, cross_entropy, rope_tables
 from trainflow.parallel.tensor_parallel import TP_PLAN
 from trainflow.parallel.timing import median_seconds
 from trainflow.plan.memory import checked_layout
@@ -43,31 +47,71 @@ from trainflow.plan.step import plan_step
 PROBE_ITERS = 7
 
 
-def block_seconds(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.device) -> float:
-    """This rank's median seconds of one block's forward and backward at the layout's microbatch (module docstring)."""
-    m, t = cfg.model, cfg.train
+@dataclass(frozen=True)
+class Probe:
+    """What one rank's devices measured (module docstring)."""
+
+    block_s: float
+    """Median seconds of one block's forward and backward on one microbatch."""
+    ends_s: float
+    """The same of its stage's ends: the embedding (first stage), the norm, head and loss (last stage)."""
+    pp_rank: int
+    cores: int
+    """CPU cores this rank may run on (its affinity)."""
+
+
+def probe_compute(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.device) -> Probe:
+    """This rank's block and stage-end times at the layout's microbatch, in the run's precision and threads."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
     rows = checked_layout(cfg)[1]
+    pp_rank = mesh["pp"].get_local_rank() if p.pp > 1 else 0
     threads = torch.get_num_threads()
     torch.set_num_threads(t.threads_per_rank)
+    dtype = getattr(torch, PRECISIONS[t.precision].dtype)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     try:
         torch.manual_seed(0)
-        block = Block(m).to(device)
-        if cfg.parallel.tp > 1:
+        with torch.device(device):  # built where it runs: a 70B stage's head is GBs
+            block = Block(m)
+        if p.tp > 1:
             parallelize_module(block, mesh["tp"], TP_PLAN)
         cos, sin = (r.to(device) for r in rope_tables(m.head_dim, m.seq_len, m.rope_theta))
         x = torch.randn(rows, m.seq_len, m.dim, device=device, requires_grad=True)
-        dtype = getattr(torch, PRECISIONS[t.precision].dtype)
-        autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
 
-        def run() -> None:
+        def run_block() -> None:
             with autocast:
                 out = block(x, cos, sin)
             out.float().sum().backward()
 
-        group = torch.distributed.group.WORLD
-        return median_seconds(run, group=group, iters=PROBE_ITERS, device=device, warmup=2)
+        last = pp_rank == p.pp - 1
+        ends, inputs, targets = stage_ends(m, first=pp_rank == 0, last=last, rows=rows, device=device)
+
+        def run_ends() -> None:
+            with autocast:
+                out = ends(inputs)
+                loss = cross_entropy(out, targets) if last else out.float().sum()
+            loss.backward()
+
+        group, n = torch.distributed.group.WORLD, PROBE_ITERS
+        block_s = median_seconds(run_block, group=group, iters=n, device=device, warmup=2)
+        ends_s = median_seconds(run_ends, group=group, iters=n, device=device, warmup=2)
     finally:
         torch.set_num_threads(threads)
+    return Probe(block_s, ends_s, pp_rank, len(os.sched_getaffinity(0)))
+
+
+def stage_ends(m: ModelConfig, *, first: bool, last: bool, rows: int, device: torch.device) -> tuple:
+    """A Llama of no blocks holding the ends of a stage (embedding if first, norm and head if last), its input and
+    the targets."""
+    with torch.device(device):
+        ends = Llama(replace(m, n_layers=0))
+    if not first:
+        ends.tok_embeddings = None
+    if not last:
+        ends.norm = ends.output = None
+    ids = torch.randint(0, m.vocab_size, (rows, m.seq_len), device=device)
+    x = ids if first else torch.randn(rows, m.seq_len, m.dim, device=device, requires_grad=True)
+    return ends, x, ids
 
 
 def link_values(patterns: list[PatternRow], sweep: list[SweepRow], hosts: list[str]) -> dict:
@@ -92,26 +136,16 @@ def link_values(patterns: list[PatternRow], sweep: list[SweepRow], hosts: list[s
 
 
 def calibrate(
-    cfg: TrainflowConfig,
-    *,
-    seconds: list[float],
-    patterns: list[PatternRow],
-    sweep: list[SweepRow],
-    hosts: list[str],
-    cores: int,
+    cfg: TrainflowConfig, *, probes: list[Probe], patterns: list[PatternRow], sweep: list[SweepRow], hosts: list[str]
 ) -> tuple[dict[str, float], Calibration]:
-    """The measured cluster.hardware values and their record: the block probe's seconds of every rank, the judged
-    patterns, the world sweep, every rank's host and the cores a rank's node offers."""
+    """The measured cluster.hardware values and their record, from every rank's probe, the judged patterns, the world
+    sweep and every rank's host."""
     hw, p = cfg.cluster.hardware, cfg.parallel
     links = link_values(patterns, sweep, hosts)
-    linked = with_hardware(cfg, **links)
-    first = plan_step(linked)
-    layers = cfg.model.n_layers // p.pp
-    tp_block_s = first.per_pp_rank[0].tp / (layers * p.microbatches)  # one block, one microbatch
-    flops = checked_layout(cfg)[1] * cfg.model.seq_len * 3 * sum(block_flops_per_token(cfg.model, tp=p.tp))
-    slowest = max(seconds)
-    rate = flops / max(slowest - tp_block_s, slowest * 0.1)  # the tp all-reduces never take the whole block
+    first = plan_step(with_hardware(cfg, **links))
+    rate, slowest = compute_rate(cfg, probes, tp_block_s=first.per_pp_rank[0].tp / (stage_layers(cfg) * p.microbatches))
     ranks_per_node = max(1, len(hosts) // len(set(hosts)))
+    cores = min(probe.cores for probe in probes)
     oversubscribed = cfg.cluster.runtime.device == "cpu" and ranks_per_node * cfg.train.threads_per_rank > cores
     if oversubscribed:
         rate /= 1 - first.bubble_fraction
@@ -120,9 +154,10 @@ def calibrate(
     if efficiency > 1:
         values["peak_tflops"] = rate / 1e12
     probe = (
-        f"block probe: one block's forward and backward, {checked_layout(cfg)[1]} x {cfg.model.seq_len} tokens at "
-        f"tp{p.tp}, {cfg.train.precision}, slowest of {len(seconds)} ranks ({slowest * 1e3:.2f} ms, median of "
-        f"{PROBE_ITERS})" + (", bubble-corrected" if oversubscribed else "")
+        f"compute probe: a block's and the stage ends' forward and backward, {checked_layout(cfg)[1]} x "
+        f"{cfg.model.seq_len} tokens at tp{p.tp}, {cfg.train.precision}; slowest of {len(probes)} ranks (pipeline "
+        f"rank {slowest.pp_rank}: block {slowest.block_s * 1e3:.2f} ms, ends {slowest.ends_s * 1e3:.2f} ms, medians "
+        f"of {PROBE_ITERS})" + (", bubble-corrected" if oversubscribed else "")
     )
     sources = {
         "matmul_efficiency": probe,
@@ -134,6 +169,25 @@ def calibrate(
     }
     constants = [Constant(k, float(getattr(hw, k)), float(v), sources[k]) for k, v in values.items()]
     return values, Calibration(constants, configured_step_s=plan_step(cfg).step_s)
+
+
+def stage_layers(cfg: TrainflowConfig) -> int:
+    return cfg.model.n_layers // cfg.parallel.pp
+
+
+def compute_rate(cfg: TrainflowConfig, probes: list[Probe], *, tp_block_s: float) -> tuple[float, Probe]:
+    """The slowest rank's model FLOP/s over its stage (its blocks, and the head on the last stage) and that rank."""
+    m, p = cfg.model, cfg.parallel
+    tokens = checked_layout(cfg)[1] * m.seq_len
+    block_flops = tokens * 3 * sum(block_flops_per_token(m, tp=p.tp))
+
+    def rate(probe: Probe) -> float:
+        flops = stage_layers(cfg) * block_flops + (probe.pp_rank == p.pp - 1) * tokens * 3 * 2 * output_params(m)
+        block_s = max(probe.block_s - tp_block_s, probe.block_s * 0.1)  # tp's all-reduces never take the whole block
+        return flops / (stage_layers(cfg) * block_s + probe.ends_s)
+
+    slowest = min(probes, key=rate)
+    return rate(slowest), slowest
 
 
 def with_hardware(cfg: TrainflowConfig, **values: float) -> TrainflowConfig:

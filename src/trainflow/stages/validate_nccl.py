@@ -25,7 +25,7 @@ from trainflow.config import CONF_DIR, ParallelDims, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.node import hostname
-from trainflow.gate.calibrate import block_seconds, calibrate, with_hardware
+from trainflow.gate.calibrate import calibrate, probe_compute, with_hardware
 from trainflow.gate.env import audit_env
 from trainflow.gate.nodes import node_facts, stripe_count
 from trainflow.gate.patterns import judge, sweep, time_patterns
@@ -41,7 +41,7 @@ log = stage_log(__file__)
 
 class BandwidthJob:
     """The submitit task: every rank sweeps the world, times the layout's patterns on its groups and its devices'
-    block rate (gate.calibrate); rank 0 returns every rank's patterns, node facts, CPU time, block seconds and cores."""
+    compute rate (gate.calibrate); rank 0 returns every rank's patterns, node facts, CPU time and compute probe."""
 
     def __init__(self, cfg: TrainflowConfig) -> None:
         self.cfg = cfg
@@ -58,11 +58,10 @@ class BandwidthJob:
                 nbytes = int(max(c.gate.sweep_mb) * 2**20)
                 mesh = dims.build_mesh(device.type)
                 patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=c.gate.sweep_iters, device=device)
-            block_s = block_seconds(self.cfg, mesh, device)
+            probe = probe_compute(self.cfg, mesh, device)
             ranks = [None] * world
             host = HostFacts(host=hostname(), node=node_facts(), versions=versions())
-            mine = (host, patterns, cpu_seconds(), block_s, len(os.sched_getaffinity(0)))
-            dist.all_gather_object(ranks, mine)  # CPU time: the stage's energy counts it
+            dist.all_gather_object(ranks, (host, patterns, cpu_seconds(), probe))  # CPU time: the stage's energy
         return {"world_size": world, "sweep": rows, "ranks": ranks}
 
 
@@ -119,15 +118,8 @@ def run(cfg: TrainflowConfig) -> dict:
 
 def calibrated_plan(cfg: TrainflowConfig, result: dict, patterns: list, hosts: list[str]) -> tuple[Plan, Calibration]:
     """The plan on the constants the job measured (gate.calibrate), and what was measured."""
-    ranks = result["ranks"]
-    values, calibration = calibrate(
-        cfg,
-        seconds=[rank[3] for rank in ranks],
-        patterns=patterns,
-        sweep=result["sweep"],
-        hosts=hosts,
-        cores=min(rank[4] for rank in ranks),
-    )
+    probes = [rank[3] for rank in result["ranks"]]
+    values, calibration = calibrate(cfg, probes=probes, patterns=patterns, sweep=result["sweep"], hosts=hosts)
     plan = build_plan(with_hardware(cfg, **values), with_remedies=False)
     for c in calibration.constants:
         log.info("Measured cluster.hardware.%s %.4g (configured %.4g)", c.name, c.measured, c.configured)
