@@ -24,7 +24,7 @@ import numpy as np
 from _common import drop_cache, emit, log, median
 
 from trainflow.crc import file_crc
-from trainflow.data.index import write_index_file
+from trainflow.data.index import VERSION, write_index_file
 from trainflow.data.record import write_record
 from trainflow.stages.stage_data import stage_shards
 
@@ -38,9 +38,10 @@ def make_shards(folder: Path, shards: int, mb: int) -> Path:
         path.write_bytes(rng.integers(0, 256, mb << 20, dtype=np.uint8).tobytes())
         size, crc = file_crc(path)
         write_record(path, size, crc)
-        entries.append({"name": path.name, "train_tokens": size // 2, "val_tokens": 0, "bytes": size, "crc32c": crc})
+        entry = {"name": path.name, "source": "corpus", "train_tokens": size // 2, "val_tokens": 0}
+        entries.append({**entry, "bytes": size, "crc32c": crc})
     index = folder / "index.json"
-    write_index_file(index, {"version": 1, "shards": entries})
+    write_index_file(index, {"version": VERSION, "shards": entries})
     return index
 
 

@@ -154,7 +154,7 @@ def test_a_window_crosses_shards_and_batches_read_the_concatenated_shards(three_
     whole = np.concatenate(arrays)
     sampler = TokenSampler(cfg.io.tokens, seq_len=32, seed=3)
     boundary = len(arrays[0])
-    assert np.array_equal(sampler.read("train", boundary - 5, 33), whole[boundary - 5 : boundary + 28])
+    assert np.array_equal(sampler.sources[0].read("train", boundary - 5, 33), whole[boundary - 5 : boundary + 28])
     x, y = sampler.batch("train", 11, 6, slice(0, 6))
     starts = np.random.default_rng((3, 0, 11)).integers(0, len(whole) - 33, size=6)
     assert torch.equal(x, torch.from_numpy(np.stack([whole[s : s + 32] for s in starts]).astype(np.int64)))

@@ -45,7 +45,7 @@ def test_jsonl_with_the_pretrained_tokenizer_in_four_shards(tmp_path):
     assert failed.returncode != 0
     assert sorted(p.name for p in index.parent.glob("shard-*.h5")) == [f"shard-0000{i}.h5" for i in range(3)]
     errors = [line for line in (run / "logs/prepare_data/shard-00003.log").read_text().splitlines() if "ERROR" in line]
-    assert len(errors) == 1 and f"{corpus}/d.jsonl:1 is not a JSON object" in errors[0]
+    assert len(errors) == 1 and f"{corpus}/d.jsonl:1 is not JSON (" in errors[0]
 
     (corpus / "d.jsonl").write_bytes(parts[3])
     assert job_counts(snakemake(tmp_path, *PROFILE, *config, "-n").output)["prepare_data_shard"] == 1

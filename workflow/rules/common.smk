@@ -9,7 +9,7 @@ from snakemake.utils import validate
 
 from trainflow.config import ConfigError, stage_hash
 from trainflow.config.run_folder import RunFolder
-from trainflow.data.corpus import corpus_files, shard_groups
+from trainflow.data.corpus import shard_plan
 from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
 
@@ -27,11 +27,11 @@ PYTHON = shlex.quote(sys.executable)
 HYDRA_ARGS = shlex.join(OVERRIDES)
 RUN = RunFolder.of(CFG)
 SEGMENTS = range(CFG.train.segments)
-SHARDS = [f"{i:05d}" for i in range(CFG.data.shards)]  # prepare_data's jobs: one per group of input files
-try:
-    SHARD_FILES = shard_groups(corpus_files(CFG.data.corpus), CFG.data.shards)
+try:  # every source's groups of input files (data.sources; a plain data.corpus is one), numbered across them
+    SHARD_FILES = [files for _, files in shard_plan(CFG.data)]
 except DataError as err:
     raise WorkflowError(str(err)) from None
+SHARDS = [f"{i:05d}" for i in range(len(SHARD_FILES))]  # prepare_data's jobs: one per group of input files
 BPE = CFG.data.tokenizer == "bpe"  # a BPE is trained once, by a job of its own, before the shards
 
 

@@ -38,6 +38,8 @@ def domain_errors(node: Any, prefix: str = "") -> list[str]:
         value, key = getattr(node, f.name), prefix + f.name
         if is_dataclass(value):
             errors += domain_errors(value, key + ".")
+        elif isinstance(value, list) and value and is_dataclass(value[0]):  # data.sources
+            errors += [e for i, item in enumerate(value) for e in domain_errors(item, f"{key}[{i}].")]
         elif domain := f.metadata.get("domain"):
             why = next(filter(None, map(domain.violation, value if isinstance(value, list) else [value])), None)
             if why:

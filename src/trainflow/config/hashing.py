@@ -20,9 +20,19 @@ def as_dict(node: Any) -> Any:
     return OmegaConf.to_container(OmegaConf.structured(node), resolve=True)
 
 
+def section(cfg: TrainflowConfig, name: str) -> Any:
+    """A config subtree as a plain dict; `tokens` is data without the sources' weights, what tokenising reads (a new
+    mixture of the same corpora draws from the same shards)."""
+    if name != "tokens":
+        return as_dict(getattr(cfg, name))
+    data = as_dict(cfg.data)
+    data["sources"] = [{k: v for k, v in s.items() if k != "weight"} for s in data["sources"]]
+    return data
+
+
 def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...]) -> str:
     """A short stable hash of the named config subtrees, without the UNHASHED settings."""
-    tree = {s: as_dict(getattr(cfg, s)) for s in sections}
+    tree = {s: section(cfg, s) for s in sections}
     for path in UNHASHED:
         *parents, leaf = path.split(".")
         node = tree

@@ -9,6 +9,7 @@ from __future__ import annotations
 from trainflow.config.cluster import GATE_PATTERNS, VERSION_COMPONENTS, ClusterConfig, GateConfig
 from trainflow.config.schema import BYTE_VOCAB, EnergyConfig, ModelConfig, TrainflowConfig
 from trainflow.config.shape import linear_shapes
+from trainflow.config.sources import source_errors
 
 FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) take features in multiples of 16
 
@@ -16,7 +17,7 @@ FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) 
 def rule_errors(cfg: TrainflowConfig) -> list[str]:
     """Every rule below (the layout's are checked beside them, by config.layout.parallel_errors)."""
     d, m = cfg.data, cfg.model
-    errors = model_errors(m) + train_errors(cfg) + energy_errors(cfg.energy) + allocation_errors(cfg)
+    errors = model_errors(m) + train_errors(cfg) + energy_errors(cfg.energy) + allocation_errors(cfg) + source_errors(d)
     if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < d.vocab_size:

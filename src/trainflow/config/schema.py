@@ -16,6 +16,7 @@ from omegaconf import MISSING
 from trainflow.config.cluster import ClusterConfig
 from trainflow.config.domain import RUN_NAME, checked
 from trainflow.config.paths import IOConfig, StorageConfig
+from trainflow.config.sources import SourceConfig
 from trainflow.config.stages import STAGES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -98,6 +99,9 @@ class DataConfig:
     """Stop reading the corpus after this many bytes (0 = no limit)."""
     chunk_tokens: int = checked(65536, ge=1)
     """HDF5 chunk length of the token datasets."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """A weighted mixture of named corpora (config.sources), each tokenised into its own shards; given, it replaces
+    corpus, text_field and shards. Empty: data.corpus is the one source."""
 
 
 @dataclass

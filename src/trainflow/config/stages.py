@@ -39,8 +39,8 @@ class Stage:
 
 
 STAGE_TABLE = (
-    Stage("prepare_data", ("data",)),
-    Stage("stage_data", ("data",)),
+    Stage("prepare_data", ("tokens",)),  # data without the sources' weights (config.hashing.section)
+    Stage("stage_data", ("tokens",)),
     # and the plan, which reads model, train, checkpoint and energy too
     Stage("validate_nccl", ("parallel", "cluster", "model", "train", "checkpoint", "energy"), allocates=True),
     Stage("train_segment", TRAIN_READS, allocates=True),

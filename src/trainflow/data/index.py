@@ -4,10 +4,16 @@
 
 index.json lies beside its shards:
 
-    {"version": 1, "corpus": "<glob>", "files": 168, "tokenizer": {"kind", "sha256", "vocab_size", "eot_id",
-     "bos_id"}, "dtype": "uint16", "train_tokens": n, "val_tokens": n, "skipped_lines": n,
-     "shards": [{"name": "shard-00000.h5", "train_tokens", "val_tokens", "train_documents", "val_documents",
-                 "dtype", "bytes", "crc32c", "sources": ["<file>\\t<documents>", ...]}, ...]}
+    {"version": 2, "tokenizer": {"kind", "sha256", "vocab_size", "eot_id", "bos_id"}, "dtype": "uint16",
+     "train_tokens": n, "val_tokens": n, "skipped_lines": n,
+     "sources": [{"name": "corpus", "corpus": "<glob>", "files": 168, "train_tokens", "val_tokens",
+                  "shards": ["shard-00000.h5", ...]}, ...],
+     "shards": [{"name": "shard-00000.h5", "source": "corpus", "train_tokens", "val_tokens", "train_documents",
+                 "val_documents", "dtype", "bytes", "crc32c", "sources": ["<file>\\t<documents>", ...]}, ...]}
+
+Each source of a mixture (data.sources; a plain data.corpus is the one source `corpus`) has its own shards, listed
+in its entry; all of them share one tokenizer, or the index is refused. The weights are not here: they are how
+training draws (data.mixture), not what was tokenised.
 
 The shards' bytes and CRC-32C come from their records (data.record), written when each shard was; the index has
 its own record too (index.json.crc.json), which the sampler checks on open.
@@ -24,16 +30,19 @@ import h5py
 
 from trainflow.config import DataConfig, as_dict
 from trainflow.config.run_folder import shard_name
+from trainflow.config.sources import SourceConfig, source_key, sources_of
 from trainflow.data.record import DataError, read_record, recorded
 
-VERSION = 1
+VERSION = 2
 RERUN = "prepare_data (snakemake --forcerun prepare_data)"
 
 
-def shard_recipe(data: DataConfig, files: list[str]) -> str:
-    """A hash of what a shard is made from (the data settings and its files): a shard that records another
-    recipe is stale."""
-    blob = json.dumps({"data": as_dict(data), "files": files}, sort_keys=True)
+def shard_recipe(data: DataConfig, source: SourceConfig, files: list[str]) -> str:
+    """A hash of what a shard is made from (the shared data settings, its source's but the weight, its files): a
+    shard that records another recipe is stale."""
+    shared = {k: v for k, v in as_dict(data).items() if k != "sources"}
+    own = {k: v for k, v in as_dict(source).items() if k != "weight"}
+    blob = json.dumps({"data": shared, "source": own, "files": files}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -44,7 +53,7 @@ def shard_entry(path: Path) -> dict:
         with h5py.File(path, "r") as f:
             a = f.attrs
             entry = {k: int(a[k]) for k in ("train_tokens", "val_tokens", "train_documents", "val_documents")}
-            entry |= {"dtype": str(a["dtype"]), "skipped_lines": int(a["skipped_lines"])}
+            entry |= {"dtype": str(a["dtype"]), "skipped_lines": int(a["skipped_lines"]), "source": str(a["source"])}
             tokenizer = {
                 "kind": str(a["tokenizer"]),
                 "sha256": str(a["tokenizer_sha256"]),
@@ -56,27 +65,40 @@ def shard_entry(path: Path) -> dict:
     return {"name": path.name, **entry, "bytes": size, "crc32c": crc, "sources": sources, "tokenizer": tokenizer}
 
 
-def write_index(out: Path, shards: list[Path], *, corpus: str, files: int, min_tokens: int) -> dict:
-    """Gather the shards' entries into `out`; every split must hold `min_tokens` (one training window)."""
+def write_index(out: Path, shards: list[Path], *, data: DataConfig, files: dict[str, int], min_tokens: int) -> dict:
+    """Gather the shards' entries into `out`; `files` counts each source's input files. Every source's split must
+    hold `min_tokens` (one training window), and every shard must come from the one tokenizer."""
     entries = [shard_entry(p) for p in shards]
-    tokenizers = {json.dumps(e.pop("tokenizer"), sort_keys=True) for e in entries}
+    tokenizers = {json.dumps(e.pop("tokenizer"), sort_keys=True): e for e in entries}
     if len(tokenizers) != 1:
-        raise DataError(f"the shards beside {out} were made by {len(tokenizers)} different tokenizers; rerun {RERUN}")
-    totals = {f"{s}_tokens": sum(e[f"{s}_tokens"] for e in entries) for s in ("train", "val")}
-    if min(totals.values()) < min_tokens:
+        (one, a), (other, b) = list(tokenizers.items())[:2]
         raise DataError(
-            f"data.corpus({corpus!r}) gave {totals['train_tokens']} training and {totals['val_tokens']} validation "
-            f"tokens; each split needs one window of model.seq_len + 2 = {min_tokens}: add text, raise data.max_bytes "
-            "or lower model.seq_len"
+            f"{a['name']} (source {a['source']}) and {b['name']} (source {b['source']}) beside {out} were made by "
+            f"different tokenizers ({json.loads(one)['kind']} {json.loads(one)['sha256'][:12]}, "
+            f"{json.loads(other)['kind']} {json.loads(other)['sha256'][:12]}); the sources of a mixture share one: "
+            f"rerun {RERUN}"
+        )
+    sources = []
+    for i, source in enumerate(sources_of(data)):
+        own = [e for e in entries if e["source"] == source.name]
+        totals = {f"{s}_tokens": sum(e[f"{s}_tokens"] for e in own) for s in ("train", "val")}
+        if min(totals.values()) < min_tokens:
+            raise DataError(
+                f"{source_key(data, i, 'corpus')}({source.corpus!r}) gave {totals['train_tokens']} training and "
+                f"{totals['val_tokens']} validation tokens; each split needs one window of model.seq_len + 2 = "
+                f"{min_tokens}: add text, raise data.max_bytes or lower model.seq_len"
+            )
+        names = [e["name"] for e in own]
+        sources.append(
+            {"name": source.name, "corpus": source.corpus, "files": files[source.name], **totals, "shards": names}
         )
     index = {
         "version": VERSION,
-        "corpus": corpus,
-        "files": files,
-        "tokenizer": json.loads(tokenizers.pop()),
+        "tokenizer": json.loads(next(iter(tokenizers))),
         "dtype": entries[0]["dtype"],
-        **totals,
+        **{f"{s}_tokens": sum(e[f"{s}_tokens"] for e in entries) for s in ("train", "val")},
         "skipped_lines": sum(e["skipped_lines"] for e in entries),
+        "sources": sources,
         "shards": entries,
     }
     write_index_file(out, index)
@@ -92,6 +114,8 @@ def write_index_file(out: Path, index: dict) -> None:
 @dataclass(frozen=True)
 class Shard:
     path: Path
+    source: str
+    """The name of the source (data.sources) whose files it holds."""
     train_tokens: int
     val_tokens: int
     bytes: int
@@ -106,7 +130,7 @@ def read_index(path: str | Path, *, rerun: str) -> tuple[dict, list[Shard]]:
         if index["version"] != VERSION:
             raise ValueError(f"version {index['version']}, not {VERSION}")
         shards = [
-            Shard(path.parent / e["name"], e["train_tokens"], e["val_tokens"], e["bytes"], e["crc32c"])
+            Shard(path.parent / e["name"], e["source"], e["train_tokens"], e["val_tokens"], e["bytes"], e["crc32c"])
             for e in index["shards"]
         ]
     except (OSError, ValueError, KeyError, TypeError) as err:

@@ -1,11 +1,14 @@
-"""The pure-function batch sampler over a corpus's token shards (data.index, data.tokens' layout).
+"""The pure-function batch sampler over the token shards of a corpus or a mixture of them (data.index, data.tokens'
+layout).
 
     python -c "from trainflow.data.sampler import TokenSampler; print(TokenSampler('index.json', seq_len=16, seed=0))"
 
-Each split is read as the concatenation of the shards' datasets in index order: a window starts at a global
-token position drawn from (seed, split, step), and may run from one shard into the next. So the batch for
-(step, rank) is a function of the seed and the shards' token counts alone (one shard reads exactly as the
-single token file did), and a resumed run needs only the step to continue the same data order.
+Each source's split is read as the concatenation of its shards' datasets in index order: a window starts at a token
+position of its source drawn from (seed, split, step), and may run from one shard into the next. Which source each
+row of a batch comes from is data.mixture's pure function of (seed, step, row) and the weights. So the batch for
+(step, rank) is a function of the seed, the weights and the shards' token counts alone (one source reads exactly as
+the single corpus did before mixtures: its rows' draws are the same), and a resumed run needs only the step to
+continue the same data order. An evaluation reads one source (`source=`): each source has its validation split.
 
 With cross_document=False (train.cross_document) a window may not run over an end-of-document token into the
 next document: each row's start is re-drawn (from its own stream of (seed, split, step, row)) until its
@@ -25,7 +28,8 @@ import h5py
 import numpy as np
 import torch
 
-from trainflow.data.index import read_index
+from trainflow.data.index import Shard, read_index
+from trainflow.data.mixture import assign
 from trainflow.data.record import DataError, check_size
 
 RERUN = "stage_data (snakemake --forcerun stage_data)"
@@ -33,17 +37,11 @@ MAX_DRAWS = 1000
 """Draws per row for a window inside one document (cross_document=False) before the batch is refused."""
 
 
-class TokenSampler:
-    """Batches of (inputs, targets) windows from the shards of a token index, a pure function of (seed, step)."""
+class SourceTokens:
+    """One source's shards, each split read as their concatenation."""
 
-    def __init__(self, path: str | Path, *, seq_len: int, seed: int, cross_document: bool = True) -> None:
-        check_size(Path(path), rerun=RERUN)
-        index, shards = read_index(path, rerun=RERUN)
-        self.eot_id = int(index["tokenizer"]["eot_id"])
-        self.cross_document = cross_document
-        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-        self.ahead: tuple[tuple, Future] | None = None
-        self.files = []
+    def __init__(self, name: str, shards: list[Shard], *, seq_len: int) -> None:
+        self.name, self.seq_len, self.files = name, seq_len, []
         for shard in shards:
             check_size(shard.path, rerun=RERUN)
             try:
@@ -51,18 +49,20 @@ class TokenSampler:
             except OSError as err:
                 self.close()
                 raise DataError(f"{shard.path} cannot be read as HDF5 ({err}); it is damaged: rerun {RERUN}") from err
-        self.seq_len, self.seed = seq_len, seed
         # Where each shard's tokens begin in the concatenated split: (shards + 1,) per split.
         self.offsets = {}
         for split in ("train", "val"):
-            counts = [len(f[split]) for f in self.files]
-            self.offsets[split] = np.concatenate([[0], np.cumsum(counts)])
+            self.offsets[split] = np.concatenate([[0], np.cumsum([len(f[split]) for f in self.files])])
             if self.offsets[split][-1] < seq_len + 2:
                 self.close()
                 raise DataError(
-                    f"{path}: split '{split}' has {self.offsets[split][-1]} tokens, fewer than "
-                    f"model.seq_len({seq_len}) + 2; use a larger data.corpus or a smaller data.val_fraction"
+                    f"source {name}: split '{split}' has {self.offsets[split][-1]} tokens, fewer than "
+                    f"model.seq_len({seq_len}) + 2; use a larger corpus or a smaller data.val_fraction"
                 )
+
+    def last(self, split: str) -> int:
+        """The largest start of a window of seq_len + 1 tokens (exclusive bound of the draws)."""
+        return int(self.offsets[split][-1]) - self.seq_len - 1
 
     def read(self, split: str, start: int, n: int) -> np.ndarray:
         """Tokens [start, start + n) of the concatenated split, from one shard or several."""
@@ -75,10 +75,54 @@ class TokenSampler:
             start, n, shard = start + len(piece), n - len(piece), shard + 1
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
-    def batch(self, split: str, index: int, global_batch: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows `rows` of the global batch number `index` of `split`: (B, T) inputs and targets. A training batch
-        starts the read of the next one in the background."""
-        if split == "train":  # an evaluation between two steps leaves the next step's read running
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+class TokenSampler:
+    """Batches of (inputs, targets) windows from the sources of a token index, a pure function of (seed, step).
+    `weights` gives each source's weight by name (data.sources); None: the index's one source, weight 1."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        seq_len: int,
+        seed: int,
+        cross_document: bool = True,
+        weights: dict[str, float] | None = None,
+    ) -> None:
+        check_size(Path(path), rerun=RERUN)
+        index, shards = read_index(path, rerun=RERUN)
+        self.eot_id = int(index["tokenizer"]["eot_id"])
+        self.seq_len, self.seed, self.cross_document = seq_len, seed, cross_document
+        self.names = [s["name"] for s in index["sources"]]
+        if weights is None and len(self.names) == 1:
+            weights = {self.names[0]: 1.0}
+        if weights is None or sorted(weights) != sorted(self.names):
+            raise DataError(
+                f"{path} holds the sources {', '.join(self.names)} but data.sources names "
+                f"{', '.join(weights or ['none'])}: it was staged for another mixture; rerun {RERUN}"
+            )
+        self.weights = [float(weights[name]) for name in self.names]
+        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        self.ahead: tuple[tuple, Future] | None = None
+        self.sources: list[SourceTokens] = []
+        try:
+            for name in self.names:
+                self.sources.append(SourceTokens(name, [s for s in shards if s.source == name], seq_len=seq_len))
+        except DataError:
+            self.close()
+            raise
+
+    def batch(
+        self, split: str, index: int, global_batch: int, rows: slice, *, source: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `rows` of the global batch number `index` of `split` (of the mixture, or of source number
+        `source` alone): (B, T) inputs and targets. A training batch starts the read of the next one in the
+        background."""
+        if split == "train" and source is None:  # an evaluation between two steps leaves the next read running
             key = (index, global_batch, rows.start, rows.stop, rows.step)
             ahead, self.ahead = self.ahead, None
             hit = ahead is not None and ahead[0] == key
@@ -86,33 +130,41 @@ class TokenSampler:
             after = (index + 1, global_batch, rows.start, rows.stop, rows.step)
             self.ahead = (after, self.reader.submit(self.windows, split, index + 1, global_batch, rows))
         else:
-            windows = self.windows(split, index, global_batch, rows)
+            windows = self.windows(split, index, global_batch, rows, source)
         window = torch.from_numpy(windows)
         return window[:, :-1], window[:, 1:]
 
-    def windows(self, split: str, index: int, global_batch: int, rows: slice) -> np.ndarray:
-        """The (B, T + 1) token windows of those rows."""
-        split_id, last = 0 if split == "train" else 1, int(self.offsets[split][-1]) - self.seq_len - 1
-        if self.cross_document:
-            starts = np.random.default_rng((self.seed, split_id, index)).integers(0, last, size=global_batch)[rows]
-            return np.stack([self.read(split, int(s), self.seq_len + 1) for s in starts]).astype(np.int64)
-        streams = [(self.seed, split_id, index, row) for row in range(global_batch)[rows]]
-        return np.stack([self.inside_one_document(split, stream, last) for stream in streams]).astype(np.int64)
+    def rows_of(self, index: int, global_batch: int) -> np.ndarray:
+        """The source of each row of the mixture's global batch number `index` (data.mixture)."""
+        return assign(self.weights, seed=self.seed, window=index, rows=global_batch)
 
-    def inside_one_document(self, split: str, stream: tuple[int, ...], last: int) -> np.ndarray:
-        """A window whose inputs hold no end-of-document token, drawn from its own random stream."""
-        rng = np.random.default_rng(stream)
+    def windows(self, split: str, index: int, global_batch: int, rows: slice, source: int | None = None) -> np.ndarray:
+        """The (B, T + 1) token windows of those rows."""
+        split_id = 0 if split == "train" else 1
+        which = self.rows_of(index, global_batch) if source is None else np.full(global_batch, source)
+        lasts = np.array([s.last(split) for s in self.sources])[which]  # each row's bound, its source's
+        if self.cross_document:
+            # Every rank draws the whole global batch and keeps its rows: dp sizes share one stream.
+            starts = np.random.default_rng((self.seed, split_id, index)).integers(0, lasts)
+            picked = [(which[r], int(starts[r])) for r in range(global_batch)[rows]]
+            return np.stack([self.sources[k].read(split, s, self.seq_len + 1) for k, s in picked]).astype(np.int64)
+        picked = [(which[r], (self.seed, split_id, index, r)) for r in range(global_batch)[rows]]
+        return np.stack([self.inside_one_document(split, k, stream) for k, stream in picked]).astype(np.int64)
+
+    def inside_one_document(self, split: str, source: int, stream: tuple[int, ...]) -> np.ndarray:
+        """A window of `source` whose inputs hold no end-of-document token, drawn from its own random stream."""
+        rng, tokens = np.random.default_rng(stream), self.sources[source]
         for _ in range(MAX_DRAWS):
-            window = self.read(split, int(rng.integers(0, last)), self.seq_len + 1)
+            window = tokens.read(split, int(rng.integers(0, tokens.last(split))), self.seq_len + 1)
             if not (window[:-1] == self.eot_id).any():
                 return window
         raise DataError(
-            f"no window of model.seq_len({self.seq_len}) + 1 tokens inside one document of split '{split}' in "
-            f"{MAX_DRAWS} draws: the documents are shorter than a window; set train.cross_document=true or lower "
-            "model.seq_len"
+            f"no window of model.seq_len({self.seq_len}) + 1 tokens inside one document of split '{split}' of "
+            f"source {self.names[source]} in {MAX_DRAWS} draws: the documents are shorter than a window; set "
+            "train.cross_document=true or lower model.seq_len"
         )
 
     def close(self) -> None:
         self.reader.shutdown(wait=True, cancel_futures=True)
-        for f in self.files:
-            f.close()
+        for source in self.sources:
+            source.close()

@@ -49,6 +49,10 @@ def plot_loss(steps: Sequence[StepRecord], evals: Sequence[EvalRecord], out: Pat
     fig, ax = figure("Loss", "step", "cross-entropy (nats/token)")
     ax.plot([r.step + 1 for r in steps], [r.loss for r in steps], label="train", lw=1)
     ax.plot([e.step for e in evals], [e.val_loss for e in evals], "o-", label="validation")
+    mixed = sorted({name for e in evals if len(e.sources) > 1 for name in e.sources})  # data.sources: each one's
+    for name in mixed:
+        points = [(e.step, e.sources[name]) for e in evals if name in e.sources]
+        ax.plot(*zip(*points), ".--", lw=1, label=f"validation: {name}")
     ax.legend()
     ax.grid(alpha=0.3)
     save(fig, out)

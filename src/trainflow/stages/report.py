@@ -25,6 +25,7 @@ from trainflow.report import sections
 from trainflow.report.checklist import checklist
 from trainflow.report.energy import energy_section
 from trainflow.report.goodput import goodput_section
+from trainflow.report.mixture import mixture_section
 from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
 from trainflow.report.stack import stack_section
 from trainflow.stage import StageError, run_stage, stage_log
@@ -57,6 +58,7 @@ def run(cfg: TrainflowConfig) -> dict:
     lines = [
         *sections.header(cfg, last),
         *sections.training(segments, io.segment_reports, evals, plots=plots, here=here, cfg=cfg),
+        *mixture_section(segments, evals),
         *sections.planned_vs_measured(nccl.plan, steps, last),
         *sections.calibration(nccl.calibration),
         *sections.top_operators(last.profile, here),

@@ -3,7 +3,7 @@ TensorBoard, the progress lines; and the profiler every rank runs.
 
     recorder = StepRecorder(cfg, rank=rank, device=device)
     recorder.resume(step)          # drop the records of the steps this run redoes
-    recorder.step(record) ...      # after each step; recorder.evaluation(step, val_loss, started, seconds) after each
+    recorder.step(record) ...      # after each step; recorder.evaluation(step, val_loss, started, seconds, sources=...)
     recorder.span("save", step, started, seconds)   # where else the job's time went (the measured goodput)
 """
 
@@ -79,12 +79,16 @@ class StepRecorder:
             )
             self.progress.update(done - self.start_step)
 
-    def evaluation(self, step: int, val_loss: float, started: float, seconds: float) -> None:
+    def evaluation(
+        self, step: int, val_loss: float, started: float, seconds: float, *, sources: dict[str, float]
+    ) -> None:
+        """`val_loss` is the sources' weighted mean, `sources` each source's loss."""
         if self.is_logger:
-            self.evals_log.append(EvalRecord(step=step, val_loss=val_loss))
+            self.evals_log.append(EvalRecord(step=step, val_loss=val_loss, sources=sources))
             self.span("eval", step, started, seconds)
-            self.tensorboard.evaluation(step, val_loss)
-            log.info("Evaluated step %d: validation loss %.4f", step, val_loss)
+            self.tensorboard.evaluation(step, val_loss, sources)
+            each = f" ({', '.join(f'{k} {v:.4f}' for k, v in sources.items())})" if len(sources) > 1 else ""
+            log.info("Evaluated step %d: validation loss %.4f%s", step, val_loss, each)
 
     def steps(self) -> list[StepRecord]:
         """The segment's step records (rank 0's; the other ranks keep none)."""

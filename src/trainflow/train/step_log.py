@@ -12,7 +12,7 @@ Records of other segments stay. The time spans (spans.jsonl) are never dropped: 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -53,6 +53,9 @@ class EvalRecord(Record):
     step: int
     """The step the evaluation ended at (0: before training)."""
     val_loss: float
+    """The sources' validation losses weighted as data.sources weighs them (the one source's, without a mixture)."""
+    sources: dict[str, float] = field(default_factory=dict)
+    """Each source's validation loss, by name (data.sources; `corpus` for a plain data.corpus)."""
 
 
 @dataclass(frozen=True)

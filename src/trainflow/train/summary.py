@@ -12,6 +12,7 @@ from statistics import median
 
 from trainflow.checkpoint.interval import IntervalPlan
 from trainflow.config.layout import ParallelDims
+from trainflow.data.mixture import SourceShare
 from trainflow.energy.node import NodeReading
 from trainflow.records import Record
 from trainflow.stack import NodeStack
@@ -140,6 +141,8 @@ class SegmentSummary(Record):
     slurm_job_id: str | None = None
     init_from: str | None = None
     """The Hugging Face folder the run's step 0 was initialised from (io.init_from); None: random weights."""
+    mixture: list[SourceShare] = field(default_factory=list)
+    """The realised mixture of the segment's applied steps: each source's tokens and share (data.mixture)."""
     stack: list[NodeStack] = field(default_factory=list)
     """Added by the stage's task (this rank's) and the stage (every node's of the job's ranks): the software stack
     training ran on, read inside its environment (trainflow.stack)."""

@@ -30,9 +30,13 @@ class TensorBoardLog:
                 self.writer.add_scalar(f"train/{key}", value, record.step)
         self.writer.add_scalar("train/applied", float(record.skipped is None), record.step)
 
-    def evaluation(self, step: int, val_loss: float) -> None:
-        if self.writer is not None:
-            self.writer.add_scalar("eval/val_loss", val_loss, step)
+    def evaluation(self, step: int, val_loss: float, sources: dict[str, float]) -> None:
+        """The weighted validation loss, and each source's as eval/val_loss/<source> (a mixture's only)."""
+        if self.writer is None:
+            return
+        self.writer.add_scalar("eval/val_loss", val_loss, step)
+        for name, loss in sources.items() if len(sources) > 1 else ():
+            self.writer.add_scalar(f"eval/val_loss/{name}", loss, step)
 
     def close(self) -> None:
         if self.writer is not None:

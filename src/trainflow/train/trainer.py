@@ -30,6 +30,8 @@ from trainflow.checkpoint.manifest import read_manifest
 from trainflow.checkpoint.state import build_state, load_state, state_bytes, state_digest
 from trainflow.config import ParallelDims, TrainflowConfig, as_dict
 from trainflow.config.shape import flops_per_token, mfu
+from trainflow.config.sources import sources_of
+from trainflow.data.mixture import SourceShare, realised
 from trainflow.data.sampler import TokenSampler
 from trainflow.errors import TrainflowError
 from trainflow.export.hf_import import load_hf, recorded_init_from
@@ -81,7 +83,11 @@ class Trainer:
         dp_rank, rows = self.mesh["dp"].get_local_rank(), self.dims.local_batch(t.global_batch)
         self.rows = slice(dp_rank * rows, (dp_rank + 1) * rows)
         self.sampler = TokenSampler(
-            cfg.io.staged_tokens, seq_len=cfg.model.seq_len, seed=t.seed, cross_document=t.cross_document
+            cfg.io.staged_tokens,
+            seq_len=cfg.model.seq_len,
+            seed=t.seed,
+            cross_document=t.cross_document,
+            weights={s.name: s.weight for s in sources_of(cfg.data)},
         )
         self.start_step = cfg.segment * t.segment_steps
         self.end_step = self.start_step + t.segment_steps
@@ -260,14 +266,19 @@ class Trainer:
         )
 
     def evaluate(self, step: int) -> float:
+        """Each source's validation loss (train.eval_batches batches of its own split) and their weighted mean."""
         started = time.time()
         self.on_phase("eval", step)
-        losses = []
-        for i in range(self.cfg.train.eval_batches):
-            inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows)
-            losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
-        val = sum(losses) / len(losses)
-        self.recorder.evaluation(step, val, started, time.time() - started)
+        per_source = {}
+        for k, name in enumerate(self.sampler.names):
+            losses = []
+            for i in range(self.cfg.train.eval_batches):
+                inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows, source=k)
+                losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
+            per_source[name] = sum(losses) / len(losses)
+        weights = dict(zip(self.sampler.names, self.sampler.weights))
+        val = sum(weights[n] * loss for n, loss in per_source.items()) / sum(weights.values())
+        self.recorder.evaluation(step, val, started, time.time() - started, sources=per_source)
         return val
 
     def train(self) -> SegmentSummary:
@@ -348,4 +359,13 @@ class Trainer:
             guard=self.recorder.guard_events(),
             ranks=self.recorder.rank_timings(),
             init_from=self.init_from,
+            mixture=self.mixture(steps),
+        )
+
+    def mixture(self, steps: list[StepRecord]) -> list[SourceShare]:
+        """The realised mixture of the segment's applied steps (rank 0's records): their windows' rows by source."""
+        t, names, weights = self.cfg.train, self.sampler.names, self.sampler.weights
+        windows = [self.guard.window(r.step) for r in steps if r.skipped is None]
+        return realised(
+            names, weights, seed=t.seed, windows=windows, rows=t.global_batch, seq_len=self.cfg.model.seq_len
         )
