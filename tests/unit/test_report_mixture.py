@@ -1,6 +1,6 @@
 """The report's parts of a mixture and an import: the data-mixture table (each source's weight, realised share per
-segment, validation loss), a validation line per source in the loss plot, and the header's init_from line; a plain
-corpus and random weights add none of them."""
+segment, validation loss), a validation line per source in the loss plot and TensorBoard, and the header's init_from
+line; a plain corpus and random weights add none of them."""
 
 from __future__ import annotations
 
@@ -53,3 +53,18 @@ def test_the_header_names_the_folder_step_0_came_from(monkeypatch, tmp_path):
     )
     lines = sections.header(cfg, SimpleNamespace(**vars(last), init_from="/hf/llama3_8b"))
     assert "Step 0 was initialised from the Hugging Face weights in `/hf/llama3_8b` (io.init_from)" in "\n".join(lines)
+
+
+def test_tensorboard_gets_one_scalar_per_source(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainflow.train.tensorboard import TensorBoardLog
+
+    board = TensorBoardLog(tmp_path)
+    for e in EVALS:
+        board.evaluation(e.step, e.val_loss, e.sources)
+    board.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["eval/val_loss", "eval/val_loss/code", "eval/val_loss/web"]
+    assert [round(s.value, 5) for s in events.Scalars("eval/val_loss/code")] == [5.8, 4.3]  # stored as float32
