@@ -78,6 +78,7 @@ def test_async_save_holds_its_step_and_turns_durable_at_a_boundary(tmp_path, mon
     state = build_state([model], [opt], step=3)
     manager.save(3, state, optimizers=[opt])
     (done,) = manager.finish()  # the segment's end: waits, and says how long
+    manager.wait()  # the prune the commit queued behind it
     assert done.step == 3 and done.waited_s > 0 and list_steps(tmp_path) == [2, 3]
     manager.close()
 
