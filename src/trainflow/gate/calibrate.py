@@ -1,20 +1,22 @@
-"""The gate calibrates the plan on the allocation it was given: the devices' block rate and the links' bandwidths
+"""The gate calibrates the plan on the allocation it was given: the devices' compute rate and the links' bandwidths
 and latency, measured where training will run, become the recorded plan's constants; the configured ones stay beside
 them with their ratio.
 
     probe = probe_compute(cfg, mesh, device)                  # on every rank, all at once, inside the gate's job
     values, calibration = calibrate(cfg, probes=..., ...)     # on the stage, from every rank's results
 
-- Block rate: one trainflow Block's forward and backward on one microbatch at the layout's shapes (train.global_batch
-  / (dp x microbatches) sequences of seq_len tokens), split over the tp group as training splits it (TP_PLAN), in the
-  run's precision and with its threads per rank, every rank at once, so ranks sharing a node's cores or its memory
-  share them as in training; beside it, the ends of the rank's pipeline stage the same way: the embedding on the
-  first stage, the final norm, output head and cross-entropy on the last. A rank's model FLOPs of its stage (its
-  blocks and, on the last, the head) over the time of its blocks (the probe's, less the plan's tp all-reduces of one
-  block, which the plan counts apart) and its ends is what the plan's peak_tflops x matmul_efficiency stands for: real
-  matmuls with their norms, rotary embeddings, softmax, SwiGLU, lookups and loss around them (benchmarks/
-  plan_vs_measured.py calibrates on the block alone and gets 0.96-1.02x on a model 4x the tiny one's width; on the
-  tiny default the ends take about a block's time, and the configured constants planned 0.35-0.5x).
+- Compute rate: the rank's own pipeline stage, at most PROBE_BLOCKS of its blocks (a Llama of that many blocks with
+  the stage's ends: the embedding on the first stage, the final norm, output head and cross-entropy on the last),
+  split over the tp group as training splits it (apply_tp), forward and backward on one microbatch at the layout's
+  shapes (train.global_batch / (dp x microbatches) sequences of seq_len tokens), in the run's precision and threads
+  per rank, every rank at once, so ranks sharing a node's cores or its memory share them as in training. Its model
+  FLOPs (the blocks and, on the last stage, the head) over its median time less the plan's tp all-reduces of those
+  blocks (the plan counts them apart) is what the plan's peak_tflops x matmul_efficiency stands for: real matmuls
+  with the norms, rotary embeddings, softmax, SwiGLU, lookups, loss and autograd around them. A stage longer than
+  PROBE_BLOCKS is planned at its first blocks' rate. On the tiny default (4 blocks: the whole model) a bare block, as
+  benchmarks/plan_vs_measured.py probes it (0.96-1.02x there, on a model 4x as wide), gave the plan ~0.8x of a quiet
+  step: the chain of blocks and the model around them cost ~15 % more than the blocks one by one; the configured
+  constants gave 0.35-0.6x, by the load.
   The slowest rank's rate sets matmul_efficiency (peak_tflops is raised only where a rate exceeds it). On CPU ranks
   that outnumber the node's cores, pipeline ranks idle through their bubble and leave the cores to the others, which
   the probe (every rank busy) does not: the rate is divided by 1 - the bubble share there.
@@ -29,89 +31,81 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import parallelize_module
 
-from trainflow.config.schema import PRECISIONS, ModelConfig, TrainflowConfig
+from trainflow.config.schema import PRECISIONS, TrainflowConfig
 from trainflow.config.shape import block_flops_per_token, output_params
 from trainflow.gate.report import Calibration, Constant, PatternRow, SweepRow
-from trainflow.model import Block, Llama, cross_entropy, rope_tables
-from trainflow.parallel.tensor_parallel import TP_PLAN
+from trainflow.model import Llama, cross_entropy
+from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import median_seconds
 from trainflow.plan.memory import checked_layout
 from trainflow.plan.step import plan_step
 
-PROBE_ITERS = 7
+PROBE_BLOCKS, PROBE_ITERS = 4, 9
+"""The compute probe's stage holds at most this many of the rank's blocks, timed this many times (the median)."""
 
 
 @dataclass(frozen=True)
 class Probe:
     """What one rank's devices measured (module docstring)."""
 
-    block_s: float
-    """Median seconds of one block's forward and backward on one microbatch."""
-    ends_s: float
-    """The same of its stage's ends: the embedding (first stage), the norm, head and loss (last stage)."""
+    stage_s: float
+    """Median seconds of one microbatch's forward and backward through the rank's stage cut to `blocks` blocks."""
+    blocks: int
     pp_rank: int
     cores: int
     """CPU cores this rank may run on (its affinity)."""
 
 
 def probe_compute(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.device) -> Probe:
-    """This rank's block and stage-end times at the layout's microbatch, in the run's precision and threads."""
-    m, t, p = cfg.model, cfg.train, cfg.parallel
-    rows = checked_layout(cfg)[1]
+    """This rank's stage (at most PROBE_BLOCKS blocks of it) timed at the layout's microbatch, in the run's precision
+    and threads, every rank at once (module docstring)."""
+    p, t = cfg.parallel, cfg.train
     pp_rank = mesh["pp"].get_local_rank() if p.pp > 1 else 0
+    blocks = min(stage_layers(cfg), PROBE_BLOCKS)
     threads = torch.get_num_threads()
     torch.set_num_threads(t.threads_per_rank)
-    dtype = getattr(torch, PRECISIONS[t.precision].dtype)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     try:
-        torch.manual_seed(0)
-        with torch.device(device):  # built where it runs: a 70B stage's head is GBs
-            block = Block(m)
-        if p.tp > 1:
-            parallelize_module(block, mesh["tp"], TP_PLAN)
-        cos, sin = (r.to(device) for r in rope_tables(m.head_dim, m.seq_len, m.rope_theta))
-        x = torch.randn(rows, m.seq_len, m.dim, device=device, requires_grad=True)
-
-        def run_block() -> None:
-            with autocast:
-                out = block(x, cos, sin)
-            out.float().sum().backward()
-
-        last = pp_rank == p.pp - 1
-        ends, inputs, targets = stage_ends(m, first=pp_rank == 0, last=last, rows=rows, device=device)
-
-        def run_ends() -> None:
-            with autocast:
-                out = ends(inputs)
-                loss = cross_entropy(out, targets) if last else out.float().sum()
-            loss.backward()
-
-        group, n = torch.distributed.group.WORLD, PROBE_ITERS
-        block_s = median_seconds(run_block, group=group, iters=n, device=device, warmup=2)
-        ends_s = median_seconds(run_ends, group=group, iters=n, device=device, warmup=2)
+        run = stage_step(cfg, mesh, device, pp_rank=pp_rank, blocks=blocks)
+        seconds = median_seconds(run, group=torch.distributed.group.WORLD, iters=PROBE_ITERS, device=device, warmup=2)
     finally:
         torch.set_num_threads(threads)
-    return Probe(block_s, ends_s, pp_rank, len(os.sched_getaffinity(0)))
+    return Probe(seconds, blocks, pp_rank, len(os.sched_getaffinity(0)))
 
 
-def stage_ends(m: ModelConfig, *, first: bool, last: bool, rows: int, device: torch.device) -> tuple:
-    """A Llama of no blocks holding the ends of a stage (embedding if first, norm and head if last), its input and
-    the targets."""
-    with torch.device(device):
-        ends = Llama(replace(m, n_layers=0))
+def stage_step(
+    cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.device, *, pp_rank: int, blocks: int
+) -> Callable[[], None]:
+    """One microbatch's forward and backward through this rank's stage cut to `blocks` blocks: the embedding on the
+    first stage, the final norm, output head and cross-entropy on the last, tp as training splits it."""
+    m, p = cfg.model, cfg.parallel
+    first, last, rows = pp_rank == 0, pp_rank == p.pp - 1, checked_layout(cfg)[1]
+    torch.manual_seed(0)
+    with torch.device(device):  # built where it runs: a 70B stage's head is GBs
+        model = Llama(replace(m, n_layers=blocks))
     if not first:
-        ends.tok_embeddings = None
+        model.tok_embeddings = None
     if not last:
-        ends.norm = ends.output = None
+        model.norm = model.output = None
+    if p.tp > 1:
+        apply_tp(model, mesh["tp"])
     ids = torch.randint(0, m.vocab_size, (rows, m.seq_len), device=device)
-    x = ids if first else torch.randn(rows, m.seq_len, m.dim, device=device, requires_grad=True)
-    return ends, x, ids
+    inputs = ids if first else torch.randn(rows, m.seq_len, m.dim, device=device, requires_grad=True)
+    dtype = getattr(torch, PRECISIONS[cfg.train.precision].dtype)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+
+    def run() -> None:
+        with autocast:
+            out = model(inputs)
+            loss = cross_entropy(out, ids) if last else out.float().sum()
+        loss.backward()
+
+    return run
 
 
 def link_values(patterns: list[PatternRow], sweep: list[SweepRow], hosts: list[str]) -> dict:
@@ -154,10 +148,10 @@ def calibrate(
     if efficiency > 1:
         values["peak_tflops"] = rate / 1e12
     probe = (
-        f"compute probe: a block's and the stage ends' forward and backward, {checked_layout(cfg)[1]} x "
-        f"{cfg.model.seq_len} tokens at tp{p.tp}, {cfg.train.precision}; slowest of {len(probes)} ranks (pipeline "
-        f"rank {slowest.pp_rank}: block {slowest.block_s * 1e3:.2f} ms, ends {slowest.ends_s * 1e3:.2f} ms, medians "
-        f"of {PROBE_ITERS})" + (", bubble-corrected" if oversubscribed else "")
+        f"compute probe: the stage's forward and backward with {slowest.blocks} of its {stage_layers(cfg)} blocks, "
+        f"{checked_layout(cfg)[1]} x {cfg.model.seq_len} tokens at tp{p.tp}, {cfg.train.precision}; slowest of "
+        f"{len(probes)} ranks (pipeline rank {slowest.pp_rank}: {slowest.stage_s * 1e3:.2f} ms, median of "
+        f"{PROBE_ITERS})" + (", bubble-corrected" if oversubscribed else "")
     )
     sources = {
         "matmul_efficiency": probe,
@@ -176,15 +170,15 @@ def stage_layers(cfg: TrainflowConfig) -> int:
 
 
 def compute_rate(cfg: TrainflowConfig, probes: list[Probe], *, tp_block_s: float) -> tuple[float, Probe]:
-    """The slowest rank's model FLOP/s over its stage (its blocks, and the head on the last stage) and that rank."""
+    """The slowest rank's model FLOP/s over its probed stage (its blocks, and the head on the last stage), its tp
+    all-reduces left out, and that rank."""
     m, p = cfg.model, cfg.parallel
     tokens = checked_layout(cfg)[1] * m.seq_len
     block_flops = tokens * 3 * sum(block_flops_per_token(m, tp=p.tp))
 
     def rate(probe: Probe) -> float:
-        flops = stage_layers(cfg) * block_flops + (probe.pp_rank == p.pp - 1) * tokens * 3 * 2 * output_params(m)
-        block_s = max(probe.block_s - tp_block_s, probe.block_s * 0.1)  # tp's all-reduces never take the whole block
-        return flops / (stage_layers(cfg) * block_s + probe.ends_s)
+        flops = probe.blocks * block_flops + (probe.pp_rank == p.pp - 1) * tokens * 3 * 2 * output_params(m)
+        return flops / max(probe.stage_s - probe.blocks * tp_block_s, probe.stage_s * 0.1)  # tp never takes it all
 
     slowest = min(probes, key=rate)
     return rate(slowest), slowest
