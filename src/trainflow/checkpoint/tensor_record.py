@@ -45,6 +45,8 @@ class SavedTensor:
     numel: int
     data_offset: int
     data_bytes: int
+    record: bytes | None = None
+    """The whole record where it is small (at most 2 x HEAD bytes) and was read in one go: its data is in here."""
 
     def fills(self, target: torch.Tensor) -> bool:
         """Whether its bytes are exactly those of the contiguous CPU tensor `target`, in order."""
@@ -115,19 +117,16 @@ class TensorUnpickler(pickle.Unpickler):
 
 
 class _RecordView(io.RawIOBase):
-    """The bytes of one record, [offset, offset + length) of `f`, as a stream; its first and last HEAD bytes are
-    read once, anything else (never asked for by the zip directory's reader) from the file."""
+    """The bytes of one record longer than 2 x HEAD, [offset, offset + length) of `f`, as a stream; its first and
+    last HEAD bytes are read once, anything else (never asked for by the zip directory's reader) from the file."""
 
     def __init__(self, f: io.BufferedIOBase, offset: int, length: int) -> None:
         super().__init__()
         self.f, self.offset, self.length, self.pos = f, offset, length, 0
         f.seek(offset)
-        if length <= 2 * HEAD:
-            self.head, self.tail_at = f.read(length), length
-        else:
-            self.head, self.tail_at = f.read(HEAD), length - HEAD
-            f.seek(offset + self.tail_at)
-        self.tail = self.head[self.tail_at :] if length <= 2 * HEAD else f.read(HEAD)
+        self.head, self.tail_at = f.read(HEAD), length - HEAD
+        f.seek(offset + self.tail_at)
+        self.tail = f.read(HEAD)
 
     def readable(self) -> bool:
         return True
@@ -160,7 +159,13 @@ class _RecordView(io.RawIOBase):
 def describe(f: io.BufferedIOBase, offset: int, length: int) -> SavedTensor | None:
     """The tensor in the record at [offset, offset + length) of `f`, or None where it is not one legacy storage's
     tensor in the format this torch writes. Raises what torch's zip reader raises on a damaged record."""
-    zipped = torch._C.PyTorchFileReader(_RecordView(f, offset, length))
+    record = None
+    if length <= 2 * HEAD:  # one read, and torch's zip reader on bytes in C rather than a view's Python methods
+        f.seek(offset)
+        record = f.read(length)
+        zipped = torch._C.PyTorchFileReader(io.BytesIO(record))
+    else:
+        zipped = torch._C.PyTorchFileReader(_RecordView(f, offset, length))
     try:
         storage, storage_offset, size, stride = TensorUnpickler(io.BytesIO(zipped.get_record("data.pkl"))).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError):
@@ -172,4 +177,4 @@ def describe(f: io.BufferedIOBase, offset: int, length: int) -> SavedTensor | No
     data_bytes = record_size(zipped, name, numel=storage.numel, itemsize=storage.dtype.itemsize)
     if data_offset + data_bytes > length:
         return None
-    return SavedTensor(storage.dtype, size, stride, storage_offset, storage.numel, data_offset, data_bytes)
+    return SavedTensor(storage.dtype, size, stride, storage_offset, storage.numel, data_offset, data_bytes, record)
