@@ -30,6 +30,7 @@ them with their ratio.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -46,8 +47,9 @@ from trainflow.parallel.timing import median_seconds
 from trainflow.plan.memory import checked_layout
 from trainflow.plan.step import plan_step
 
-PROBE_BLOCKS, PROBE_ITERS = 4, 9
-"""The compute probe's stage holds at most this many of the rank's blocks, timed this many times (the median)."""
+PROBE_BLOCKS, PROBE_ITERS, PROBE_MAX_ITERS, PROBE_SPAN_S = 4, 9, 200, 4.0
+"""The compute probe's stage holds at most PROBE_BLOCKS of the rank's blocks; it is timed PROBE_ITERS times at least,
+over PROBE_SPAN_S seconds where that takes more (at most PROBE_MAX_ITERS), and its median taken."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,12 @@ def probe_compute(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.d
     torch.set_num_threads(t.threads_per_rank)
     try:
         run = stage_step(cfg, mesh, device, pp_rank=pp_rank, blocks=blocks)
-        seconds = median_seconds(run, group=torch.distributed.group.WORLD, iters=PROBE_ITERS, device=device, warmup=2)
+        group = torch.distributed.group.WORLD
+        first = median_seconds(run, group=group, iters=1, device=device, warmup=1)
+        # Enough calls to span PROBE_SPAN_S, as many on every rank: a shared machine's speed drifts within seconds.
+        iters = torch.tensor(max(PROBE_ITERS, min(PROBE_MAX_ITERS, math.ceil(PROBE_SPAN_S / first))))
+        torch.distributed.all_reduce(iters, op=torch.distributed.ReduceOp.MAX)
+        seconds = median_seconds(run, group=group, iters=int(iters), device=device, warmup=0)
     finally:
         torch.set_num_threads(threads)
     return Probe(seconds, blocks, pp_rank, len(os.sched_getaffinity(0)))
@@ -150,8 +157,8 @@ def calibrate(
     probe = (
         f"compute probe: the stage's forward and backward with {slowest.blocks} of its {stage_layers(cfg)} blocks, "
         f"{checked_layout(cfg)[1]} x {cfg.model.seq_len} tokens at tp{p.tp}, {cfg.train.precision}; slowest of "
-        f"{len(probes)} ranks (pipeline rank {slowest.pp_rank}: {slowest.stage_s * 1e3:.2f} ms, median of "
-        f"{PROBE_ITERS})" + (", bubble-corrected" if oversubscribed else "")
+        f"{len(probes)} ranks (pipeline rank {slowest.pp_rank}: {slowest.stage_s * 1e3:.2f} ms, median over "
+        f"{PROBE_SPAN_S:g} s)" + (", bubble-corrected" if oversubscribed else "")
     )
     sources = {
         "matmul_efficiency": probe,
