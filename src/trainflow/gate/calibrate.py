@@ -10,13 +10,14 @@ them with their ratio.
   split over the tp group as training splits it (apply_tp), forward and backward on one microbatch at the layout's
   shapes (train.global_batch / (dp x microbatches) sequences of seq_len tokens), in the run's precision and threads
   per rank, every rank at once, so ranks sharing a node's cores or its memory share them as in training. Its model
-  FLOPs (the blocks and, on the last stage, the head) over its median time less the plan's tp all-reduces of those
+  FLOPs (the blocks and, on the last stage, the head) over its median time (at least PROBE_ITERS calls over
+  PROBE_SPAN_S: a shared machine's speed drifts within seconds) less the plan's tp all-reduces of those
   blocks (the plan counts them apart) is what the plan's peak_tflops x matmul_efficiency stands for: real matmuls
   with the norms, rotary embeddings, softmax, SwiGLU, lookups, loss and autograd around them. A stage longer than
   PROBE_BLOCKS is planned at its first blocks' rate. On the tiny default (4 blocks: the whole model) a bare block, as
   benchmarks/plan_vs_measured.py probes it (0.96-1.02x there, on a model 4x as wide), gave the plan ~0.8x of a quiet
-  step: the chain of blocks and the model around them cost ~15 % more than the blocks one by one; the configured
-  constants gave 0.35-0.6x, by the load.
+  step: the chain of blocks and the model around them cost ~15 % more than the blocks one by one. In the default
+  runs here the configured constants planned 0.39-0.62x of the measured step, by the load, this probe 0.82-0.87x.
   The slowest rank's rate sets matmul_efficiency (peak_tflops is raised only where a rate exceeds it). On CPU ranks
   that outnumber the node's cores, pipeline ranks idle through their bubble and leave the cores to the others, which
   the probe (every rank busy) does not: the rate is divided by 1 - the bubble share there.
@@ -77,7 +78,8 @@ def probe_compute(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.d
         group = torch.distributed.group.WORLD
         first = median_seconds(run, group=group, iters=1, device=device, warmup=1)
         # Enough calls to span PROBE_SPAN_S, as many on every rank: a shared machine's speed drifts within seconds.
-        iters = torch.tensor(max(PROBE_ITERS, min(PROBE_MAX_ITERS, math.ceil(PROBE_SPAN_S / first))))
+        calls = max(PROBE_ITERS, min(PROBE_MAX_ITERS, math.ceil(PROBE_SPAN_S / first)))
+        iters = torch.tensor(calls, device=device)  # on the device: NCCL reduces only device tensors
         torch.distributed.all_reduce(iters, op=torch.distributed.ReduceOp.MAX)
         seconds = median_seconds(run, group=group, iters=int(iters), device=device, warmup=0)
     finally:
