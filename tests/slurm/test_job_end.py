@@ -106,11 +106,13 @@ def cancel_when(cfg: TrainflowConfig, ready: Callable[[str], bool], *, besides: 
 
 
 def assert_cancelled_line(line: str, job: str, root: Path) -> None:
-    """The stage's line for a job cancelled mid-training: its state, and the step saved at the SIGTERM."""
+    """The stage's line for a job cancelled mid-training: its state, why train_segment started no new job, and
+    the step saved at the SIGTERM."""
     assert final_states([job]) == {job: "CANCELLED"}
     assert "\n" not in line
     assert re.fullmatch(
         rf"segment 0 failed: slurm job {job} ended CANCELLED without the results of ranks 0-1 \(full log: \S+\); "
+        r"not restarted: Slurm ended the job \(CANCELLED\), which a new job would not undo; "
         rf"rerunning the workflow resumes it from step {list_steps(root)[-1]} "
         rf"\(newest checkpoint in {re.escape(str(root))}\)",
         line,

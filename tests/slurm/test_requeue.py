@@ -5,10 +5,12 @@
 The job gets a 1-minute limit and asks for USR2 10 s before it. slurmctld checks time limits on a
 30-second timer and sends the signal once `delay + 30 s` or less remain, so it arrives 20-50 s into
 each job and the job is killed 60-90 s in (with a 30 s delay it could arrive at any time in the first
-30 s, before training started). About 60 s of training from ~10 s in is therefore interrupted at
-least once; every interruption saves at the agreed step, submitit requeues the job (a limit under
-~50 min makes submitit count each signal as a timeout, hence max_requeues=5), and the requeued job,
-with SLURM_RESTART_COUNT >= 1, resumes. An unlimited run of the same settings on local processes,
+30 s, before training started). Each step of the limited run first sleeps 300 ms (the straggler drill,
+fault.slow_ms: no numerics change), so its 120 steps take over 60 s however fast the machine (unslowed,
+a quiet one trains them in 36 s, before any signal); they are therefore interrupted at least once; every
+interruption saves at the agreed step, submitit requeues the job (a limit under ~50 min makes submitit
+count each signal as a timeout, hence max_requeues=5), and the requeued job, with SLURM_RESTART_COUNT >= 1,
+resumes. An unlimited run of the same settings on local processes,
 beside it (one CPU each), must end bit for bit the same.
 """
 
@@ -36,6 +38,8 @@ WORK = (
 )
 LIMITED = (
     "cluster=slurm_local",
+    "fault.rank=0",
+    "fault.slow_ms=300",
     "cluster.allocation.time_min=1",
     "cluster.allocation.signal_delay_s=10",
     "cluster.allocation.max_requeues=5",

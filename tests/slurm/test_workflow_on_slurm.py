@@ -51,9 +51,7 @@ def test_failed_slurm_job_fails_its_rule_with_the_stage_error(campaign):
     assert f"SLURM-job '{job}' failed" in failed.output, failed.output[-3000:]
     assert "Error in rule prepare_data_shard" in failed.output
     # show-failed-logs prints the stage's own one-line error: the file and line, and the fix.
-    assert re.search(
-        r"DataError: \S+/corpus/docs\.jsonl:2 is not a JSON object .* set data\.bad_lines=skip", failed.output
-    )
+    assert re.search(r"DataError: \S+/corpus/docs\.jsonl:2 is not JSON \(.* set data\.bad_lines=skip", failed.output)
     assert final_states([job]) == {job: "FAILED"}
 
 
