@@ -1,5 +1,5 @@
-"""trainflow's configuration: the schema (schema, cluster, paths, domain), the model's shape (shape), the stage table
-(stages), its checks (checks, layout), composition with Hydra (compose, overrides), the run folder's paths
+"""trainflow's configuration: the schema (schema, cluster, paths, faults, domain), the model's shape (shape), the stage
+table (stages), its checks (checks, layout), composition with Hydra (compose, overrides), the run folder's paths
 (run_folder) and what reruns what (hashing). Nothing here imports torch.
 
     python -c "from trainflow.config import compose; print(compose('train_segment', ['model=tiny']))"
@@ -9,6 +9,7 @@ from trainflow.config.checks import validate
 from trainflow.config.cluster import AllocationConfig, ClusterConfig, GateConfig, HardwareConfig, RuntimeConfig
 from trainflow.config.compose import CONF_DIR, compose, one_line, to_config
 from trainflow.config.domain import RUN_NAME, Domain
+from trainflow.config.faults import FaultConfig
 from trainflow.config.hashing import as_dict, config_hash, stage_hash
 from trainflow.config.layout import ParallelDims, parallel_errors
 from trainflow.config.paths import IOConfig, StorageConfig
@@ -18,7 +19,6 @@ from trainflow.config.schema import (
     CheckpointConfig,
     DataConfig,
     EnergyConfig,
-    FaultConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,

@@ -15,6 +15,7 @@ from omegaconf import MISSING
 
 from trainflow.config.cluster import ClusterConfig
 from trainflow.config.domain import RUN_NAME, checked
+from trainflow.config.faults import FaultConfig
 from trainflow.config.paths import IOConfig, StorageConfig
 from trainflow.config.sources import SourceConfig
 from trainflow.config.stages import STAGES
@@ -242,29 +243,6 @@ class EnergyConfig:
     the range NVML reports for the device."""
     sample_period_s: float = checked(gt=0)
     """How often each node's sampler reads its power counters during training (the report's power plot)."""
-
-
-@dataclass
-class FaultConfig:
-    """Fault injection for tests and failure drills. Read by no stage's config hash, so a drill and its rerun without
-    the fault share one checkpoint series. The signals strike in a segment's first job only: a job train_segment
-    restarts after a failure meets no fault, as a transient failure would not come back."""
-
-    step: int = checked(-1, ge=-1)
-    """At the start of this step (-1: never) ..."""
-    rank: int = checked(0, ge=0)
-    """... this rank ..."""
-    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL", "STOP"))
-    """... receives this signal: USR2 (Slurm's pre-timeout: save and requeue), TERM (scancel or the time limit:
-    save and stop, no requeue), KILL (a dead rank) or STOP (a hung one)."""
-    during_save: bool = False
-    """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
-    slow_ms: float = checked(0.0, ge=0, le=60000)
-    """Instead of a signal: fault.rank sleeps this long in every step's forward (a straggler: a throttled device)."""
-    nan_step: int = checked(-1, ge=-1)
-    """The loss and gradients of the step that draws this data window (that step, unless the guard skipped windows) come
-    out NaN on every rank (-1: never): the loss-spike guard's drill. Unlike
-    the signals, it strikes in every job of the segment, so a rerun meets it again."""
 
 
 @dataclass

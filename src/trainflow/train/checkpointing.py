@@ -1,0 +1,182 @@
+"""A segment's checkpoints as the training loop sees them: where it resumes from (or step 0 from io.init_from), when
+it saves (the planned interval), rolling back past a loss spike, and what each save cost.
+
+    ckpt = SegmentCheckpoints(cfg, device, model, optimizers, guard, recorder)   # Trainer does
+    step = ckpt.resume()            # the newest verified checkpoint at or before the segment's end; 0: none
+    ckpt.save(step)                 # sync: durable on return; async: staged, written in the background
+    ckpt.saved(ckpt.poll())         # async: every step boundary, the saves that became durable
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainflow.checkpoint.folders import step_dir
+from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
+from trainflow.checkpoint.manager import CheckpointManager
+from trainflow.checkpoint.manifest import read_manifest
+from trainflow.checkpoint.state import build_state, load_state, state_bytes
+from trainflow.config import TrainflowConfig, as_dict
+from trainflow.errors import TrainflowError
+from trainflow.export.hf_import import load_hf, recorded_init_from
+from trainflow.parallel import Parallelized
+from trainflow.train.faults import maybe_inject_fault
+from trainflow.train.guard import DivergenceError, GuardState, LossGuard, read_guard_state
+from trainflow.train.recorder import StepRecorder
+from trainflow.train.summary import SaveRecord
+
+log = logging.getLogger(__name__)
+
+
+class ResumeError(TrainflowError):
+    """No checkpoint to continue from."""
+
+
+@dataclass
+class SegmentCheckpoints:
+    cfg: TrainflowConfig
+    device: torch.device
+    model: Parallelized
+    optimizers: list[torch.optim.Optimizer]
+    guard: LossGuard
+    recorder: StepRecorder
+    on_phase: Callable[[str, int], None]
+    attempt: int
+    is_logger: bool
+
+    def __post_init__(self) -> None:
+        cfg, t, c = self.cfg, self.cfg.train, self.cfg.checkpoint
+        self.start_step = cfg.segment * t.segment_steps
+        self.end_step = self.start_step + t.segment_steps
+        self.manager = CheckpointManager(
+            cfg.io.checkpoints,
+            keep=c.keep,
+            pinned={(s + 1) * t.segment_steps for s in range(t.segments)},
+            io_threads=c.io_threads,
+            mode=c.mode,
+            device=self.device,
+            staging_bytes=state_bytes(self.model.named_parts()),  # async: refused at start-up where it cannot fit
+        )
+        self.planner = IntervalPlanner(
+            mtbf_s=cfg.cluster.hardware.mtbf_hours * 3600, fixed_steps=c.interval_steps, max_steps=c.max_interval_steps
+        )
+        self.saves: list[SaveRecord] = []
+        self.init_from: str | None = None
+        """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
+
+    def state(self, step: int = 0) -> dict:
+        return build_state(self.model.named_parts(), self.optimizers, step=step)
+
+    def resume(self) -> int:
+        """Load the newest verified checkpoint at or before the segment's end; its step (0: none, at the start)."""
+        step, guard = self.load(at_most=self.end_step, why="Resumed from")
+        if step < 0 and self.start_step > 0:
+            raise ResumeError(
+                f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
+                f"holds no valid checkpoint at or before step {self.end_step}; rerun segment "
+                f"{self.cfg.segment - 1} or set io.resume_from=<another run's checkpoint folder>"
+            )
+        if step < 0 and self.cfg.io.init_from:
+            self.initialise()
+        self.guard.restore(guard)
+        return max(step, 0)
+
+    def initialise(self) -> None:
+        """Step 0 from io.init_from's Hugging Face weights, resharded to this layout; the optimizer starts fresh."""
+        started = time.time()
+        self.on_phase("load", 0)
+        load_hf(Path(self.cfg.io.init_from), self.model.named_parts(), self.cfg.model)
+        self.init_from = self.cfg.io.init_from
+        self.recorder.span("load", 0, started, time.time() - started)
+
+    def load(self, at_most: int, why: str) -> tuple[int, GuardState]:
+        """Load the newest verified checkpoint at or before `at_most` (this run's, else io.resume_from's, resharded
+        to this layout); its step and the guard state its manifest holds (-1 and an empty one: none)."""
+        source, step = self.manager, self.manager.newest_valid(at_most=at_most)
+        if step < 0 and self.cfg.io.resume_from:
+            source = CheckpointManager(
+                self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads
+            )
+            step = source.newest_valid(at_most=at_most)
+        if step < 0:
+            return -1, GuardState(skipped=[], losses=[])
+        started = time.time()
+        self.on_phase("load", step)
+        folder = step_dir(source.root, step)
+        manifest = read_manifest(folder)
+        guard = read_guard_state(manifest, str(folder))  # every rank reads it: no collective to agree
+        self.init_from = recorded_init_from(manifest)
+        state = self.state()
+        source.load(step, state)
+        loaded = load_state(self.model.named_parts(), self.optimizers, state)
+        self.recorder.span("load", loaded, started, time.time() - started)
+        if self.is_logger:
+            log.info("%s the checkpoint of step %d in %s", why, loaded, source.root)
+        return loaded, guard
+
+    def rollback(self) -> int:
+        """After train.spike.rollback_after bad steps in a row: reload the newest verified checkpoint from before the
+        first of them and leave their data windows out of the stream (train.guard); the step to go on from."""
+        first, bad = self.guard.first_bad, self.guard.bad
+        step, state = self.load(at_most=first, why="Rolled back to")
+        if step < 0:
+            raise DivergenceError(
+                f"{len(bad)} bad steps in a row from step {first} (the last: {bad[-1][2]}) and no verified checkpoint "
+                f"at or before step {first} to roll back to; lower optim.lr, raise train.spike.factor or "
+                "train.spike.rollback_after, or check the data"
+            )
+        event = self.guard.rolled_back(step, state)
+        self.recorder.resume(step)
+        self.recorder.guard(event)
+        return step
+
+    def save(self, step: int) -> None:
+        self.on_phase("save", step)
+        started = time.time()
+        done = self.manager.save(
+            step,
+            self.state(step),
+            optimizers=self.optimizers,  # async: their next step waits for the background copy of their tensors
+            step_s=self.planner.step_s,
+            before_commit=lambda: maybe_inject_fault(self.cfg.fault, step, during_save=True, attempt=self.attempt),
+            layout=self.cfg.parallel.name,
+            model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
+            guard=self.guard.state().to_json(),  # what a resume from it judges and draws with (train.guard)
+            init_from=self.init_from,  # where step 0 came from (io.init_from)
+        )
+        self.recorder.span("save", step, started, time.time() - started)  # the time the loop was blocked
+        self.saved(done)
+
+    def poll(self) -> None:
+        """Async: record the saves in flight that became durable, agreed by every rank (sync: none)."""
+        self.saved(self.manager.poll())
+
+    def finish(self) -> None:
+        """Async: wait until the save in flight is durable, before the segment ends; then close the manager."""
+        self.saved(self.manager.finish())
+        self.manager.close()
+
+    def saved(self, done: list[SaveDone]) -> None:
+        """Record the saves that became durable (in sync mode the one just taken; in async mode at a later step
+        boundary, or where training stops) and plan the next interval from them."""
+        before = self.planner.interval_steps
+        for d in done:
+            self.saves.append(SaveRecord(d.step, d.started, d.blocking_s, d.background_s, d.waited_s, d.overlap_steps))
+            self.planner.observe_save(d.blocking_s, step_s=d.step_s, background_s=d.background_s)
+        plan = self.planner.describe()
+        if self.is_logger and plan.interval_steps != before:
+            log.info(
+                "Planned a checkpoint every %d steps (%s: save %.2f s, step %.3f s, MTBF %.1f h%s)",
+                plan.interval_steps,
+                plan.policy,
+                plan.save_s,
+                plan.step_s,
+                plan.mtbf_s / 3600,
+                f" -> sqrt(2 x save x MTBF) = {plan.interval_s:.0f} s" if plan.interval_s else "",
+            )
