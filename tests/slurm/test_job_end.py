@@ -144,7 +144,7 @@ def test_job_that_used_up_its_requeues_ends_the_stage_and_the_rerun_resumes(tmp_
     state = final_states([job])[job]
     assert "\n" not in line and state not in RUNNING, line
     assert re.fullmatch(
-        rf"segment 0 failed: .*\bslurm job {job} (ended )?{state} after 1 requeue\b.*; "
+        rf"segment 0 failed: .*\bslurm job {job} (ended )?{state} after 1 requeue\b.*; not restarted: .*; "
         rf"rerunning the workflow resumes it from step {newest} \(newest checkpoint in {re.escape(str(root))}\)",
         line,
     ), line

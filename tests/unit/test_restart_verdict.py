@@ -16,6 +16,8 @@ from trainflow.launch.heartbeat import timing_path
 from trainflow.launch.restart import HostError, gate_exclusions, judge, straggler_hosts
 from trainflow.train.summary import RankTiming, stragglers
 
+SUBMITIT_NOT_REQUEUED = "Job not requeued because: timed-out too many times."
+
 
 def failure(kind: str = "died", *, errors: dict | None = None, **facts) -> JobFailure:
     return JobFailure("line", kind, host=facts.pop("host", "nid001"), errors=errors or {}, world=4, **facts)
@@ -44,6 +46,11 @@ def test_a_dead_or_hung_rank_is_restarted_without_its_host():
             "out of memory at step 7 twice",
         ),
         (failure("stopped", state="CANCELLED"), [], "Slurm ended the job (CANCELLED)"),
+        (
+            failure("raised", errors={0: f"UncompletedJobError: {SUBMITIT_NOT_REQUEUED}"}, state="FAILED"),
+            [],
+            "more often than cluster.allocation.max_requeues allows",
+        ),
         (failure("died"), [failure("died")] * 3, "max_restarts(3) used up"),
     ],
 )

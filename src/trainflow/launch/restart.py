@@ -9,7 +9,9 @@ fix ends the stage at once, in one line saying why:
   verification with no older one to fall back to): the same input fails again;
 - the same exception on every rank, or in two jobs: the code fails, wherever it runs;
 - running out of device memory at the same step twice;
-- a job Slurm or an operator ended (CANCELLED, DEADLINE; a TIMEOUT whose requeues ran out): a cancel stays a cancel.
+- a job Slurm or an operator ended (CANCELLED, DEADLINE; a TIMEOUT whose requeues ran out): a cancel stays a cancel;
+- a job whose time limit came more often than cluster.allocation.max_requeues allows (submitit then raises instead
+  of requeueing, and Slurm records FAILED): the requeues are the segment's budget of allocations, not a host's fault.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from trainflow.records import RecordError
 from trainflow.train.summary import RankTiming, stragglers
 
 NOT_RESTARTED_STATES = frozenset({"CANCELLED", "DEADLINE", "TIMEOUT"})
+REQUEUES_USED_UP = re.compile(r"UncompletedJobError: .*timed-out too many times")
+"""submitit's error where the pre-timeout signal came once more than cluster.allocation.max_requeues allows."""
 OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 """A node name as sbatch --exclude takes it. Hosts come from files of the run folder (task markers, the hang report,
@@ -66,6 +70,12 @@ def judge(
         return Verdict(False, "not restarted: a rank raised the same exception in two jobs, so the code fails")
     if failure.state in NOT_RESTARTED_STATES:
         return Verdict(False, f"not restarted: Slurm ended the job ({failure.state}), which a new job would not undo")
+    if any(REQUEUES_USED_UP.search(text) for text in failure.errors.values()):
+        return Verdict(
+            False,
+            "not restarted: the job met its time limit more often than cluster.allocation.max_requeues allows "
+            "(raise it, or cluster.allocation.time_min)",
+        )
     oom = any(OUT_OF_MEMORY.search(text) for text in failure.errors.values())
     if oom and failure.step is not None and any(_oom_at(f, failure.step) for f in earlier):
         return Verdict(False, f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)")
