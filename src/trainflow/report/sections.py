@@ -182,11 +182,11 @@ def top_operators(profile: ProfileSummary | None, here: Path) -> list[str]:
     ]
 
 
-def checkpoints(last: SegmentSummary, verify: VerifyReport, verify_path: str, here: Path) -> list[str]:
-    """The interval and what it was planned from, the verification, and per save of the last segment's job: the
-    seconds training was blocked, the background write (async) and the wait for it, and the steps that ran beside
-    the write against the others (the segment's first, warm-up, step left out)."""
-    ci = last.checkpoint_interval
+def checkpoints(segments: list[SegmentSummary], verify: VerifyReport, verify_path: str, here: Path) -> list[str]:
+    """The interval and what it was planned from (the last segment's), the verification, and per save of every
+    segment: the seconds training was blocked, the background write (async) and the wait for it, and the steps that
+    ran beside the write against the segment's others (its first, warm-up, step left out)."""
+    ci = segments[-1].checkpoint_interval
     young_daly = f", Young/Daly interval {ci.interval_s:.1f} s" if ci.interval_s else ""
     floor = "" if ci.background_s is None else f", background write {ci.background_s:.2f} s: the interval's floor"
     lines = [
@@ -198,16 +198,29 @@ def checkpoints(last: SegmentSummary, verify: VerifyReport, verify_path: str, he
         f"{verify.algorithm}): {len(verify.failures)} mismatches. [verify.json]({relative(verify_path, here)})",
         "",
     ]
-    step_s = {r.step: r.step_s for r in last.steps[1:]}
-    during = {s.step + i for s in last.saves for i in range(s.overlap_steps)}
+    rows = [row for summary in segments for row in save_rows(summary)]
+    if not rows:
+        return lines
+    header = ["segment", "step", "blocking s", "background s", "waited s", "steps beside", "their mean s", "slowdown"]
+    lines += [table(rows, header), ""]
+    if any(s.background_s is not None for summary in segments for s in summary.saves):
+        lines += ["Slowdown: the mean of the steps beside a background write over the segment's other steps.", ""]
+    return lines
+
+
+def save_rows(summary: SegmentSummary) -> list[list]:
+    """A segment's saves as rows of the checkpoint table."""
+    step_s = {r.step: r.step_s for r in summary.steps[1:]}
+    during = {s.step + i for s in summary.saves for i in range(s.overlap_steps)}
     others = [t for step, t in step_s.items() if step not in during]
     other_s = sum(others) / len(others) if others else None
     rows = []
-    for s in last.saves:
+    for s in summary.saves:
         beside = [step_s[k] for k in range(s.step, s.step + s.overlap_steps) if k in step_s]
         mean = sum(beside) / len(beside) if beside else None
         rows.append(
             [
+                summary.segment,
                 s.step,
                 f"{s.save_s:.3f}",
                 "-" if s.background_s is None else f"{s.background_s:.3f}",
@@ -217,11 +230,7 @@ def checkpoints(last: SegmentSummary, verify: VerifyReport, verify_path: str, he
                 "-" if mean is None or not other_s else f"{mean / other_s:.2f}x",
             ]
         )
-    if not rows:
-        return lines
-    header = ["step", "blocking s", "background s", "waited s", "steps beside", "their mean s", "slowdown"]
-    others_text = "no other steps" if other_s is None else f"the other {len(others)} steps' mean {other_s:.4f} s"
-    return [*lines, table(rows, header), "", f"Slowdown: the steps beside a background write over {others_text}.", ""]
+    return rows
 
 
 def gate(nccl: NcclReport, nccl_path: str, here: Path) -> list[str]:

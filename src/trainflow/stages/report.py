@@ -62,7 +62,7 @@ def run(cfg: TrainflowConfig) -> dict:
         *sections.planned_vs_measured(nccl.plan, steps, last),
         *sections.calibration(nccl.calibration),
         *sections.top_operators(last.profile, here),
-        *sections.checkpoints(last, verify, io.verify_report, here),
+        *sections.checkpoints(segments, verify, io.verify_report, here),
         *goodput_section(segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor),
         *sections.gate(nccl, io.nccl_report, here),
         *stack_section(nccl, segments),
