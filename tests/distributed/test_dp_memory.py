@@ -13,8 +13,8 @@ from tests.support import free_port
 from trainflow.config import ParallelDims, compose
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.data_parallel import apply_ddp, apply_fsdp
-from trainflow.parallel.grad_reducer import local
 from trainflow.plan.memory import device_memory
+from trainflow.tensors import local
 from trainflow.train.controls import build_optimizer
 
 WORLD = 2

@@ -17,6 +17,7 @@ LAYERS = {
     "crc": 1,
     "progress": 1,
     "records": 1,
+    "tensors": 1,
     "config": 2,
     "fp8": 2,
     "data": 3,

@@ -33,8 +33,9 @@ from torch.distributed.tensor import DTensor
 from trainflow.checkpoint.background import WriterDied, WriterProcess, Written
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.interval import SaveDone
-from trainflow.checkpoint.staging import Staging, local, storage_ptr
+from trainflow.checkpoint.staging import Staging
 from trainflow.checkpoint.writer import CheckpointWriteError, ChecksummingWriter, describe_failure
+from trainflow.tensors import local, storage_ptr
 
 if TYPE_CHECKING:
     from trainflow.checkpoint.manager import CheckpointManager

@@ -28,22 +28,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.cuda._pin_memory_utils import pin_memory, unpin_memory
-from torch.distributed.tensor import DTensor
 
 from trainflow.errors import TrainflowError
+from trainflow.tensors import local, storage_ptr
 
 
 class StagingError(TrainflowError):
     """Async checkpoints whose staging copy would not fit in host memory."""
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor (a DTensor's local shard)."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def storage_ptr(t: torch.Tensor) -> int:
-    return local(t).untyped_storage().data_ptr()
 
 
 class Staging:

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from trainflow.checkpoint.staging import local
+from trainflow.tensors import local
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 

@@ -37,12 +37,12 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from trainflow.config import ModelConfig
 from trainflow.config.hf import HfFolderError, check_config, hf_name
 from trainflow.config.hf_weights import weight_files
 from trainflow.export.source import FP8_STATE
+from trainflow.tensors import local, storage_ptr
 
 log = logging.getLogger(__name__)
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -160,8 +160,8 @@ def load_hf(folder: Path, parts: list[nn.Module], m: ModelConfig) -> Imported:
     for part, state in zip(parts, states):
         # DCP filled the state's tensors in place; where they are the parameters' own memory (plain, tp, FSDP2),
         # copying them back would only copy the whole model once more.
-        params = {local(p).untyped_storage().data_ptr() for p in part.parameters()}
-        if any(local(v).untyped_storage().data_ptr() not in params for v in state.values()):
+        params = {storage_ptr(p) for p in part.parameters()}
+        if any(storage_ptr(v) not in params for v in state.values()):
             set_model_state_dict(part, state, options=StateDictOptions(strict=False))
     done = Imported(
         files=len(list(folder.glob("*.safetensors"))),
@@ -186,11 +186,6 @@ def widen(piece: torch.Tensor, into: torch.Tensor) -> None:
         np.left_shift(bits, 16, out=into.numpy().view(np.uint32), dtype=np.uint32)
     else:
         into.copy_(piece)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor: a DTensor's local shard, a plain tensor itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def recorded_init_from(manifest: dict) -> str | None:

@@ -59,6 +59,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 
 from trainflow.fp8.cast import E4M3, E5M2, amax, quantise, scale_from_amax
 from trainflow.fp8.ops import fp8_gemm
+from trainflow.tensors import local
 
 RECIPES = ("dynamic", "delayed")
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2  # rows of amax_history / entries of amax_pending
@@ -93,11 +94,6 @@ def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
 def delayed_amax(past: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     """The amax a delayed scale uses: the history's largest (`past`), or `current` while the history is empty."""
     return torch.where(past > 0, past, current)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's tensor of a DTensor (the same storage), else t."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def whole_amax(part: torch.Tensor, mesh: DeviceMesh, placement: Placement) -> torch.Tensor:

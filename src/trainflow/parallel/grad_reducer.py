@@ -31,10 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor that holds this rank's data (a DTensor's local shard, else the tensor itself)."""
-    return t._local_tensor if isinstance(t, DTensor) else t
+from trainflow.tensors import local
 
 
 @dataclass

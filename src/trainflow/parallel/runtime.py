@@ -28,10 +28,11 @@ from torch.nn.parallel import DistributedDataParallel
 from trainflow.config.layout import ParallelDims
 from trainflow.fp8 import apply_fp8, sync_amax_history
 from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
-from trainflow.parallel.grad_reducer import GradReducer, local
+from trainflow.parallel.grad_reducer import GradReducer
 from trainflow.parallel.pipeline import build_schedule, pipeline_model
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
+from trainflow.tensors import local
 from trainflow.torch_compat import rearm_recv_grads
 
 

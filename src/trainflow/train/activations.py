@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainflow.errors import TrainflowError
 from trainflow.model import call_block
-from trainflow.parallel.grad_reducer import local
+from trainflow.tensors import storage_ptr
 
 MIN_OFFLOAD_BYTES = 64 * 1024
 """Smaller saved tensors (norm statistics, scalars) stay in memory: a file each would cost more than they hold."""
@@ -60,7 +60,7 @@ class OffloadToFolder:
         shutil.rmtree(folder, ignore_errors=True)  # a crashed step's leftovers
         folder.mkdir(parents=True, exist_ok=True)
         self.counter = itertools.count()
-        self.weights = {_storage(p) for p in parameters}
+        self.weights = {storage_ptr(p) for p in parameters}
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -85,7 +85,7 @@ class OffloadToFolder:
             and t.nbytes >= MIN_OFFLOAD_BYTES
             and t.storage_offset() == 0
             and t.untyped_storage().nbytes() == t.nbytes
-            and _storage(t) not in self.weights
+            and storage_ptr(t) not in self.weights
         )
 
     def unpack(self, packed: object) -> torch.Tensor:
@@ -107,10 +107,6 @@ class OffloadToFolder:
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of `t`'s whole storage, in memory order, as a flat uint8 tensor."""
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
-def _storage(t: torch.Tensor) -> int:
-    return local(t).untyped_storage().data_ptr()
 
 
 def apply_activations(parts: list[nn.Module], mode: str, folder: Path | None = None) -> OffloadToFolder | None:
