@@ -56,6 +56,7 @@ print('\n'.join(d for d in p['dependencies'] + p['optional-dependencies']['test'
     ;;
 esac
 if [ ! -x .venv/bin/python ]; then
+  bash scripts/need_disk.sh 3 . "bootstrap.sh's .venv (torch 2.13.0 CPU and the rest: 2.0 GB installed)"
   "$PY" -m venv .venv
   echo "Created .venv"
 fi

@@ -22,6 +22,7 @@ OLD=.venv-torch211
 start=$SECONDS
 if ! "$OLD/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.11.0')" 2>/dev/null; then
   rm -rf "$OLD"
+  bash scripts/need_disk.sh 8 . "$OLD (torch 2.11.0's CUDA build: 5.7 GB installed, 1.7 GB downloaded on the way)"
   python3 -m venv "$OLD"
   "$OLD/bin/python" -m pip install -q --disable-pip-version-check "torch==2.11.0"
   echo "Installed torch 2.11.0 into $OLD"
