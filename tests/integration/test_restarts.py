@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from submitit.core.utils import JobPaths
 
 from tests.conftest import make_config, run_segment, step_losses
 from trainflow.config.run_folder import RunFolder
 from trainflow.launch import LaunchError
 from trainflow.launch.hang import HANG_EXIT
+from trainflow.launch.restart import straggler_hosts
 from trainflow.train.goodput import JobRun
 from trainflow.train.step_log import Span, StepLog
 from trainflow.train.summary import RankTiming, stragglers
@@ -57,20 +59,27 @@ def assert_goodput_adds_up(summary: dict) -> dict:
 
 
 def test_a_dead_rank_ends_the_job_fast_and_the_stage_restarts_it_bitwise(tmp_path, tokens, reference):
-    summary = segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=KILL")
-    jobs, spans = ledgers(tmp_path)
+    # Rank 1 is also a straggler (it sleeps in every forward, which leaves the numbers as they are): the dead job's
+    # heartbeat timing file names its host for the restart to leave out. Rank 0 wrote it once both ranks had timed
+    # 3 steps; beats every 0.2 s see them well before rank 1 dies at the start of step 5.
+    drill = ("fault.step=5", "fault.rank=1", "fault.signal=KILL", "fault.slow_ms=300")
+    slow = ("cluster.allocation.exclude_stragglers=true", "cluster.runtime.heartbeat_s=0.2")
+    summary = segment(tmp_path, tokens, *drill, *slow)
+    jobs, spans = ledgers(tmp_path, *slow)
     assert [j.outcome for j in jobs] == ["died", "completed"]
     host = socket.gethostname()
     assert jobs[0].verdict == f"restart 1 of 3, leaving out {host}"  # one machine: recorded, not applied
+    submitit = Path(make_config("train_segment", tmp_path, *BASE, *slow).io.submitit)
+    assert straggler_hosts(JobPaths(submitit, job_id=jobs[0].job_id), 1.5) == {host}
     assert re.match(rf"rank 1 on host {re.escape(host)} was killed by SIGKILL", jobs[0].line)
     # The other rank was ended within failure_detect_s (30 s) + 10 s of the death: the first job's last span (rank 0
-    # finished step 2 just before rank 1 died at the start of step 3) to its end as the stage saw it.
+    # finished step 4 just before rank 1 died at the start of step 5) to its end as the stage saw it.
     last = max(s.started + s.seconds for s in spans if s.started < jobs[0].ended)
     assert jobs[0].ended - last < 40
     assert summary["state_digest"] == reference["state_digest"]
     assert step_losses(summary) == step_losses(reference)
     seconds = assert_goodput_adds_up(summary)
-    assert seconds["recomputed"] > 0 or seconds["detection"] > 0  # step 2 redone after the restart from step 2
+    assert seconds["recomputed"] > 0 or seconds["detection"] > 0  # step 4 redone after the restart from step 4
     assert seconds["load"] > 0 and seconds["restart"] >= 0
 
 
@@ -97,6 +106,10 @@ def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks
     stacks = folder / f"{jobs[0].job_id}_0_stacks.txt"
     assert "Thread" in stacks.read_text() and "trainflow" in stacks.read_text()
     assert json.loads((folder / f"{jobs[0].job_id}_hang.json").read_text())["rank"] == 1
+    # Rank 0's word on who was slow, though the job lived less than a minute: written once both ranks had timed
+    # 3 steps, and again as it aborted
+    timing = json.loads((folder / f"{jobs[0].job_id}_timing.json").read_text())
+    assert [RankTiming.from_json(t).rank for t in timing] == [0, 1]
     assert f"exit code {HANG_EXIT}" in (folder / f"{jobs[0].job_id}_0_log.err").read_text()
     assert time.monotonic() - start < 120
 

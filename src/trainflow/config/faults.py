@@ -26,7 +26,8 @@ class FaultConfig:
     during_save: bool = False
     """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
     slow_ms: float = checked(0.0, ge=0, le=60000)
-    """Instead of a signal: fault.rank sleeps this long in every step's forward (a straggler: a throttled device)."""
+    """fault.rank sleeps this long in every step's forward, in every job (a straggler: a throttled device); with a
+    signal too, that rank is both slow and then killed or stopped."""
     nan_step: int = checked(-1, ge=-1)
     """The loss and gradients of the step that draws this data window (that step, unless the guard skipped windows) come
     out NaN on every rank (-1: never): the loss-spike guard's drill. Unlike

@@ -24,8 +24,9 @@ its Python stacks (and, over NCCL, PyTorch's Flight Recorder) beside the job's l
 launcher ends the rest (srun --kill-on-bad-exit, executors.LocalController) and the stage names the hang in one line.
 
 Each beat also carries the rank's median forward time (Heartbeat.timed, the trainer's on_step; train.clock), and rank
-0 writes every rank's into <job>_timing.json once a minute: after a failure no rank is left to say who was slow, and a
-restart with cluster.allocation.exclude_stragglers leaves the stragglers' hosts out (launch.restart).
+0 writes every rank's into <job>_timing.json as soon as every rank has timed a few steps, then once a minute, and
+when it aborts: after a failure no rank is left to say who was slow, and a restart with
+cluster.allocation.exclude_stragglers leaves the stragglers' hosts out (launch.restart).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ STEP_PHASES = ("data", "compute", "eval")
 """Phases whose progress is a step: a rank alive but stuck in one of them for the threshold is hung."""
 TIMING_EVERY_S = 60.0
 """How often rank 0 writes every rank's forward time (one small file per job, however many ranks)."""
+TIMING_FIRST_STEPS = 3
+"""Rank 0 writes it first once every rank has timed this many steps: a job that fails in its first minute (at 70B,
+a handful of steps) still says who was slow."""
 
 
 @dataclass
@@ -89,7 +93,7 @@ class Heartbeat:
         self.step_started: float | None = None
         self.step_times: list[float] = []
         self.forward: deque[float] = deque(maxlen=50)
-        self.timing_written = time.monotonic()
+        self.timing_written, self.timings = time.monotonic(), 0
         self.beats = {r: Beat() for r in range(world)}
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, name="trainflow-heartbeat", daemon=True)
@@ -172,7 +176,7 @@ class Heartbeat:
         if over := [r for r, seconds in stuck.items() if seconds > self.threshold_s]:
             behind = min(over, key=lambda r: (self.beats[r].step, r))
             return self.report(behind, self.beats[behind], stuck[behind], alive=True)
-        if self.rank == 0 and now - self.timing_written >= TIMING_EVERY_S:
+        if self.rank == 0 and self.timing_due(now):
             self.write_timing()
         return None
 
@@ -188,8 +192,12 @@ class Heartbeat:
                 seen.first_step = seen.step
         return seen
 
+    def timing_due(self, now: float) -> bool:
+        first = not self.timings and all(b.steps >= TIMING_FIRST_STEPS for b in self.beats.values())
+        return first or now - self.timing_written >= TIMING_EVERY_S
+
     def write_timing(self) -> None:
-        self.timing_written = time.monotonic()
+        self.timing_written, self.timings = time.monotonic(), self.timings + 1
         ranks = [RankTiming(r, b.host, b.forward_s, b.steps) for r, b in self.beats.items()]
         write_json(timing_path(self.paths), [t.to_json() for t in ranks])
 
@@ -212,6 +220,9 @@ class Heartbeat:
             log.error("Hang: %s", report.line())
             with contextlib.suppress(Exception):  # a stopped rank 0 holds the store: the others judge it themselves
                 self.store.set("trainflow/abort", str(report.rank))
+        if self.rank == 0:
+            with contextlib.suppress(OSError):  # the last word on who was slow; the stacks matter more
+                self.write_timing()
         dump_stacks(self.paths, self.rank, nccl=self.backend == "nccl")
         os._exit(HANG_EXIT)
 
