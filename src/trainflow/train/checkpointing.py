@@ -4,7 +4,8 @@ it saves (the planned interval), rolling back past a loss spike, and what each s
     ckpt = SegmentCheckpoints(cfg, device, model, optimizers, guard, recorder)   # Trainer does
     step = ckpt.resume()            # the newest verified checkpoint at or before the segment's end; 0: none
     ckpt.save(step)                 # sync: durable on return; async: staged, written in the background
-    ckpt.saved(ckpt.poll())         # async: every step boundary, the saves that became durable
+    ckpt.poll()                     # async: every step boundary, records the saves that became durable
+    ckpt.finish()                   # the segment's end: the save in flight durable, the manager closed
 """
 
 from __future__ import annotations
@@ -124,14 +125,14 @@ class SegmentCheckpoints:
         """After train.spike.rollback_after bad steps in a row: reload the newest verified checkpoint from before the
         first of them and leave their data windows out of the stream (train.guard); the step to go on from."""
         first, bad = self.guard.first_bad, self.guard.bad
-        step, state = self.load(at_most=first, why="Rolled back to")
+        step, restored = self.load(at_most=first, why="Rolled back to")
         if step < 0:
             raise DivergenceError(
                 f"{len(bad)} bad steps in a row from step {first} (the last: {bad[-1][2]}) and no verified checkpoint "
                 f"at or before step {first} to roll back to; lower optim.lr, raise train.spike.factor or "
                 "train.spike.rollback_after, or check the data"
             )
-        event = self.guard.rolled_back(step, state)
+        event = self.guard.rolled_back(step, restored)
         self.recorder.resume(step)
         self.recorder.guard(event)
         return step
