@@ -5,16 +5,17 @@ energy.json): frozen dataclasses, each beside its writer, read back by `from_jso
         print(read_record(NcclReport, 'runs/default/nccl.json').world_size)"
 
 A document is JSON on disk, keyed by the fields' names (the README lists them), so other tools read it without
-trainflow. `from_json` rebuilds nested records from the field types (a record, a list or dict of them, or None);
-written by hand because the standard library has no inverse of dataclasses.asdict, and one small function keeps the
-records free of a dependency. A document written by another trainflow version, or altered, fails in one line naming
-the file, the missing or unexpected field and the stage to rerun: these files may be hostile, so nothing in them is
-trusted to have the right shape.
+trainflow. `from_json` rebuilds nested records from the field types (a record, a list or dict of them, an enum from
+its value, or None); written by hand because the standard library has no inverse of dataclasses.asdict, and one small
+function keeps the records free of a dependency. A document written by another trainflow version, or altered, fails
+in one line naming the file, the missing or unexpected field and the stage to rerun: these files may be hostile, so
+nothing in them is trusted to have the right shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -91,6 +92,11 @@ def _build(kind: Any, data: object, where: str) -> Any:
         return {k: _build(args[1], v, f"{where}.{k}") for k, v in data.items()}
     if origin in (list, dict):
         raise RecordError(f"{where} holds {type(data).__name__}, not a {origin.__name__}")
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):  # a kind or outcome: written as its value
+        try:
+            return kind(data)
+        except (ValueError, TypeError):
+            raise RecordError(f"{where} holds {data!r}, not one of {', '.join(str(m.value) for m in kind)}") from None
     if kind in SCALARS and type(data) not in SCALARS[kind]:  # bool is an int to isinstance, not to a record
         raise RecordError(f"{where} holds {data!r}, not a {kind.__name__}")
     return data

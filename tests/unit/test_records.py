@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import pytest
 
 from trainflow.config import ParallelDims
 from trainflow.records import Record, RecordError, read_record
+
+
+class Kind(StrEnum):
+    PLAIN = "plain"
+    FANCY = "fancy"
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class Outer(Record):
     table: dict[str, Inner]
     best: Inner | None = None
     tags: list[str] = field(default_factory=list)
+    kind: Kind = Kind.PLAIN
 
 
 SAMPLE = Outer(
@@ -32,6 +39,7 @@ SAMPLE = Outer(
     rows=[Inner("a", 1.5), Inner("b", None)],
     table={"x": Inner("x", 3)},
     best=Inner("a", 1.5),
+    kind=Kind.FANCY,
 )
 
 
@@ -39,6 +47,8 @@ def test_a_record_reads_back_what_it_wrote(tmp_path):
     path = tmp_path / "outer.json"
     path.write_text(json.dumps(SAMPLE.to_json()))
     assert read_record(Outer, path) == SAMPLE
+    assert json.loads(path.read_text())["kind"] == "fancy"  # an enum is written as its value
+    assert read_record(Outer, path).kind is Kind.FANCY
     assert Outer.from_json({**SAMPLE.to_json(), "best": None, "tags": ["t"]}).best is None  # optional, defaulted
 
 
@@ -52,6 +62,8 @@ def test_a_record_reads_back_what_it_wrote(tmp_path):
         (lambda d: d["layout"].update(world_size=3), r"dp\(2\) \* tp\(2\) \* pp\(1\) = 4 != world_size\(3\)"),
         (lambda d: d["table"].update(x=[1]), r"outer\.json\.table\.x holds list, not an object of Inner's fields"),
         (lambda d: d["layout"].update(dp=True), r"outer\.json\.layout\.dp holds True, not a int"),
+        (lambda d: d.update(kind="odd"), r"outer\.json\.kind holds 'odd', not one of plain, fancy"),
+        (lambda d: d.update(kind=["plain"]), r"outer\.json\.kind holds \['plain'\], not one of plain, fancy"),
     ],
 )
 def test_an_altered_document_is_one_line_naming_the_file_and_the_field(tmp_path, change, message):

@@ -14,13 +14,15 @@ from trainflow.launch.failure import JobFailure
 from trainflow.launch.hang import HangReport, read_report, write_report
 from trainflow.launch.heartbeat import timing_path
 from trainflow.launch.restart import HostError, gate_exclusions, judge, straggler_hosts
+from trainflow.train.goodput import JobOutcome
 from trainflow.train.summary import RankTiming, stragglers
 
 SUBMITIT_NOT_REQUEUED = "Job not requeued because: timed-out too many times."
 
 
 def failure(kind: str = "died", *, errors: dict | None = None, **facts) -> JobFailure:
-    return JobFailure("line", kind, host=facts.pop("host", "nid001"), errors=errors or {}, world=4, **facts)
+    host = facts.pop("host", "nid001")
+    return JobFailure(line="line", kind=JobOutcome(kind), host=host, errors=errors or {}, world=4, **facts)
 
 
 def test_a_dead_or_hung_rank_is_restarted_without_its_host():

@@ -23,6 +23,7 @@ import submitit
 
 from trainflow.launch.hang import read_report
 from trainflow.launch.task import task_marker
+from trainflow.train.goodput import JobOutcome
 
 TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
 """The line srun writes into the job's log for each task that ended abnormally; LocalController writes it too."""
@@ -53,13 +54,12 @@ REMEDIES = (
 """(what a failed rank's last line matches, what to do about it): the seed's troubleshooting guide (section 4.1)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobFailure:
     line: str
     """The one line naming the cause, the job and a log file."""
-    kind: str
-    """hang (the ranks found one hung), stopped (Slurm or an operator ended the job), died (a rank ended abruptly),
-    raised (a rank's code raised), or lost (no rank to blame)."""
+    kind: JobOutcome
+    """HANG, STOPPED, DIED, RAISED or LOST (never COMPLETED): what the jobs ledger records as the job's outcome."""
     state: str = ""
     """Slurm's final state ("" for a local job)."""
     rank: int | None = None
@@ -86,18 +86,42 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) 
     if hang := read_report(job.paths):
         stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
         line = f"{hang.line()} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"
-        return JobFailure(line, "hang", state, hang.rank, hang.host, hang.step, errors, expected, job.num_tasks)
+        return JobFailure(
+            line=line,
+            kind=JobOutcome.HANG,
+            state=state,
+            rank=hang.rank,
+            host=hang.host,
+            step=hang.step,
+            errors=errors,
+            expected=expected,
+            world=job.num_tasks,
+        )
     if state not in STOPPED and (failed := first_failed_rank(job, outcomes, markers)):
         rank, host, what = failed
         where = f" on host {host}" if host else ""
         line = f"rank {rank}{where} {what} ({kind} job {job.job_id}{ended}, full log: {job.task(rank).paths.stderr})"
-        died = "raised" if rank in errors else "died"
-        step = markers.get(rank, {}).get("step")
-        return JobFailure(line + remedy(what), died, state, rank, host, step, errors, expected, job.num_tasks)
+        return JobFailure(
+            line=line + remedy(what),
+            kind=JobOutcome.RAISED if rank in errors else JobOutcome.DIED,
+            state=state,
+            rank=rank,
+            host=host,
+            step=markers.get(rank, {}).get("step"),
+            errors=errors,
+            expected=expected,
+            world=job.num_tasks,
+        )
     unfinished = ranks([k for k, outcome in enumerate(outcomes) if not outcome or outcome[0] != "success"])
     line = f"{kind} job {job.job_id} ended{ended} without the results of {unfinished} (full log: {job.paths.stderr})"
-    kind = "stopped" if state in STOPPED else "lost"
-    return JobFailure(line, kind, state, errors=errors, expected=expected, world=job.num_tasks)
+    return JobFailure(
+        line=line,
+        kind=JobOutcome.STOPPED if state in STOPPED else JobOutcome.LOST,
+        state=state,
+        errors=errors,
+        expected=expected,
+        world=job.num_tasks,
+    )
 
 
 def read_markers(job: submitit.Job) -> dict[int, dict]:

@@ -28,11 +28,14 @@ from trainflow.errors import TrainflowError
 from trainflow.launch.failure import JobFailure
 from trainflow.launch.heartbeat import timing_path
 from trainflow.records import RecordError
+from trainflow.train.goodput import JobOutcome
 from trainflow.train.summary import RankTiming, stragglers
 
 NOT_RESTARTED_STATES = frozenset({"CANCELLED", "DEADLINE", "TIMEOUT"})
 REQUEUES_USED_UP = re.compile(r"UncompletedJobError: .*timed-out too many times")
 """submitit's error where the pre-timeout signal came once more than cluster.allocation.max_requeues allows."""
+HOST_FAULTS = frozenset({JobOutcome.HANG, JobOutcome.DIED, JobOutcome.RAISED})
+"""The failures whose rank's host a restart leaves out."""
 OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 """A node name as sbatch --exclude takes it. Hosts come from files of the run folder (task markers, the hang report,
@@ -66,7 +69,8 @@ def judge(
         return Verdict(False, "not restarted: trainflow refused an input, which a new job would refuse again")
     if len(failure.errors) == failure.world and len(set(failure.errors.values())) == 1:
         return Verdict(False, "not restarted: every rank raised the same exception, so the code fails wherever it runs")
-    if failure.kind == "raised" and any(set(failure.errors.values()) & set(f.errors.values()) for f in earlier):
+    raised = set(failure.errors.values())
+    if failure.kind == JobOutcome.RAISED and any(raised & set(f.errors.values()) for f in earlier):
         return Verdict(False, "not restarted: a rank raised the same exception in two jobs, so the code fails")
     if failure.state in NOT_RESTARTED_STATES:
         return Verdict(False, f"not restarted: Slurm ended the job ({failure.state}), which a new job would not undo")
@@ -81,7 +85,7 @@ def judge(
         return Verdict(False, f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)")
     if restarts >= max_restarts:
         return Verdict(False, f"not restarted: cluster.allocation.max_restarts({max_restarts}) used up")
-    failed = {failure.host} if failure.kind in ("hang", "died", "raised") and failure.host else set()
+    failed = {failure.host} if failure.kind in HOST_FAULTS and failure.host else set()
     exclude = checked_hosts(failed, "the failed job's task marker or hang report") | slow
     left_out = f", leaving out {', '.join(sorted(exclude))}" if exclude else ""
     return Verdict(True, f"restart {restarts + 1} of {max_restarts}{left_out}", exclude)

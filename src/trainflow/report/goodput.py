@@ -11,7 +11,7 @@ from pathlib import Path
 from statistics import median
 
 from trainflow.report.sections import relative, table
-from trainflow.train.goodput import TERMS
+from trainflow.train.goodput import TERMS, JobOutcome
 from trainflow.train.summary import SegmentSummary, stragglers
 
 SLOWEST = 16
@@ -45,7 +45,7 @@ def goodput_section(segments: Sequence[SegmentSummary], plot: str, here: Path, *
 
 def jobs(segments: Sequence[SegmentSummary]) -> list[str]:
     """The failed jobs and what was done about each."""
-    failed = [(s.segment, j) for s in segments for j in s.goodput.jobs if j.outcome != "completed"]
+    failed = [(s.segment, j) for s in segments for j in s.goodput.jobs if j.outcome != JobOutcome.COMPLETED]
     if not failed:
         return []
     rows = [[seg, j.attempt, j.job_id, j.outcome, j.line, j.verdict] for seg, j in failed]

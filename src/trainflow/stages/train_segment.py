@@ -33,7 +33,7 @@ from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.restart import gate_exclusions, judge, straggler_hosts
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, run_stage, stage_log, write_json
-from trainflow.train.goodput import JobRun, measure_goodput, segment_jobs
+from trainflow.train.goodput import JobOutcome, JobRun, measure_goodput, segment_jobs
 from trainflow.train.step_log import Span, StepLog
 from trainflow.train.summary import RankEnergy, SegmentSummary
 from trainflow.train.trainer import Trainer
@@ -154,7 +154,7 @@ def job_run(
         submitted=submitted,
         started=min(started, default=submitted),
         ended=time.time(),
-        outcome=failure.kind if failure else "completed",
+        outcome=failure.kind if failure else JobOutcome.COMPLETED,
         line=failure.line if failure else "",
         verdict=verdict,
         exclude=sorted(exclude),

@@ -23,6 +23,7 @@ Every term is measured on its own; `unaccounted` is what the wall time holds bey
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from trainflow.records import Record
 from trainflow.train.step_log import Span
@@ -43,6 +44,23 @@ TERMS = (
 )
 
 
+class JobOutcome(StrEnum):
+    """How a job of a segment ended (jobs.jsonl writes the value): completed, or the kind of its failure
+    (launch.failure.JobFailure.kind, never COMPLETED)."""
+
+    COMPLETED = "completed"
+    HANG = "hang"
+    """The job's own ranks found one hung (launch.heartbeat)."""
+    STOPPED = "stopped"
+    """Slurm or an operator ended the job (TIMEOUT, CANCELLED, NODE_FAIL...)."""
+    DIED = "died"
+    """A rank ended abruptly (a signal, os._exit, the OOM killer, a lost node)."""
+    RAISED = "raised"
+    """A rank's code raised."""
+    LOST = "lost"
+    """The job ended without every result and no rank to blame."""
+
+
 @dataclass(frozen=True)
 class JobRun(Record):
     """One job train_segment submitted for a segment, and how it ended (jobs.jsonl)."""
@@ -56,8 +74,7 @@ class JobRun(Record):
     """The first rank's start (its task marker); `submitted` when none started."""
     ended: float
     """When the stage saw the job end."""
-    outcome: str
-    """completed, or the failure's kind (launch.failure.JobFailure.kind: died, hang, raised, stopped, lost)."""
+    outcome: JobOutcome
     line: str = ""
     """The failure's one line."""
     verdict: str = ""
@@ -81,7 +98,7 @@ class Goodput(Record):
 def segment_jobs(jobs: list[JobRun], segment: int) -> list[JobRun]:
     """The segment's jobs since it last completed before its final job."""
     mine = [j for j in jobs if j.segment == segment]
-    start = next((k + 1 for k in range(len(mine) - 2, -1, -1) if mine[k].outcome == "completed"), 0)
+    start = next((k + 1 for k in range(len(mine) - 2, -1, -1) if mine[k].outcome == JobOutcome.COMPLETED), 0)
     return mine[start:]
 
 
@@ -105,7 +122,7 @@ def measure_goodput(jobs: list[JobRun], spans: list[Span]) -> Goodput:
             seconds[kind := term(span, last[work(span)] == k)] += span.seconds
             cursor = max(cursor, span.started + span.seconds)
             before = kind if span.kind in ("step", "skipped", "eval") else "other"  # a step's bookkeeping is its own
-        seconds["detection" if job.outcome != "completed" else "shutdown"] += max(job.ended - cursor, 0.0)
+        seconds["detection" if job.outcome != JobOutcome.COMPLETED else "shutdown"] += max(job.ended - cursor, 0.0)
     wall = jobs[-1].ended - jobs[0].submitted
     return Goodput(
         wall_s=wall,
