@@ -42,7 +42,7 @@ def test_a_dead_rank_s_node_is_left_out_of_the_restarted_job(tmp_path, tokens):
     folder = Path(make_config("train_segment", tmp_path / "drill", *BASE, *SLURM).io.submitit)
     script = (folder / f"{jobs[1].job_id}_submission.sh").read_text()
     assert f"#SBATCH --exclude={failed_host}\n" in script and "--kill-on-bad-exit=1" in script
-    hosts = {m["host"] for m in read_markers(submitit.SlurmJob(folder, jobs[1].job_id, tasks=(0, 1))).values()}
+    hosts = {m.host for m in read_markers(submitit.SlurmJob(folder, jobs[1].job_id, tasks=(0, 1))).values()}
     assert hosts and failed_host not in hosts
     last = max(s.started + s.seconds for s in spans if s.started < jobs[0].ended)
     assert jobs[0].ended - last < 30 + 10  # failure_detect_s + 10 s

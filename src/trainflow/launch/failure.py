@@ -12,7 +12,6 @@ whose code never ended died abruptly.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
@@ -22,7 +21,7 @@ from pathlib import Path
 import submitit
 
 from trainflow.launch.hang import read_report
-from trainflow.launch.task import task_marker
+from trainflow.launch.task import TaskMarker, read_marker, task_marker
 from trainflow.train.goodput import JobOutcome
 
 TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
@@ -82,7 +81,7 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) 
         ended += f" after {requeues} requeue{'s' * (requeues > 1)}"
     markers = read_markers(job)
     errors = {k: last_line(outcome[1]) for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"}
-    expected = any(m.get("expected") for m in markers.values())
+    expected = any(m.expected for m in markers.values())
     if hang := read_report(job.paths):
         stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
         line = f"{hang.line()} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"
@@ -107,7 +106,7 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) 
             state=state,
             rank=rank,
             host=host,
-            step=markers.get(rank, {}).get("step"),
+            step=markers[rank].step if rank in markers else None,
             errors=errors,
             expected=expected,
             world=job.num_tasks,
@@ -124,30 +123,26 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) 
     )
 
 
-def read_markers(job: submitit.Job) -> dict[int, dict]:
+def read_markers(job: submitit.Job) -> dict[int, TaskMarker]:
     """Each task's marker (task.py), by rank, for the tasks that wrote one."""
-    return {
-        k: json.loads(path.read_text())
-        for k in range(job.num_tasks)
-        if (path := task_marker(job.task(k).paths)).exists()
-    }
+    return {k: read_marker(path) for k in range(job.num_tasks) if (path := task_marker(job.task(k).paths)).exists()}
 
 
-def first_failed_rank(job: submitit.Job, outcomes: list, markers: dict[int, dict]) -> tuple[int, str, str] | None:
+def first_failed_rank(job: submitit.Job, outcomes: list, markers: dict[int, TaskMarker]) -> tuple[int, str, str] | None:
     """(rank, host, what happened to it) of the rank that failed first: one that died abruptly (no result, and
     its code never ended), else one that raised; among several, the first whose abnormal end the log reported."""
     ends = reported_ends(job.paths.stderr)
     died = [
         k
         for k, outcome in enumerate(outcomes)
-        if outcome is None and (k in markers or k in ends) and "ended" not in markers.get(k, {})
+        if outcome is None and (k in markers or k in ends) and (k not in markers or markers[k].ended is None)
     ]
     raised = [k for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"]
     reported = {k: position for position, k in enumerate(ends)}
     for candidates in (died, raised):
         if candidates:
             rank = min(candidates, key=lambda k: (reported.get(k, math.inf), k))
-            host = markers[rank]["host"] if rank in markers else ends[rank][0] if rank in ends else ""
+            host = markers[rank].host if rank in markers else ends[rank][0] if rank in ends else ""
             if outcomes[rank]:
                 return rank, host, f"raised {last_line(outcomes[rank][1])}"
             return rank, host, ends[rank][1] if rank in ends else "ended abruptly, with no exit status in the log"

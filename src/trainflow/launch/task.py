@@ -6,11 +6,13 @@ with distributed_task(cfg.cluster.runtime) as (rank, world_size, device, marker)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging.config
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,32 +24,68 @@ from trainflow.atomic import write_json
 from trainflow.config import CONF_DIR, RuntimeConfig
 from trainflow.energy.node import hostname
 from trainflow.errors import TrainflowError
+from trainflow.records import Record, read_record
 
 if TYPE_CHECKING:
     import torch
 
 
+@dataclass(frozen=True)
+class TaskMarker(Record):
+    """Where a task ran and how its code ended (<job>_<task>_task.json in the job's folder): written by marked_task
+    as the task starts and again as its code ends, read by launch.failure and train_segment's jobs ledger."""
+
+    rank: int
+    host: str
+    pid: int
+    started: float
+    """Wall-clock time (time.time()) the task's code began."""
+    ended: float | None = None
+    """When its code ended, returning or raising; None: it has not, or it died abruptly (a signal, os._exit, the
+    OOM killer)."""
+    error: str | None = None
+    """The type of the exception it raised; None: it did not raise."""
+    expected: bool = False
+    """It raised one of trainflow's own errors (TrainflowError), which launch.restart does not retry."""
+    step: int | None = None
+    """The step a training rank was at when it raised (train_segment; launch.restart's out of memory twice)."""
+
+
+@dataclass
+class TaskNotes:
+    """What the block inside marked_task adds to its marker as it ends."""
+
+    step: int | None = None
+
+
 def task_marker(paths: JobPaths) -> Path:
-    """The task's marker: its rank, host, pid and start, then when its code ended (written by marked_task)."""
+    """The task's marker (TaskMarker)."""
     return paths.folder / f"{paths.job_id}_{paths.task_id}_task.json"
 
 
+def read_marker(path: Path) -> TaskMarker:
+    """The TaskMarker in `path`; one RecordError naming the file and field if it is not one."""
+    return read_record(TaskMarker, path, rerun="the job (the marker was altered)")
+
+
 @contextlib.contextmanager
-def marked_task() -> Iterator[dict]:
+def marked_task() -> Iterator[TaskNotes]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
-    ended: a rank of a failed job whose marker lacks the end died abruptly (a signal, os._exit, the OOM killer). A
-    raise records whether it was one of trainflow's own errors (launch.restart does not retry those). The block may
-    add facts to the dict it is given (the step a training rank was at)."""
+    ended: a rank of a failed job whose marker lacks the end died abruptly. A raise records whether it was one of
+    trainflow's own errors (launch.restart does not retry those). The block may note the step a training rank was
+    at in the notes it is given."""
     env = submitit.JobEnvironment()
-    record = {"rank": env.global_rank, "host": hostname(), "pid": os.getpid(), "started": time.time()}
-    write_json(task_marker(env.paths), record)
+    marker = TaskMarker(rank=env.global_rank, host=hostname(), pid=os.getpid(), started=time.time())
+    write_json(task_marker(env.paths), marker.to_json())
+    notes = TaskNotes()
     try:
-        yield record
+        yield notes
     except BaseException as err:
-        record.update(error=type(err).__name__, expected=isinstance(err, TrainflowError))
+        marker = dataclasses.replace(marker, error=type(err).__name__, expected=isinstance(err, TrainflowError))
         raise
     finally:
-        write_json(task_marker(env.paths), {**record, "ended": time.time()})
+        ended = dataclasses.replace(marker, ended=time.time(), step=notes.step)
+        write_json(task_marker(env.paths), ended.to_json())
 
 
 def configure_logging() -> None:
@@ -56,9 +94,9 @@ def configure_logging() -> None:
 
 
 @contextlib.contextmanager
-def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.device, dict]]:
+def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.device, TaskNotes]]:
     """Rank, world size and device of this task inside the default process group, in a marked task (and the
-    marker's facts, which the block may add to)."""
+    marker's notes, which the block may add to)."""
     # Imported here, not at the top: the local controller (`python -m trainflow.launch`) imports this package
     # and would wait 3 s for torch.
     import torch

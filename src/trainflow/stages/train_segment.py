@@ -64,7 +64,7 @@ class TrainSegment(submitit.helpers.Checkpointable):
                 trainer = Trainer(cfg, device, on_phase=on_phase, on_step=beat.timed, attempt=self.attempt)
                 summary = trainer.train()
             except BaseException:
-                marker["step"] = beat.step  # the failure's step, for the restart's judge (out of memory twice)
+                marker.step = beat.step  # the failure's step, for the restart's judge (out of memory twice)
                 raise
         if summary.interrupted_by:
             self.stop(summary.interrupted_by)
@@ -146,7 +146,7 @@ def job_run(
     verdict: str,
 ) -> JobRun:
     """The ledger's record of a job that ended."""
-    started = [m["started"] for m in read_markers(job).values() if isinstance(m.get("started"), (int, float))]
+    started = [m.started for m in read_markers(job).values()]
     return JobRun(
         segment=cfg.segment,
         attempt=attempt,
