@@ -44,7 +44,7 @@ def fixed_tokens(tmp_path_factory) -> Path:
 
 
 def read_json(path: str | Path) -> dict:
-    """A stage's JSON output as the file holds it (the keys the README documents)."""
+    """A stage's JSON output as the file holds it (the keys docs/runs.md documents)."""
     return json.loads(Path(path).read_text())
 
 

@@ -4,7 +4,7 @@ energy.json): frozen dataclasses, each beside its writer, read back by `from_jso
     python -c "from trainflow.records import read_record; from trainflow.gate.report import NcclReport; \
         print(read_record(NcclReport, 'runs/default/nccl.json').world_size)"
 
-A document is JSON on disk, keyed by the fields' names (the README lists them), so other tools read it without
+A document is JSON on disk, keyed by the fields' names (docs/runs.md lists them), so other tools read it without
 trainflow. `from_json` rebuilds nested records from the field types (a record, a list or dict of them, an enum from
 its value, or None); written by hand because the standard library has no inverse of dataclasses.asdict, and one small
 function keeps the records free of a dependency. A document written by another trainflow version, or altered, fails

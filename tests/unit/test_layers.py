@@ -1,4 +1,4 @@
-"""The package's layers (README, "Architecture"): a module imports only lower layers or its own package,
+"""The package's layers (docs/architecture.md, "Layers"): a module imports only lower layers or its own package,
 so nothing imports the stages and the file-moving stages stay free of torch."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def imported(path) -> set[str]:
 
 def test_every_module_has_a_layer():
     tops = {p.relative_to(SRC).parts[0].removesuffix(".py") for p in MODULES} - {"__init__"}
-    assert tops <= set(LAYERS), f"give these a layer in LAYERS and the README: {tops - set(LAYERS)}"
+    assert tops <= set(LAYERS), f"give these a layer in LAYERS and docs/architecture.md: {tops - set(LAYERS)}"
 
 
 def test_modules_import_only_lower_layers():

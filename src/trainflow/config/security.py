@@ -1,4 +1,4 @@
-"""The allow-lists of the README's Security section that a composed config must pass: the characters a storage or io
+"""The allow-lists of docs/security.md that a composed config must pass: the characters a storage or io
 path may hold, and the environment variables ranks may be given. (Which workflow overrides may be given at all is
 config.overrides'.)
 
