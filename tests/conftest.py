@@ -10,6 +10,7 @@ import pytest
 
 from trainflow.config import TrainflowConfig, compose
 from trainflow.data.tokens import write_shard  # noqa: F401  (imported early: h5py before torch.distributed)
+from trainflow.preflight import preflight
 from trainflow.stages import prepare_data, train_segment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,9 +28,11 @@ def tokens(tmp_path_factory) -> Path:
 
 
 def make_config(stage: str, root: Path, *overrides: str, tokens: Path | None = None) -> TrainflowConfig:
-    """A smoke-sized config whose every path lies under `root`."""
+    """A smoke-sized config whose every path lies under `root`, composed and pre-flight checked as a stage's is."""
     extra = [f"io.staged_tokens={tokens}", f"io.tokens={tokens}"] if tokens else []
-    return compose(stage, ["experiment=smoke", f"storage.root={root}", *extra, *overrides])
+    cfg = compose(stage, ["experiment=smoke", f"storage.root={root}", *extra, *overrides])
+    preflight(cfg)
+    return cfg
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,12 @@
-"""Checks of a config against the machine it is composed on: files it names must parse, folders it writes must be
-writable, tools it needs must be installed. Each is one line naming the value and the fix.
+"""The pre-flight checks: a validated config against the machine it is to run on. Files it names must parse (a
+pretrained tokenizer, the Hugging Face folder of io.init_from), folders it writes must be writable, tools it needs
+must be installed. Composition checks the config alone (trainflow.config.checks); the workflow runs these when it
+builds the DAG, and every stage again before it runs (trainflow.stage.run_stage), since files change in between.
 
-    python -c "from trainflow.config.host import missing_compiler; print(missing_compiler())"
+    python -c "from trainflow.config import compose; from trainflow.preflight import preflight; \
+        preflight(compose('train_segment', ['io.init_from=hf/Meta-Llama-3-8B']))"
+
+`preflight` raises one ConfigError whose message names every offending value and the fix.
 """
 
 from __future__ import annotations
@@ -10,8 +15,16 @@ import os
 import shutil
 from pathlib import Path
 
-from trainflow.config.hf import init_from_errors
-from trainflow.config.schema import DataConfig, TrainflowConfig
+from trainflow.config.hf import HfFolderError, check_config
+from trainflow.config.hf_weights import weight_files
+from trainflow.config.schema import DataConfig, ModelConfig, TrainflowConfig
+from trainflow.errors import ConfigError
+
+
+def preflight(cfg: TrainflowConfig) -> None:
+    """Raise one ConfigError listing every check the machine fails, with its fix."""
+    if errors := host_errors(cfg):
+        raise ConfigError("config cannot run here: " + "; ".join(errors))
 
 
 def host_errors(cfg: TrainflowConfig) -> list[str]:
@@ -27,7 +40,7 @@ def tokenizer_errors(d: DataConfig) -> list[str]:
     """A pretrained tokenizer must parse, and its vocabulary be data.vocab_size (which the model's must hold)."""
     if d.tokenizer != "pretrained":
         return []
-    from tokenizers import Tokenizer  # only here: composing any other config does not load it
+    from tokenizers import Tokenizer  # only here: checking any other config does not load it
 
     try:
         size = Tokenizer.from_file(d.tokenizer_path).get_vocab_size(with_added_tokens=True)
@@ -36,6 +49,19 @@ def tokenizer_errors(d: DataConfig) -> list[str]:
         return [f"data.tokenizer_path({d.tokenizer_path!r}) is no readable tokenizer.json ({reason}); give one"]
     if size != d.vocab_size:
         return [f"data.vocab_size({d.vocab_size}) must be {size}, the size of data.tokenizer_path's vocabulary"]
+    return []
+
+
+def init_from_errors(init_from: str, m: ModelConfig) -> list[str]:
+    """The Hugging Face folder of io.init_from (empty: none to start from): its config.json must describe the model
+    `m` and its safetensors headers hold exactly the model's weights (no tensor is read)."""
+    if not init_from:
+        return []
+    try:
+        check_config(Path(init_from), m)
+        weight_files(Path(init_from), m)
+    except HfFolderError as err:
+        return [str(err)]
     return []
 
 

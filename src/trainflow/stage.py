@@ -1,8 +1,9 @@
 """What every stage shares: config from Hydra, one-line errors, and the job's metrics file.
 
-A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the config, meters the
-job (wall, CPU, RAPL/NVML energy where readable) and writes `io.job_metrics` (trainflow.energy.metrics.JobMetrics,
-with the resolved config the job ran with, and the figures run() reported), which `account_energy` and `report` read.
+A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the config, runs the
+pre-flight checks (trainflow.preflight), meters the job (wall, CPU, RAPL/NVML energy where readable) and writes
+`io.job_metrics` (trainflow.energy.metrics.JobMetrics, with the resolved config the job ran with, and the figures
+run() reported), which `account_energy` and `report` read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from trainflow.atomic import write_json, write_text_atomic  # noqa: F401  (re-ex
 from trainflow.config import TrainflowConfig, TrainflowError, as_dict, to_config
 from trainflow.energy.meter import Reading, delta
 from trainflow.energy.metrics import JobMetrics
+from trainflow.preflight import preflight
 
 log = logging.getLogger(__name__)
 JOB_FIELDS = ("ranks", "rank_cpu_s", "nodes", "node_windows", "tokens", "slurm_job_id")
@@ -36,9 +38,10 @@ def stage_log(module_file: str) -> logging.Logger:
 
 
 def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
-    """Validate, run and meter one stage; expected failures end in one error line and exit 1."""
+    """Validate, pre-flight check, run and meter one stage; expected failures end in one error line and exit 1."""
     try:
         cfg = to_config(raw)
+        preflight(cfg)  # the files and tools it names, again: they may have changed since the DAG was built
         start = Reading.now()
         figures = run(cfg) or {}
         known = {k: figures.pop(k) for k in JOB_FIELDS if k in figures}

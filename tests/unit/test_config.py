@@ -10,6 +10,7 @@ from omegaconf import MISSING
 
 from trainflow.config import CONF_DIR, STAGES, ConfigError, TrainflowConfig, compose, config_hash
 from trainflow.config.layout import ParallelDims
+from trainflow.preflight import preflight
 
 NO_FACTORY = dataclasses.MISSING
 
@@ -169,9 +170,10 @@ def test_train_settings_that_cannot_work_are_refused_in_one_line(tmp_path, monke
     ]
     for overrides, fragment in cases:
         with pytest.raises(ConfigError) as err:
-            compose("train_segment", overrides)
+            preflight(compose("train_segment", overrides))
         assert fragment in str(err.value) and "\n" not in str(err.value), (overrides, str(err.value))
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(ConfigError, match=r"train.compile=true needs a C\+\+ compiler .* apt install g\+\+"):
-        compose("train_segment", ["train.compile=true"])
-    compose("train_segment", ["train.activations=offload", f"train.offload_dir={tmp_path}/new/acts"])  # created later
+        preflight(compose("train_segment", ["train.compile=true"]))
+    new = f"train.offload_dir={tmp_path}/new/acts"  # created when the first activation is offloaded
+    preflight(compose("train_segment", ["train.activations=offload", new]))

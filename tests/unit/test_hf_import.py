@@ -1,27 +1,31 @@
 """io.init_from, one process: a folder transformers writes (bf16, sharded with its index) gives trainflow's Llama
 transformers' own logits; an export of a trainflow checkpoint imports bitwise; the export streams shards with an
-index that transformers reads; and every bad folder is refused in one line when the config is composed, before
-anything runs or is written."""
+index that transformers reads; and every bad folder is refused in one line by the pre-flight checks (when the DAG is
+built, and again by each stage), before anything runs or is written."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
 from tests.unit.test_export import newest, trained
-from trainflow.config import ConfigError, ModelConfig
+from trainflow.config import ConfigError, ModelConfig, compose
 from trainflow.config.hf import hf_name, parameter_shapes
 from trainflow.data.sampler import TokenSampler
 from trainflow.export import export, read_model
 from trainflow.export.hf_import import load_hf
 from trainflow.model import Llama, cross_entropy
+from trainflow.stage import run_stage
 
 TOLERANCE = 1e-4  # max abs logit difference, fp32 (the same tolerance as the export's comparison)
 OVERRIDES = ("model.init_std=0.3",)  # attention far from uniform: a wrong q/k layout would show in the logits
@@ -200,9 +204,23 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))
-def test_a_bad_folder_is_refused_in_one_line_when_the_config_is_composed(published, tmp_path, case):
+def test_a_bad_folder_is_refused_in_one_line_before_anything_runs(published, tmp_path, case):
     damage, match = BAD[case]
     folder = damaged(published, tmp_path, damage)
     with pytest.raises(ConfigError, match=match) as err:
         make_config("train_segment", tmp_path, *OVERRIDES, f"io.init_from={folder}")
     assert "\n" not in str(err.value) and not (tmp_path / "runs").exists()
+
+
+def test_a_stage_refuses_a_folder_damaged_after_the_dag_was_built(published, tmp_path, caplog):
+    """Composition checks the config alone; the pre-flight checks read the folder, and run_stage runs them again
+    before its stage, so a folder that broke since the workflow checked it stops the stage in one line."""
+    damage, match = BAD["truncated"]
+    folder = damaged(published, tmp_path, damage)
+    cfg = compose(
+        "train_segment", ["experiment=smoke", f"storage.root={tmp_path}", *OVERRIDES, f"io.init_from={folder}"]
+    )
+    with pytest.raises(SystemExit, match="1"), caplog.at_level(logging.ERROR):
+        run_stage(OmegaConf.structured(cfg), lambda cfg: pytest.fail("the stage ran"))
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert re.search(f"^ConfigError: config cannot run here: .*{match}", line) and "\n" not in line

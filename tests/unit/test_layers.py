@@ -26,6 +26,7 @@ LAYERS = {
     "parallel": 3,
     "energy": 3,
     "stack": 3,
+    "preflight": 3,
     "plan": 4,
     "export": 4,
     "train": 5,

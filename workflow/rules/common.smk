@@ -12,10 +12,12 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import shard_plan
 from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
+from trainflow.preflight import preflight
 
 try:
     check_workflow_config(config)  # in one line, before the schema below would dump itself
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
+    preflight(CFG)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 validate(config, "../schemas/config.schema.yaml")

@@ -1,6 +1,6 @@
 """The checks of a composed config, in order: every field's domain (its `checked(...)` in the schema), the security
-allow-lists (config.security) and validate_nccl's tables; then, those holding, the layout (config.layout), the
-cross-field rules (config.rules) and the host (config.host).
+allow-lists (config.security) and validate_nccl's tables; then, those holding, the layout (config.layout) and the
+cross-field rules (config.rules). Whether the machine can run the config is trainflow.preflight's.
 
     python -c "from trainflow.config import compose; compose('train_segment', ['optim.lr=-1'])"
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from trainflow.config.host import host_errors
 from trainflow.config.layout import parallel_errors
 from trainflow.config.rules import rule_errors, table_errors
 from trainflow.config.schema import TrainflowConfig
@@ -26,7 +25,7 @@ def validate(cfg: TrainflowConfig) -> None:
     if errors:  # the rules below assume every field lies in its domain
         raise ConfigError("invalid config: " + "; ".join(errors))
     p = cfg.parallel
-    errors = parallel_errors(p, cfg.model, global_batch=cfg.train.global_batch) + rule_errors(cfg) + host_errors(cfg)
+    errors = parallel_errors(p, cfg.model, global_batch=cfg.train.global_batch) + rule_errors(cfg)
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
 

@@ -1,14 +1,15 @@
 """Hugging Face's LlamaForCausalLM layout, without torch: its parameter names and config.json for a trainflow model
 (what trainflow.export writes), and config.json read back against the model a run configures (io.init_from).
 
-    python -c "from trainflow.config import compose; from trainflow.config.hf import init_from_errors; \
-        print(init_from_errors(compose('train_segment', ['model=llama3_8b', 'io.init_from=hf/Meta-Llama-3-8B'])))"
+    python -c "from pathlib import Path; from trainflow.config import compose; from trainflow.config.hf import \
+        check_config; check_config(Path('hf/Meta-Llama-3-8B'), compose('train_segment', ['model=llama3_8b']).model)"
 
 The folder's files are untrusted: config.json is parsed as JSON and compared field by field, each mismatch named
-with the override (or the preset) that would match; the weights' checks are config.hf_weights'. Both run when the
-config is validated, so a folder that cannot start the run fails when the DAG is built, before any stage runs, and
-again when the trainer reads it (the files may change in between). Rotary embeddings: trainflow rotates halves, as
-HF's rotate_half, so q/k projections need no permutation; Llama 3.1's frequency scaling is refused (not modelled).
+with the override (or the preset) that would match; the weights' checks are config.hf_weights'. Both are pre-flight
+checks (trainflow.preflight), so a folder that cannot start the run fails when the DAG is built, before any stage
+runs, and again when the trainer reads it (the files may change in between). Rotary embeddings: trainflow rotates
+halves, as HF's rotate_half, so q/k projections need no permutation; Llama 3.1's frequency scaling is refused (not
+modelled).
 """
 
 from __future__ import annotations
@@ -192,17 +193,3 @@ def matching(want: dict, m: ModelConfig) -> str:
         base = int(2 * 4 * want["dim"] / 3)
         sets |= {"ffn_dim_multiplier": min(1.0, want["ffn_dim"] / base), "multiple_of": want["ffn_dim"]}
     return "set " + " ".join(f"model.{k}={v}" for k, v in sets.items() if getattr(m, k) != v) + " to match it"
-
-
-def init_from_errors(init_from: str, m: ModelConfig) -> list[str]:
-    """The config check of io.init_from (empty: no folder to start from): config.json and the weights' files."""
-    if not init_from:
-        return []
-    from trainflow.config.hf_weights import weight_files
-
-    try:
-        check_config(Path(init_from), m)
-        weight_files(Path(init_from), m)
-    except HfFolderError as err:
-        return [str(err)]
-    return []

@@ -95,7 +95,7 @@ def model_errors(m: ModelConfig) -> list[str]:
 
 
 def train_errors(cfg: TrainflowConfig) -> list[str]:
-    """Settings that only make sense together (whether the machine can run them is config.host's)."""
+    """Settings that only make sense together (whether the machine can run them is trainflow.preflight's)."""
     t, errors = cfg.train, []
     if t.offload_dir and t.activations != "offload":
         errors.append(

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainflow.config.host import missing_compiler
 from trainflow.errors import ConfigError
+from trainflow.preflight import missing_compiler
 
 
 def apply_compile(parts: list[nn.Module], device: torch.device) -> None:
