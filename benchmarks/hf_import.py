@@ -134,13 +134,12 @@ def status(key):  # kB; VmHWM is the peak of this process
 if sys.argv[5] == "save":  # a checkpoint of the model as the trainer writes its model (DCP, a manifest)
     import torch, torch.distributed.checkpoint as dcp
     from trainflow.checkpoint.folders import step_dir
-    from trainflow.checkpoint.manifest import write_manifest
-    from trainflow.config import as_dict
+    from trainflow.checkpoint.manifest import Provenance, write_manifest
     from trainflow.config.hf import parameter_shapes
     step = step_dir(sys.argv[1], 1)
     state = {"model": {k: torch.randn(s) * 0.02 for k, s in parameter_shapes(m).items()}}
     dcp.save(state, checkpoint_id=step, no_dist=True)
-    write_manifest(step, world_size=1, step=1, model=as_dict(m))
+    write_manifest(step, world_size=1, step=1, provenance=Provenance(model=m))
 else:  # in a process of its own, so its peak is the export's
     from trainflow.export import export
     before = status("VmRSS")

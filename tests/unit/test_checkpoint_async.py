@@ -72,7 +72,7 @@ def test_async_save_holds_its_step_and_turns_durable_at_a_boundary(tmp_path, mon
         (done,) = durable(manager)
         assert (done.step, done.step_s, done.overlap_steps >= 2) == (n, 0.1, True)
         assert done.background_s > 0 and done.blocking_s > 0
-        assert verify(step_dir(tmp_path, n))["files"] == 3  # .metadata + two shard files, every CRC re-read
+        assert len(verify(step_dir(tmp_path, n)).files) == 3  # .metadata + two shard files, every CRC re-read
         assert_loads(manager, n, want)
     assert plans == [1]  # planned once, the plan kept for the second save
     state = build_state([model], [opt], step=3)

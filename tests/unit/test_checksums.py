@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, verify, write_manifest
+from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, Provenance, verify, write_manifest
 from trainflow.crc import file_crc
 
 
@@ -63,7 +63,8 @@ def unlist(folder, name: str) -> None:
 def test_manifest_detects_a_flipped_byte_and_names_the_file(tmp_path):
     dcp_folder(tmp_path, files_per_rank=1, world_size=3, step=3)
     assert json.loads((tmp_path / MANIFEST).read_text())["file_count"] == 4
-    assert verify(tmp_path) == {"files": 4, "bytes": 15100, "world_size": 3}
+    manifest = verify(tmp_path)
+    assert (len(manifest.files), manifest.nbytes, manifest.world_size) == (4, 15100, 3)
     victim = tmp_path / "__1_0.distcp"
     data = bytearray(victim.read_bytes())
     data[1234] ^= 0x01
@@ -83,7 +84,7 @@ def test_missing_manifest_or_file_is_reported(tmp_path):
 
 def test_world_size_defaults_to_the_ranks_the_file_names_count(tmp_path):
     dcp_folder(tmp_path, ranks=2)
-    assert verify(tmp_path)["world_size"] == 2
+    assert verify(tmp_path).world_size == 2
 
 
 def test_an_omitted_shard_is_caught_even_when_corrupt_and_dropped_from_the_count(tmp_path):
@@ -129,11 +130,34 @@ def test_a_listed_name_dcp_does_not_write_is_caught_before_anything_is_read(tmp_
         verify(tmp_path)
 
 
-def test_a_manifest_without_world_size_or_count_is_refused(tmp_path):
-    dcp_folder(tmp_path)
-    edit_manifest(tmp_path, lambda m: m.pop("world_size"))
-    with pytest.raises(ChecksumError, match=r"lacks an integer world_size >= 1, file_count or files"):
+HOSTILE = {
+    "no world_size": (lambda m: m.pop("world_size"), r"manifest\.json lacks Manifest's field 'world_size'"),
+    "world_size 0": (lambda m: m.update(world_size=0), r"records algorithm 'crc32c' and world_size 0, where"),
+    "another algorithm": (lambda m: m.update(algorithm="md5"), r"records algorithm 'md5'"),
+    "a text count": (lambda m: m.update(file_count="7"), r"manifest\.json\.file_count holds '7', not a int"),
+    "a bool size": (lambda m: m["files"][".metadata"].update(bytes=True), r"\.metadata\.bytes holds True, not a int"),
+    "an unknown field": (lambda m: m.update(run="os.system('x')"), r"holds 'run', which Manifest has no field for"),
+    "a number as init_from": (lambda m: m.update(init_from=5), r"manifest\.json\.init_from holds 5, not a str"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=list(HOSTILE))
+def test_a_manifest_that_is_not_what_trainflow_writes_is_one_line(tmp_path, case):
+    edit, match = HOSTILE[case]
+    dcp_folder(tmp_path, step=3)
+    edit_manifest(tmp_path, edit)
+    with pytest.raises(ChecksumError, match=match) as err:
         verify(tmp_path)
+    assert "\n" not in str(err.value) and str(err.value).endswith("trainflow falls back to the previous one)")
+
+
+def test_a_manifest_round_trips_and_leaves_out_what_it_does_not_record(tmp_path):
+    dcp_folder(tmp_path, step=3, provenance=Provenance(layout="tp2", init_from="hf/tiny"))
+    written = json.loads((tmp_path / MANIFEST).read_text())
+    assert sorted(written) == ["algorithm", "file_count", "files", "init_from", "layout", "step", "world_size"]
+    manifest = verify(tmp_path)
+    assert (manifest.step, manifest.layout, manifest.init_from, manifest.guard) == (3, "tp2", "hf/tiny", None)
+    assert manifest.world_size == 3 and len(manifest.files) == 7 and manifest.nbytes == 6 * 5000 + 100
 
 
 def test_a_listed_file_replaced_by_a_symbolic_link_is_caught(tmp_path):

@@ -3,12 +3,14 @@ rollback leaves out, and a checkpoint manifest's guard entry read as the hostile
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
+from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, Provenance, read_manifest, write_manifest
 from trainflow.config.schema import SpikeConfig
-from trainflow.records import RecordError
 from trainflow.train.guard import GuardState, LossGuard, read_guard_state
 
 
@@ -64,8 +66,18 @@ def test_a_rollback_leaves_the_bad_windows_out_and_judges_on_from_the_checkpoint
     assert [guard.window(step) for step in range(4, 8)] == [5, 6, 9, 10]
 
 
-def test_a_manifest_without_a_guard_entry_is_an_empty_state():
-    assert read_guard_state({"files": {}}, "m") == GuardState(skipped=[], losses=[])
+def manifest_folder(folder: Path, guard: GuardState | None = None) -> Path:
+    """A one-rank checkpoint folder (its bytes made up) whose manifest records `guard`."""
+    (folder / ".metadata").write_bytes(b"m")
+    (folder / "__0_0.distcp").write_bytes(b"x")
+    write_manifest(folder, world_size=1, step=4, provenance=Provenance(guard=guard))
+    return folder
+
+
+def test_a_manifest_without_a_guard_entry_is_an_empty_state(tmp_path):
+    assert read_guard_state(read_manifest(manifest_folder(tmp_path))) == GuardState(skipped=[], losses=[])
+    state = GuardState(skipped=[2, 5], losses=[3.5, 3.25])
+    assert read_guard_state(read_manifest(manifest_folder(tmp_path, state))) == state
 
 
 @pytest.mark.parametrize(
@@ -78,7 +90,10 @@ def test_a_manifest_without_a_guard_entry_is_an_empty_state():
         ("[1, 2]", "not an object of GuardState's fields"),
     ],
 )
-def test_a_hostile_guard_entry_fails_in_one_line(entry, message):
-    with pytest.raises(RecordError, match=message) as err:
-        read_guard_state({"guard": entry}, "step-00000004/manifest.json")
-    assert "step-00000004/manifest.json.guard" in str(err.value) and "\n" not in str(err.value)
+def test_a_hostile_guard_entry_fails_in_one_line(tmp_path, entry, message):
+    folder = manifest_folder(tmp_path)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "guard": entry}))
+    with pytest.raises(ChecksumError, match=message) as err:
+        read_manifest(folder)
+    assert f"{folder / MANIFEST}.guard" in str(err.value) and "\n" not in str(err.value)

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from trainflow.checkpoint.background import WriterDied, WriterProcess, Written
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.interval import SaveDone
+from trainflow.checkpoint.manifest import Provenance
 from trainflow.checkpoint.staging import Staging
 from trainflow.checkpoint.writer import CheckpointWriteError, ChecksummingWriter, describe_failure
 from trainflow.tensors import local, storage_ptr
@@ -52,7 +53,7 @@ class Pending:
     started: float
     step_s: float
     nbytes: int
-    meta: dict
+    provenance: Provenance
     before_commit: Callable[[], None]
     blocking_s: float = 0.0
     phase: str = "writing"
@@ -87,7 +88,9 @@ class AsyncSaves:
         self.pending: Pending | None = None
         self.hooked: set[int] = set()
 
-    def start(self, step: int, state: dict, *, optimizers, step_s: float, before_commit, meta: dict) -> list[SaveDone]:
+    def start(
+        self, step: int, state: dict, *, optimizers, step_s: float, before_commit, provenance: Provenance
+    ) -> list[SaveDone]:
         """Stage `state` and hand it to the writer process; the save in flight before it (waited for: one at a
         time) if there was one."""
         done = self.finish()
@@ -109,7 +112,7 @@ class AsyncSaves:
         writer, threads = self.writer, self.manager.io_threads
         self.staging.start(flat, deferred=deferred, then=lambda: writer.write(folder, threads))
         nbytes = sum(local(v).nbytes for v in flat.values())
-        self.pending = Pending(step, folder, started, step_s, nbytes, meta, before_commit)
+        self.pending = Pending(step, folder, started, step_s, nbytes, provenance, before_commit)
         self.pending.blocking_s = time.perf_counter() - t0
         return done
 
@@ -236,7 +239,7 @@ class AsyncSaves:
         checksums = [c for _, c, _, _ in reports]
         checksums[0] = {**checksums[0], **writer.checksums}
         error = self.manager.commit(
-            p.step, p.folder, [(c, n, None) for c, (_, _, n, _) in zip(checksums, reports)], **p.meta
+            p.step, p.folder, [(c, n, None) for c, (_, _, n, _) in zip(checksums, reports)], p.provenance
         )
         slowest = max(seconds for *_, seconds in reports)
         p.done = SaveDone(p.step, p.started, 0.0, p.step_s, slowest + time.perf_counter() - t0)

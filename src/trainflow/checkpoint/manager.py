@@ -34,7 +34,7 @@ from trainflow.atomic import fsync_path
 from trainflow.checkpoint.async_saves import AsyncSaves
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.interval import SaveDone
-from trainflow.checkpoint.manifest import ChecksumError, write_manifest
+from trainflow.checkpoint.manifest import NO_PROVENANCE, ChecksumError, Provenance, write_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
 from trainflow.checkpoint.staging import check_host_memory
@@ -88,7 +88,7 @@ class CheckpointManager:
         optimizers: list[torch.optim.Optimizer] = (),
         step_s: float = float("nan"),
         before_commit: Callable[[], None] = lambda: None,
-        **meta: object,
+        provenance: Provenance = NO_PROVENANCE,
     ) -> list[SaveDone]:
         """Save checkpoint `step`; the saves that became durable during the call: this one in sync mode, the
         one in flight before it (waited for) in async mode, whose own turns durable at a later `poll` or
@@ -97,10 +97,10 @@ class CheckpointManager:
         `optimizers` own most of `state` (async: their next step waits for its background copy); `step_s` is
         this rank's mean step time, which the record of the save carries as rank 0's. `before_commit` runs on
         every rank after the shards are written, before the manifest and rename: the fault-injection point
-        of a crash mid-checkpoint. `meta` goes into the manifest."""
+        of a crash mid-checkpoint. `provenance` goes into the manifest."""
         if self.saves is not None:
             return self.saves.start(
-                step, state, optimizers=optimizers, step_s=step_s, before_commit=before_commit, meta=meta
+                step, state, optimizers=optimizers, step_s=step_s, before_commit=before_commit, provenance=provenance
             )
         start, started = time.perf_counter(), time.time()
         tmp = step_dir(self.root, step, "tmp")
@@ -125,7 +125,7 @@ class CheckpointManager:
         before_commit()
         reports = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object((writer.checksums, tensor_bytes(state), failure), reports, dst=0)  # also: all ranks are done
-        outcome = [self.commit(step, tmp, reports, **meta) if self.rank == 0 else None]
+        outcome = [self.commit(step, tmp, reports, provenance) if self.rank == 0 else None]
         outcome.append(SaveDone(step, started, time.perf_counter() - start, step_s))  # rank 0's, below
         dist.broadcast_object_list(outcome, src=0)
         if outcome[0] is not None:
@@ -141,7 +141,7 @@ class CheckpointManager:
         """Where training stops (a stop signal, the segment's end): wait for the save in flight, if any."""
         return [] if self.saves is None else self.saves.finish()
 
-    def commit(self, step: int, tmp: Path, reports: list, **meta: object) -> str | None:
+    def commit(self, step: int, tmp: Path, reports: list, provenance: Provenance) -> str | None:
         """Rank 0, given every rank's (checksums, tensor bytes, failure): write the manifest (fsyncing every file),
         rename `tmp` into place and fsync the folder it is in, or else remove it and return the one-line error."""
         start = time.perf_counter()
@@ -149,7 +149,7 @@ class CheckpointManager:
         if not failed:
             try:
                 checksums = {k: v for c, _, _ in reports for k, v in c.items()}
-                manifest = write_manifest(tmp, checksums, step=step, world_size=len(reports), **meta)
+                manifest = write_manifest(tmp, checksums, world_size=len(reports), step=step, provenance=provenance)
                 shutil.rmtree(step_dir(self.root, step), ignore_errors=True)
                 tmp.rename(step_dir(self.root, step))
                 fsync_path(self.root)  # the rename is durable once its folder is
@@ -159,12 +159,11 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # else the partial write holds its space until the next save
             return self.write_error(step, *failed[0], needs=sum(nbytes for _, nbytes, _ in reports))
         self.pruning = self.background.submit(self.prune)
-        nbytes = sum(f["bytes"] for f in manifest["files"].values())
         log.info(
             "Saved checkpoint step %d (%d files, %.1f MB), committed in %.2f s",
             step,
-            len(manifest["files"]),
-            nbytes / 1e6,
+            len(manifest.files),
+            manifest.nbytes / 1e6,
             time.perf_counter() - start,
         )
         return None

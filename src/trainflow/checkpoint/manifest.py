@@ -1,34 +1,144 @@
-"""CRC manifests: what a checkpoint directory must contain, byte for byte.
+"""CRC manifests: what a checkpoint directory must contain, byte for byte, and what the run recorded beside it.
 
 manifest.json = {"algorithm": "crc32c", "world_size": w, "file_count": n,
-                 "files": {relative path: {"bytes": n, "crc32c": c}}, ...}.
+                 "files": {relative path: {"bytes": n, "crc32c": c}},
+                 "step": s, "layout": ..., "model": {...}, "guard": {...}, "init_from": ...} (Manifest).
 The checksum is CRC-32C (trainflow.crc).
 
 A manifest is complete or the checkpoint is invalid: the folder holds exactly the files it lists,
 `file_count` of them, `.metadata` among them, and every rank 0..world_size-1 has its DCP files
 `__{rank}_0.distcp`, `__{rank}_1.distcp`, ... (DCP writes at least one per rank, empty if the rank
 holds nothing), so a shard dropped from the list together with its file, or planted beside it, is
-caught without unpickling anything.
+caught without unpickling anything. The manifest's CRCs cover the other files, not itself: it is read as
+untrusted input, every field checked here (read_manifest), the model only where it is asked for
+(Manifest.recorded_model), since a checkpoint whose model this version cannot read still resumes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
+import reprlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import get_type_hints
 
 from trainflow.atomic import fsync_path, write_text_atomic
+from trainflow.config import ModelConfig
+from trainflow.config.checks import domain_errors
+from trainflow.config.rules import model_errors
 from trainflow.crc import file_crc
 from trainflow.errors import TrainflowError
+from trainflow.records import Record, RecordError
 
 MANIFEST = "manifest.json"
 # DCP's file names (torch.distributed.checkpoint.filesystem), spelt out so checking a folder needs no torch.
 METADATA = ".metadata"
 RANK_FILE = re.compile(r"__([0-9]+)_([0-9]+)\.distcp")
+ALGORITHM = "crc32c"
+MODEL_TYPES = get_type_hints(ModelConfig)
+"""ModelConfig's field name -> int, float or str: what a manifest's model must hold."""
 
 
 class ChecksumError(TrainflowError):
     """A checkpoint that is not what trainflow wrote: a file's bytes, the file list or the contents."""
+
+
+@dataclass(frozen=True)
+class FileEntry(Record):
+    bytes: int
+    crc32c: int
+
+
+@dataclass(frozen=True)
+class GuardState(Record):
+    """What a checkpoint's manifest keeps of the loss-spike guard (train.guard), its `guard` entry."""
+
+    skipped: list[int]
+    """Data windows rollbacks left out of the stream, ascending."""
+    losses: list[float]
+    """The last train.spike.window applied losses, oldest first."""
+
+    def __post_init__(self) -> None:
+        if any(w < 0 for w in self.skipped) or not all(math.isfinite(x) for x in self.losses):
+            raise TrainflowError(
+                "it holds a negative data window or a non-finite loss, which trainflow never writes; the checkpoint "
+                "was altered: delete it (trainflow falls back to the previous one)"
+            )
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What the trainer records in every manifest beside the files (CheckpointManager.save's `provenance`)."""
+
+    layout: str | None = None
+    """parallel.name of the layout that wrote it."""
+    model: ModelConfig | None = None
+    """What trainflow.export rebuilds the model from."""
+    guard: GuardState | None = None
+    """What a resume from it judges and draws with (train.guard)."""
+    init_from: str | None = None
+    """The Hugging Face folder step 0 came from (io.init_from); None: random weights."""
+
+
+NO_PROVENANCE = Provenance()
+"""What a folder not written by the trainer records (tests, benchmarks, an import)."""
+
+
+@dataclass(frozen=True)
+class Manifest(Record):
+    """manifest.json. A field that is None is left out of the file (manifests before it held none)."""
+
+    algorithm: str
+    world_size: int
+    """The ranks that wrote the folder."""
+    file_count: int
+    files: dict[str, FileEntry]
+    step: int | None = None
+    layout: str | None = None
+    model: object = None
+    """ModelConfig's fields as written: recorded_model checks them."""
+    guard: GuardState | None = None
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.algorithm != ALGORITHM or self.world_size < 1:
+            raise TrainflowError(
+                f"it records algorithm {self.algorithm!r} and world_size {self.world_size}, where trainflow writes "
+                f"{ALGORITHM!r} and world_size >= 1"
+            )
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in super().to_json().items() if v is not None}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.bytes for f in self.files.values())
+
+    def recorded_model(self, path: Path) -> ModelConfig:
+        """The model it records (CheckpointManager.save writes ModelConfig's fields), checked as a config is; one
+        RecordError naming `path` (this manifest's file) and the first field missing, unknown, mistyped or out of
+        its domain."""
+        values = self.model
+        if values is None:
+            raise RecordError(f"{path} records no model")
+        if not isinstance(values, dict):
+            raise RecordError(
+                f"{path} records the model as {reprlib.repr(values)}, not an object of ModelConfig's fields"
+            )
+        if odd := sorted(set(values) ^ set(MODEL_TYPES)):
+            why = "lacks ModelConfig's field" if odd[0] in MODEL_TYPES else "holds a field ModelConfig has not,"
+            raise RecordError(f"{path}'s model {why} {reprlib.repr(odd[0])}")
+        # bool is an int to isinstance; JSON's true is no layer count.
+        if wrong := next((k for k, kind in MODEL_TYPES.items() if type(values[k]) is not kind), None):
+            kind = MODEL_TYPES[wrong].__name__
+            raise RecordError(f"{path} records model.{wrong}({reprlib.repr(values[wrong])}), which is no {kind}")
+        m = ModelConfig(**values)
+        if errors := domain_errors(m, "model.") or model_errors(m):  # the model rules assume the domains hold
+            raise RecordError(f"{path} records a model outside the schema: {'; '.join(errors)}")
+        return m
 
 
 def folder_files(directory: Path) -> list[str]:
@@ -42,8 +152,9 @@ def write_manifest(
     checksums: dict[str, tuple[int, int]] | None = None,
     *,
     world_size: int | None = None,
-    **extra: object,
-) -> dict:
+    step: int | None = None,
+    provenance: Provenance = NO_PROVENANCE,
+) -> Manifest:
     """fsync every file under `directory`, then write and fsync manifest.json.
 
     `checksums` maps relative paths to (bytes, CRC-32C) computed while the files were written
@@ -66,48 +177,53 @@ def write_manifest(
                 f"{path} holds {path.stat().st_size} bytes but {size} were written; the save is incomplete, save again"
             )
         fsync_path(path)
-        files[rel] = {"bytes": size, "crc32c": crc}
+        files[rel] = FileEntry(bytes=size, crc32c=crc)
     if world_size is None:
         world_size = 1 + max((int(m[1]) for rel in names if (m := RANK_FILE.fullmatch(rel))), default=0)
-    manifest = {"algorithm": "crc32c", "world_size": world_size, "file_count": len(files), "files": files, **extra}
-    write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    p = provenance
+    manifest = Manifest(
+        algorithm=ALGORITHM,
+        world_size=world_size,
+        file_count=len(files),
+        files=files,
+        step=step,
+        layout=p.layout,
+        model=dataclasses.asdict(p.model) if p.model is not None else None,
+        guard=p.guard,
+        init_from=p.init_from,
+    )
+    write_text_atomic(directory / MANIFEST, json.dumps(manifest.to_json(), indent=1, sort_keys=True))
     return manifest
 
 
-def read_manifest(directory: Path) -> dict:
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of `directory`, every field checked (but the model: Manifest.recorded_model); one ChecksumError
+    naming the first that is not what trainflow writes."""
     path = directory / MANIFEST
     if not path.is_file():
         raise ChecksumError(
             f"{path} is missing: the checkpoint was never completed; delete {directory} or let trainflow fall back"
         )
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
         raise ChecksumError(f"{path} is not valid JSON ({err}); the checkpoint is damaged, delete {directory}") from err
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    whole = isinstance(files, dict) and all(
-        isinstance(v, dict) and type(v.get("bytes")) is int and type(v.get("crc32c")) is int for v in files.values()
-    )
-    if not (
-        whole
-        and type(manifest.get("world_size")) is int
-        and manifest["world_size"] >= 1
-        and type(manifest.get("file_count")) is int
-    ):
+    try:
+        return Manifest.from_json(data, where=str(path))
+    except RecordError as err:
         raise ChecksumError(
-            f"{path} lacks an integer world_size >= 1, file_count or files with bytes and crc32c (trainflow before "
-            f"complete manifests wrote no world_size); the checkpoint cannot be checked, delete {directory}"
-        )
-    return manifest
+            f"{err}: no manifest trainflow writes (trainflow before complete manifests wrote no world_size); the "
+            f"checkpoint cannot be checked, delete {directory} (trainflow falls back to the previous one)"
+        ) from None
 
 
-def check_complete(directory: Path, manifest: dict) -> None:
+def check_complete(directory: Path, manifest: Manifest) -> None:
     """The folder holds exactly the files the manifest lists, `file_count` of them, `.metadata` and every
     rank's DCP files among them; raises ChecksumError naming the first gap. Reads no file."""
-    path, files, world_size = directory / MANIFEST, manifest["files"], manifest["world_size"]
+    path, files, world_size = directory / MANIFEST, manifest.files, manifest.world_size
     fix = f"the checkpoint is incomplete or was altered, delete {directory} (trainflow falls back to the previous one)"
-    if len(files) != manifest["file_count"]:
-        raise ChecksumError(f"{path} lists {len(files)} files but records file_count {manifest['file_count']}; {fix}")
+    if len(files) != manifest.file_count:
+        raise ChecksumError(f"{path} lists {len(files)} files but records file_count {manifest.file_count}; {fix}")
     shards: dict[int, set[int]] = {}
     for rel in files:
         m = RANK_FILE.fullmatch(rel)
@@ -133,19 +249,17 @@ def check_complete(directory: Path, manifest: dict) -> None:
             )
 
 
-def verify(directory: Path) -> dict:
-    """Check the manifest is complete (check_complete), then re-read every file it lists; raises
+def verify(directory: Path) -> Manifest:
+    """Check the manifest is complete (check_complete), then re-read every file it lists; the manifest, or one
     ChecksumError naming the first problem."""
     manifest = read_manifest(directory)
     check_complete(directory, manifest)
-    total = 0
-    for rel, want in manifest["files"].items():
+    for rel, want in manifest.files.items():
         path = directory / rel
         size, crc = file_crc(path)
-        if (size, crc) != (want["bytes"], want["crc32c"]):
+        if (size, crc) != (want.bytes, want.crc32c):
             raise ChecksumError(
-                f"{path}: {size} bytes with CRC-32C {crc:#010x}, manifest says {want['bytes']} bytes with "
-                f"{want['crc32c']:#010x}; the file is corrupt, load the previous checkpoint"
+                f"{path}: {size} bytes with CRC-32C {crc:#010x}, manifest says {want.bytes} bytes with "
+                f"{want.crc32c:#010x}; the file is corrupt, load the previous checkpoint"
             )
-        total += size
-    return {"files": len(manifest["files"]), "bytes": total, "world_size": manifest["world_size"]}
+    return manifest

@@ -61,7 +61,8 @@ def verify_all(root: str | Path) -> VerifyReport:
     checked, failures = [], []
     for step in steps:
         try:
-            checked.append(CheckpointCheck(step=step, **verify(step_dir(root, step))))
+            manifest = verify(step_dir(root, step))
+            checked.append(CheckpointCheck(step, len(manifest.files), manifest.nbytes, manifest.world_size))
         except ChecksumError as err:
             failures.append(VerifyFailure(step=step, error=str(err)))
     seconds = time.perf_counter() - start

@@ -186,10 +186,3 @@ def widen(piece: torch.Tensor, into: torch.Tensor) -> None:
         np.left_shift(bits, 16, out=into.numpy().view(np.uint32), dtype=np.uint32)
     else:
         into.copy_(piece)
-
-
-def recorded_init_from(manifest: dict) -> str | None:
-    """The folder a checkpoint's run started from (its manifest's init_from; None: random weights). The manifest is
-    untrusted: anything but text is no folder."""
-    value = manifest.get("init_from")
-    return value if isinstance(value, str) else None

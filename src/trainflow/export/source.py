@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
-import reprlib
 import warnings
 from pathlib import Path
-from typing import get_type_hints
 
 import h5py
 import torch
@@ -19,20 +17,17 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from trainflow.checkpoint.folders import STEP, list_steps, step_dir
-from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, read_manifest
+from trainflow.checkpoint.manifest import MANIFEST, MODEL_TYPES, ChecksumError, read_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import InPlaceReader
 from trainflow.config import ModelConfig, TrainflowError
-from trainflow.config.checks import domain_errors
 from trainflow.config.hf import parameter_shapes
-from trainflow.config.rules import model_errors
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.index import first_shard
 from trainflow.data.record import DataError, check_size
+from trainflow.records import RecordError
 
 log = logging.getLogger(__name__)
-
-MODEL_TYPES = get_type_hints(ModelConfig)  # field name -> int, float or str
 
 OVERRIDES_FIX = "give the run's model overrides (e.g. model=tiny data.vocab_size=257)"
 
@@ -55,34 +50,12 @@ def find_checkpoint(path: Path) -> Path:
     )
 
 
-def recorded_model(checkpoint: Path) -> ModelConfig:
-    """The model the checkpoint's manifest records (CheckpointManager.save writes ModelConfig's fields), checked
-    as a config is; ExportError names the first field that is missing, unknown, mistyped or out of its domain."""
-    path, values = checkpoint / MANIFEST, read_manifest(checkpoint).get("model")
-    if values is None:
-        raise ExportError(f"{path} records no model")
-    if not isinstance(values, dict):
-        raise ExportError(f"{path} records the model as {reprlib.repr(values)}, not an object of ModelConfig's fields")
-    if odd := sorted(set(values) ^ set(MODEL_TYPES)):
-        why = "lacks ModelConfig's field" if odd[0] in MODEL_TYPES else "holds a field ModelConfig has not,"
-        raise ExportError(f"{path}'s model {why} {reprlib.repr(odd[0])}")
-    # bool is an int to isinstance; JSON's true is no layer count.
-    if wrong := next((k for k, kind in MODEL_TYPES.items() if type(values[k]) is not kind), None):
-        raise ExportError(
-            f"{path} records model.{wrong}({reprlib.repr(values[wrong])}), which is no {MODEL_TYPES[wrong].__name__}"
-        )
-    m = ModelConfig(**values)
-    if errors := domain_errors(m, "model.") or model_errors(m):  # the model rules assume the domains hold
-        raise ExportError(f"{path} records a model outside the schema: {'; '.join(errors)}")
-    return m
-
-
 def choose_model(checkpoint: Path, given: ModelConfig | None) -> ModelConfig:
     """The model to export: the manifest's, which overrides `given` (None: none) must repeat; `given` where
     the manifest's is missing or unreadable."""
     try:
-        recorded = recorded_model(checkpoint)
-    except ExportError as err:
+        recorded = read_manifest(checkpoint).recorded_model(checkpoint / MANIFEST)
+    except RecordError as err:
         if given is None:
             raise ExportError(f"{err}: it was not written by this trainflow version; {OVERRIDES_FIX}") from None
         log.warning("Took the overrides' model, whose tensor shapes are checked: %s", err)

@@ -21,11 +21,11 @@ import torch
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
 from trainflow.checkpoint.manager import CheckpointManager
-from trainflow.checkpoint.manifest import read_manifest
+from trainflow.checkpoint.manifest import Provenance, read_manifest
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
-from trainflow.config import TrainflowConfig, as_dict
+from trainflow.config import TrainflowConfig
 from trainflow.errors import TrainflowError
-from trainflow.export.hf_import import load_hf, recorded_init_from
+from trainflow.export.hf_import import load_hf
 from trainflow.parallel import Parallelized
 from trainflow.train.faults import maybe_inject_fault
 from trainflow.train.guard import DivergenceError, GuardState, LossGuard, read_guard_state
@@ -110,9 +110,8 @@ class SegmentCheckpoints:
         started = time.time()
         self.on_phase("load", step)
         folder = step_dir(source.root, step)
-        manifest = read_manifest(folder)
-        guard = read_guard_state(manifest, str(folder))  # every rank reads it: no collective to agree
-        self.init_from = recorded_init_from(manifest)
+        manifest = read_manifest(folder)  # every rank reads it: no collective to agree
+        guard, self.init_from = read_guard_state(manifest), manifest.init_from
         state = self.state()
         source.load(step, state)
         loaded = load_state(self.model.named_parts(), self.optimizers, state)
@@ -146,10 +145,7 @@ class SegmentCheckpoints:
             optimizers=self.optimizers,  # async: their next step waits for the background copy of their tensors
             step_s=self.planner.step_s,
             before_commit=lambda: maybe_inject_fault(self.cfg.fault, step, during_save=True, attempt=self.attempt),
-            layout=self.cfg.parallel.name,
-            model=as_dict(self.cfg.model),  # what trainflow.export rebuilds the model from
-            guard=self.guard.state().to_json(),  # what a resume from it judges and draws with (train.guard)
-            init_from=self.init_from,  # where step 0 came from (io.init_from)
+            provenance=Provenance(self.cfg.parallel.name, self.cfg.model, self.guard.state(), self.init_from),
         )
         self.recorder.span("save", step, started, time.time() - started)  # the time the loop was blocked
         self.saved(done)

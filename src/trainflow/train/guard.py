@@ -23,9 +23,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from trainflow.checkpoint.manifest import GuardState, Manifest
 from trainflow.config.schema import SpikeConfig
 from trainflow.errors import TrainflowError
-from trainflow.records import Record, RecordError
+from trainflow.records import Record
 
 
 class DivergenceError(TrainflowError):
@@ -51,16 +52,6 @@ class GuardEvent(Record):
             return f"step {self.step}: not applied ({self.reason}; data window {self.windows[0]})"
         windows = ", ".join(map(str, self.windows))
         return f"step {self.from_step}: rolled back to step {self.step} ({self.reason}); skipped data windows {windows}"
-
-
-@dataclass(frozen=True)
-class GuardState(Record):
-    """What a checkpoint's manifest keeps of the guard (its `guard` entry)."""
-
-    skipped: list[int]
-    """Data windows rollbacks left out of the stream, ascending."""
-    losses: list[float]
-    """The last train.spike.window applied losses, oldest first."""
 
 
 class LossGuard:
@@ -138,15 +129,7 @@ class LossGuard:
         self.losses = deque(state.losses[-self.spike.window :], maxlen=self.spike.window)
 
 
-def read_guard_state(manifest: dict, where: str) -> GuardState:
-    """The guard state a checkpoint's manifest holds (a manifest from before the guard holds none: empty). The
-    manifest may be hostile: windows must be non-negative integers and losses finite numbers."""
-    if "guard" not in manifest:
-        return GuardState(skipped=[], losses=[])
-    state = GuardState.from_json(manifest["guard"], where=f"{where}.guard")
-    if any(w < 0 for w in state.skipped) or not all(math.isfinite(x) for x in state.losses):
-        raise RecordError(
-            f"{where}.guard holds a negative data window or a non-finite loss, which trainflow never writes; the "
-            "checkpoint was altered: delete it (trainflow falls back to the previous one)"
-        )
-    return state
+def read_guard_state(manifest: Manifest) -> GuardState:
+    """The guard state a checkpoint's manifest holds (checked as the manifest was read: checkpoint.manifest's
+    GuardState); a manifest from before the guard holds none: empty."""
+    return manifest.guard if manifest.guard is not None else GuardState(skipped=[], losses=[])
