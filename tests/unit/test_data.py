@@ -15,6 +15,7 @@ import torch
 from tests.conftest import make_config
 from trainflow.data.corpus import shard_groups
 from trainflow.data.documents import Documents
+from trainflow.data.index import TokenIndex, read_index
 from trainflow.data.record import DataError, record_path
 from trainflow.data.sampler import TokenSampler
 from trainflow.data.tokenizer import ByteTokenizer, train_bpe
@@ -40,6 +41,36 @@ def test_token_index_and_shard_record_their_provenance(tokens):
         # Real text: the bytes decode back to Python source.
         text = bytes(f["train"][:2000].astype(np.uint8)).decode("utf-8", errors="replace")
         assert "def " in text or "import " in text
+
+
+def test_the_index_reads_back_as_a_token_index(tokens):
+    index = read_index(tokens, rerun="prepare_data")
+    assert (
+        isinstance(index, TokenIndex)
+        and index.tokenizer.eot_id == json.loads(tokens.read_text())["tokenizer"]["eot_id"]
+    )
+    assert [s.path for s in index.shard_files(tokens.parent)] == [shard0(tokens)]
+    assert index.sources[0].shards == [index.shards[0].name] and index.train_tokens == index.shards[0].train_tokens
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["shards"][0].update(bytes="12"), r"index\.json\.shards\[0\]\.bytes holds '12', not a int"),
+        (lambda d: d["tokenizer"].pop("eot_id"), r"index\.json\.tokenizer lacks TokenizerFacts's field 'eot_id'"),
+        (lambda d: d.update(weights={}), r"index\.json holds 'weights', which TokenIndex has no field for"),
+        (lambda d: d["sources"][0].update(shards="shard-00000.h5"), r"index\.json\.sources\[0\]\.shards holds str"),
+        (lambda d: d.update(version=1), r"index\.json: version 1, not 2"),
+    ],
+)
+def test_an_altered_index_is_one_line_naming_the_file_and_the_field(tokens, tmp_path, change, message):
+    data = json.loads(tokens.read_text())
+    change(data)
+    path = tmp_path / "index.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=message) as err:
+        read_index(path, rerun="prepare_data")
+    assert "\n" not in str(err.value) and str(err.value).endswith("rerun prepare_data")
 
 
 def source_corpus(tmp_path, names=("os", "json", "random", "string", "textwrap", "shutil")):

@@ -94,10 +94,11 @@ class TokenSampler:
         weights: dict[str, float] | None = None,
     ) -> None:
         check_size(Path(path), rerun=RERUN)
-        index, shards = read_index(path, rerun=RERUN)
-        self.eot_id = int(index["tokenizer"]["eot_id"])
+        index = read_index(path, rerun=RERUN)
+        shards = index.shard_files(Path(path).parent)
+        self.eot_id = index.tokenizer.eot_id
         self.seq_len, self.seed, self.cross_document = seq_len, seed, cross_document
-        self.names = [s["name"] for s in index["sources"]]
+        self.names = [s.name for s in index.sources]
         if weights is None and len(self.names) == 1:
             weights = {self.names[0]: 1.0}
         if weights is None or sorted(weights) != sorted(self.names):

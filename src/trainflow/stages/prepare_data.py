@@ -147,15 +147,15 @@ def prepare_index(data: DataConfig, plan: Plan, out: Path, *, tokenizer_path: Pa
     log.info(
         "Indexed %d shards of %s: %d train + %d val tokens (%s), %d remade -> %s",
         len(shards),
-        ", ".join(f"{s['name']} ({s['corpus']}, {s['train_tokens']} train tokens)" for s in index["sources"]),
-        index["train_tokens"],
-        index["val_tokens"],
-        index["dtype"],
+        ", ".join(f"{s.name} ({s.corpus}, {s.train_tokens} train tokens)" for s in index.sources),
+        index.train_tokens,
+        index.val_tokens,
+        index.dtype,
         len(stale),
         out,
     )
     return {
-        "split_tokens": {s: index[f"{s}_tokens"] for s in ("train", "val")},
+        "split_tokens": {"train": index.train_tokens, "val": index.val_tokens},
         "shards": len(shards),
         "remade": len(stale),
     }

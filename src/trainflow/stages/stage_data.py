@@ -93,7 +93,8 @@ def free_bytes(folder: Path) -> int:
 
 def stage_shards(src_index: Path, dst_index: Path, *, streams: int) -> dict:
     start = time.perf_counter()
-    index, shards = read_index(src_index, rerun=RERUN_PREPARE)
+    index = read_index(src_index, rerun=RERUN_PREPARE)
+    shards = index.shard_files(src_index.parent)
     for path in (dst_index, record_path(dst_index)):  # training must not read an index whose shards are replaced
         path.unlink(missing_ok=True)
     folder = dst_index.parent
