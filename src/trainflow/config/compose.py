@@ -5,13 +5,19 @@ python -c "from trainflow.config import compose; print(compose('train_segment', 
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shlex
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from trainflow.config.checks import validate
+from trainflow.config.keys import refuse_unknown_keys, unknown_key
 from trainflow.config.run_folder import fill_io
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
@@ -26,6 +32,8 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Tr
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    for word in overrides:
+        parse_override(word)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -35,17 +43,29 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Tr
     return to_config(raw)
 
 
+def parse_override(word: str, what: str = "override") -> Override:
+    """One Hydra override parsed, or one line naming it and the fix: most words that do not parse hold a character
+    Hydra's grammar keeps for itself (`;`, `(`, a space, a quote) in a value that wants quoting."""
+    try:
+        return OverridesParser.create().parse_override(word)
+    except HydraException as err:
+        reason = " ".join(str(err).split()).split(" expecting ")[0]  # the parser's list of tokens is noise
+    key, eq, value = word.partition("=")
+    value = value.strip("'\"")
+    quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+    shell = f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)
+    fix = f"quote the value for Hydra, e.g. {shell} on a shell" if eq else f"give key=value, e.g. {word}=..."
+    raise ConfigError(f"{what} {word!r} does not parse ({reason}): {fix}") from None
+
+
 def one_line(err: BaseException) -> str:
     """Hydra/OmegaConf composition errors as one line: the innermost cause names the key."""
+    if unknown := unknown_in(err):
+        return unknown
     cause = err
     while cause.__cause__ is not None:
         cause = cause.__cause__
     text = str(cause)
-    if m := re.search(r"Key '(.+?)' not in '(\w+)'\s+full_key: (\S+)", text):
-        return (
-            f"unknown config key '{m[3]}' ({m[2]} has no field '{m[1]}'): check its spelling in conf/ or "
-            "src/trainflow/config/schema.py"
-        )
     if m := re.search(
         r"Could not find '(.+?)'\s+Available options in '(.+?)':((?:\s+\S+)+?)\s+Config search path", text
     ):
@@ -57,10 +77,24 @@ def one_line(err: BaseException) -> str:
     return " ".join(text.split())
 
 
+def unknown_in(err: BaseException) -> str | None:
+    """The unknown-key line of a composition error, if a key outside the schema caused it (a preset's comes as
+    the context of Hydra's error, not its cause)."""
+    cause: BaseException | None = err
+    while cause is not None:
+        owner = getattr(cause, "object_type", None)
+        if isinstance(cause, ConfigAttributeError | ConfigKeyError) and dataclasses.is_dataclass(owner):
+            preset = re.match(r"In '([\w/]+)': ", str(err))
+            return unknown_key(cause.full_key, owner) + (f" (set in conf/{preset[1]}.yaml)" if preset else "")
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def to_config(raw: DictConfig) -> TrainflowConfig:
     """Resolve interpolations, turn the DictConfig into the dataclass tree, fill in the io paths left
     empty and validate it."""
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"]) if "hydra" in raw else raw
+    refuse_unknown_keys(raw)  # to_object would drop them: a `+optim.lrr=1e-3` would run with optim.lr's default
     try:
         OmegaConf.resolve(raw)
         cfg = OmegaConf.to_object(raw)

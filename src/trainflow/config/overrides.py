@@ -18,7 +18,7 @@ import shlex
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from trainflow.config.compose import CONF_DIR, compose
+from trainflow.config.compose import CONF_DIR, compose, parse_override
 from trainflow.config.domain import RUN_NAME
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
@@ -61,11 +61,7 @@ def check(word: str, source: str) -> None:
         raise ConfigError(f"{refuse} holds a control character; give one-line values")
     if word.startswith("-"):
         raise ConfigError(f"{refuse} is a command-line flag; give key=value overrides only")
-    try:
-        override = OverridesParser.create().parse_override(word)
-    except HydraException as err:
-        reason = " ".join(str(err).split()).split(" expecting ")[0]  # the parser's list of tokens is noise
-        raise ConfigError(f"{refuse} does not parse: {reason}") from None
+    override = parse_override(word, f"{source} override")
     key = override.key_or_group
     if re.match(r"hydra\b", key):
         raise ConfigError(f"{refuse} changes Hydra itself; trainflow's stages take settings under their own keys")

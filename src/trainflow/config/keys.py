@@ -1,0 +1,62 @@
+"""The schema's keys: a composed config may hold no key outside them, however it came (an override, `+`, `++`, a
+preset, an experiment), and a mistyped one is named in one line with the closest key the schema has.
+
+    python -c "from trainflow.config import compose; compose('train_segment', ['+optim.lrr=1e-3'])"
+
+Hydra refuses `optim.lrr=1e-3` itself, but `+` and `++` add the key to the structured config (`open_dict`), and
+OmegaConf.to_object then drops it without a word: the run would go on with optim.lr's default and an unchanged hash.
+Dict fields (cluster.runtime.env, gate.busbw_gbps, ...) are open: their keys are the user's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from trainflow.config.schema import TrainflowConfig
+from trainflow.errors import ConfigError
+
+SCHEMA_FILE = "src/trainflow/config/schema.py"
+
+
+def schema_keys(cls: type = TrainflowConfig, prefix: str = "") -> list[str]:
+    """Every dotted key the schema declares (sections and fields; not the keys of a dict field or list item)."""
+    keys = []
+    for name, kind in typing.get_type_hints(cls).items():
+        keys.append(prefix + name)
+        if dataclasses.is_dataclass(kind):
+            keys += schema_keys(kind, f"{prefix}{name}.")
+    return keys
+
+
+def unknown_key(full_key: str, owner: type) -> str:
+    """The one line for a key `owner` (a schema dataclass) has no field for, with the closest key to give instead."""
+    parent, _, name = full_key.rpartition(".")
+    fields = [f.name for f in dataclasses.fields(owner)]
+    head = f"unknown config key '{full_key}' ({owner.__name__} has no field '{name}')"
+    if close := difflib.get_close_matches(name, fields, n=1):
+        return f"{head}: did you mean '{parent + '.' if parent else ''}{close[0]}'?"
+    if close := difflib.get_close_matches(full_key, schema_keys(), n=1):
+        return f"{head}: did you mean '{close[0]}'?"
+    return f"{head}: its fields are {', '.join(fields)} ({SCHEMA_FILE})"
+
+
+def refuse_unknown_keys(node: DictConfig | ListConfig, path: str = "") -> None:
+    """Raise ConfigError for the first key of a composed config that its schema dataclass has no field for."""
+    if isinstance(node, ListConfig):
+        for i in range(len(node)):
+            if isinstance(item := node._get_node(i), DictConfig | ListConfig) and not item._is_none():
+                refuse_unknown_keys(item, f"{path}[{i}]")
+        return
+    owner = OmegaConf.get_type(node)
+    fields = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else None
+    for key in node.keys():
+        full_key = f"{path}.{key}" if path else str(key)
+        if fields is not None and key not in fields:
+            raise ConfigError(unknown_key(full_key, owner))
+        child = node._get_node(key)
+        if isinstance(child, DictConfig | ListConfig) and not child._is_none() and not child._is_missing():
+            refuse_unknown_keys(child, full_key)
