@@ -1,13 +1,14 @@
 """What every stage shares: config from Hydra, one-line errors, and the job's metrics file.
 
-A stage module is `run(cfg) -> dict` plus a three-line `@hydra.main`; `run_stage` validates the config, runs the
-pre-flight checks (trainflow.preflight), meters the job (wall, CPU, RAPL/NVML energy where readable) and writes
-`io.job_metrics` (trainflow.energy.metrics.JobMetrics, with the resolved config the job ran with, and the figures
-run() reported), which `account_energy` and `report` read.
+A stage module is `run(cfg) -> StageFigures` plus a three-line `@hydra.main`; `run_stage` validates the config,
+runs the pre-flight checks (trainflow.preflight), meters the job (wall, CPU, RAPL/NVML energy where readable) and
+writes `io.job_metrics` (trainflow.energy.metrics.JobMetrics: the StageFigures run() reported, with the resolved
+config the job ran with), which `account_energy` and `report` read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -19,12 +20,10 @@ from omegaconf import DictConfig
 from trainflow.atomic import write_json, write_text_atomic  # noqa: F401  (re-exported for the stages)
 from trainflow.config import TrainflowConfig, TrainflowError, as_dict, to_config
 from trainflow.energy.meter import Reading, delta
-from trainflow.energy.metrics import JobMetrics
+from trainflow.energy.metrics import JobMetrics, StageFigures
 from trainflow.preflight import preflight
 
 log = logging.getLogger(__name__)
-JOB_FIELDS = ("ranks", "rank_cpu_s", "nodes", "node_windows", "tokens", "slurm_job_id")
-"""What a stage's run() may report that JobMetrics keeps as its own fields (the rest goes to its figures)."""
 
 
 class StageError(TrainflowError):
@@ -37,25 +36,18 @@ def stage_log(module_file: str) -> logging.Logger:
     return logging.getLogger(f"trainflow.{Path(module_file).stem}")
 
 
-def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], dict]) -> None:
+def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], StageFigures]) -> None:
     """Validate, pre-flight check, run and meter one stage; expected failures end in one error line and exit 1."""
     try:
         cfg = to_config(raw)
         preflight(cfg)  # the files and tools it names, again: they may have changed since the DAG was built
         start = Reading.now()
-        figures = run(cfg) or {}
-        known = {k: figures.pop(k) for k in JOB_FIELDS if k in figures}
-        metrics = JobMetrics.from_json(
-            {
-                "stage": cfg.stage,
-                "segment": cfg.segment,
-                "job": cfg.job or cfg.stage,
-                **delta(start, Reading.now()),
-                "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-                "config": as_dict(cfg),
-                "figures": figures,
-                **known,
-            }
+        figures = run(cfg)
+        if figures.slurm_job_id is None:
+            figures = dataclasses.replace(figures, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
+        measured = delta(start, Reading.now())
+        metrics = JobMetrics.of(
+            figures, stage=cfg.stage, segment=cfg.segment, job=cfg.job or cfg.stage, config=as_dict(cfg), **measured
         )
         write_json(cfg.io.job_metrics, metrics.to_json())
     except TrainflowError as err:

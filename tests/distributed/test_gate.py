@@ -24,7 +24,7 @@ SMALL = ("cluster.gate.sweep_mb=[1.0]", "cluster.gate.sweep_iters=2", "train.glo
 def test_every_pattern_of_the_layout_is_timed_on_its_groups(layout, patterns, tmp_path):
     cfg = make_config("validate_nccl", tmp_path, f"parallel={layout}", *SMALL)
     metrics = validate_nccl.run(cfg)
-    assert metrics["ranks"] == 4 and metrics["rank_cpu_s"] > 0  # every rank's CPU time, for the stage's energy
+    assert metrics.ranks == 4 and metrics.rank_cpu_s > 0  # every rank's CPU time, for the stage's energy
     table = {row["pattern"]: row for row in read_json(cfg.io.nccl_report)["patterns"]}
     assert set(table) == patterns
     for row in table.values():

@@ -174,8 +174,8 @@ def three_shards(tmp_path_factory):
 def test_a_window_crosses_shards_and_batches_read_the_concatenated_shards(three_shards):
     cfg, summary = three_shards
     index = json.loads(open(cfg.io.tokens).read())
-    split_tokens = {"train": index["train_tokens"], "val": index["val_tokens"]}
-    assert summary == {"split_tokens": split_tokens, "shards": 3, "remade": 3}
+    split_tokens = {"train_tokens": index["train_tokens"], "val_tokens": index["val_tokens"]}
+    assert summary.figures == {**split_tokens, "shards": 3, "remade": 3}
     folder = Path(cfg.io.tokens).parent
     arrays = []
     for entry in index["shards"]:
@@ -198,7 +198,7 @@ def test_a_stage_run_alone_remakes_only_missing_shards(three_shards):
     folder = Path(cfg.io.tokens).parent
     before = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.h5")}
     (folder / "shard-00001.h5").unlink()
-    assert prepare_data.run(cfg)["remade"] == 1
+    assert prepare_data.run(cfg).figures["remade"] == 1
     after = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.h5")}
     assert after["shard-00000.h5"] == before["shard-00000.h5"] and after["shard-00002.h5"] == before["shard-00002.h5"]
 
@@ -207,12 +207,12 @@ def test_stage_data_copies_verifies_skips_identical_and_resumes(three_shards, tm
     cfg, _ = three_shards
     src = Path(cfg.io.tokens)
     dst = tmp_path / "fast" / "index.json"
-    first = stage_data.stage_shards(src, dst, streams=2)
+    first = stage_data.stage_shards(src, dst, streams=2).figures
     assert first["copied"] == 3 and json.loads(dst.read_text()) == json.loads(src.read_text())
     for name in ("shard-00000.h5", "shard-00001.h5", "shard-00002.h5"):
         assert (dst.parent / name).read_bytes() == (src.parent / name).read_bytes()
     TokenSampler(dst, seq_len=16, seed=0).close()
-    assert stage_data.stage_shards(src, dst, streams=2) == {**first, "copied": 0, "kept": 3}
+    assert stage_data.stage_shards(src, dst, streams=2).figures == {**first, "copied": 0, "kept": 3}
     # A kill mid-copy: one shard half-written under its temporary name, one damaged; the rerun copies those two.
     (dst.parent / "shard-00001.h5").rename(dst.parent / "shard-00001.h5.tmp")
     with open(dst.parent / "shard-00001.h5.tmp", "r+b") as f:
@@ -221,7 +221,7 @@ def test_stage_data_copies_verifies_skips_identical_and_resumes(three_shards, tm
         f.seek(100)
         f.write(b"\xff")
     (dst.parent / "shard-00007.h5").write_bytes(b"a shard of an earlier corpus")
-    again = stage_data.stage_shards(src, dst, streams=2)
+    again = stage_data.stage_shards(src, dst, streams=2).figures
     assert again["copied"] == 2 and again["kept"] == 1
     assert sorted(p.name for p in dst.parent.iterdir()) == sorted(p.name for p in src.parent.iterdir())
 
@@ -239,7 +239,7 @@ def test_a_copy_that_reads_back_wrong_is_made_once_more_then_named(three_shards,
                 f.write(b"\x00\x01")
 
     monkeypatch.setattr(stage_data, "copy_file", lambda *a: flaky(*a, fail_times=1))
-    assert stage_data.stage_shards(src, dst, streams=1)["copied"] == 3 and len(calls) == 6
+    assert stage_data.stage_shards(src, dst, streams=1).figures["copied"] == 3 and len(calls) == 6
     shutil.rmtree(dst.parent)
     calls.clear()
     monkeypatch.setattr(stage_data, "copy_file", lambda *a: flaky(*a, fail_times=2))

@@ -113,7 +113,7 @@ def test_shards_are_numbered_across_the_sources_and_a_weight_change_does_not_ret
     reweighted = make_config("prepare_data", tmp_path, mixture(corpora, {"letters": 0.5, "digits": 0.5}, shards))
     assert stage_hash(reweighted, "prepare_data") == stage_hash(cfg, "prepare_data")
     assert stage_hash(reweighted, "train_segment") != stage_hash(cfg, "train_segment")  # another checkpoint series
-    assert prepare_data.run(reweighted)["remade"] == 0
+    assert prepare_data.run(reweighted).figures["remade"] == 0
 
 
 def test_weights_that_add_up_to_nothing_are_refused(tmp_path):

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from trainflow.config import ALLOCATING, CONF_DIR, TrainflowConfig
 from trainflow.energy.accounting import dvfs_outcome, facility, stage_energy
-from trainflow.energy.metrics import JobMetrics
+from trainflow.energy.metrics import JobMetrics, StageFigures
 from trainflow.energy.node import actions_taken
 from trainflow.energy.phases import phase_energy
 from trainflow.energy.report import EnergyReport, SegmentEnergy, SlurmComparison, StageEnergy, TrainingEnergy
@@ -45,7 +45,7 @@ def slurm_comparison(metrics: JobMetrics, row: StageEnergy) -> SlurmComparison:
     return SlurmComparison(row.stage, row.segment, slurm["job_id"], slurm["status"], measured, row.it_j, difference)
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     if not cfg.io.run_metrics:
         raise StageError(
             "io.run_metrics is empty: pass the jobs' metrics files, e.g. "
@@ -74,7 +74,7 @@ def run(cfg: TrainflowConfig) -> dict:
     report = energy_report(cfg, metrics, stages, trained, segments, summaries, gpus=gpus)
     write_json(cfg.io.energy_report, report.to_json())
     log_report(report)
-    return {}
+    return StageFigures()
 
 
 def energy_report(cfg, metrics, stages, trained, segments, summaries, *, gpus: int) -> EnergyReport:

@@ -30,6 +30,7 @@ from trainflow.data.index import shard_recipe, write_index
 from trainflow.data.record import DataError, check_size
 from trainflow.data.tokenizer import ByteTokenizer, HfTokenizer, load_pretrained, load_tokenizer, train_bpe
 from trainflow.data.tokens import write_shard
+from trainflow.energy.metrics import StageFigures
 from trainflow.stage import run_stage, stage_log
 
 log = stage_log(__file__)
@@ -90,7 +91,7 @@ def shard_tokenizer(data: DataConfig, path: Path) -> ByteTokenizer | HfTokenizer
     return load_tokenizer("bpe", path.read_text(), origin=str(path))
 
 
-def prepare_shard(data: DataConfig, plan: Plan, shard: int, out: Path, *, tokenizer_path: Path) -> dict:
+def prepare_shard(data: DataConfig, plan: Plan, shard: int, out: Path, *, tokenizer_path: Path) -> StageFigures:
     if shard >= len(plan):
         raise DataError(f"job=shard-{shard:05d} is past the {len(plan)} shards of the corpus; give a shard below it")
     start, (source, files) = time.perf_counter(), plan[shard]
@@ -117,7 +118,9 @@ def prepare_shard(data: DataConfig, plan: Plan, shard: int, out: Path, *, tokeni
         docs.skipped,
         out,
     )
-    return {"shard": shard, "source": source.name, "documents": docs.documents, "seconds": seconds, **summary}
+    return StageFigures(
+        {"shard": shard, "source": source.name, "documents": docs.documents, "seconds": seconds, **summary}
+    )
 
 
 def is_current(path: Path, recipe: str) -> bool:
@@ -132,7 +135,7 @@ def is_current(path: Path, recipe: str) -> bool:
         return False
 
 
-def prepare_index(data: DataConfig, plan: Plan, out: Path, *, tokenizer_path: Path, min_tokens: int) -> dict:
+def prepare_index(data: DataConfig, plan: Plan, out: Path, *, tokenizer_path: Path, min_tokens: int) -> StageFigures:
     """The index of the shards beside `out`; any shard missing or stale (a stage run alone) is made first."""
     shards = [out.parent / shard_name(i) for i in range(len(plan))]
     stale = [(i, p) for i, p in enumerate(shards) if not is_current(p, shard_recipe(data, *plan[i]))]
@@ -154,20 +157,17 @@ def prepare_index(data: DataConfig, plan: Plan, out: Path, *, tokenizer_path: Pa
         len(stale),
         out,
     )
-    return {
-        "split_tokens": {"train": index.train_tokens, "val": index.val_tokens},
-        "shards": len(shards),
-        "remade": len(stale),
-    }
+    figures = {"train_tokens": index.train_tokens, "val_tokens": index.val_tokens}
+    return StageFigures({**figures, "shards": len(shards), "remade": len(stale)})
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     # model.seq_len only sets the index's precondition (training's sampler checks it again), so it stays
     # out of prepare_data's config hash: a new model does not re-tokenise.
     data, io = cfg.data, cfg.io
     plan = shard_plan(data)
     if cfg.job == "tokenizer":
-        return {"vocab_size": train_tokenizer(data, plan, Path(io.tokenizer)).vocab_size}
+        return StageFigures({"vocab_size": train_tokenizer(data, plan, Path(io.tokenizer)).vocab_size})
     if cfg.job:
         shard = int(cfg.job.removeprefix("shard-"))
         return prepare_shard(data, plan, shard, Path(io.token_shard), tokenizer_path=Path(io.tokenizer))

@@ -18,6 +18,7 @@ from trainflow.atomic import write_text_atomic
 from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.config.run_folder import PLOTS
+from trainflow.energy.metrics import StageFigures
 from trainflow.energy.report import EnergyReport
 from trainflow.gate.report import NcclReport
 from trainflow.records import read_record
@@ -34,7 +35,7 @@ from trainflow.train.summary import SegmentSummary
 log = stage_log(__file__)
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     io = cfg.io
     out = Path(io.report)
     if not io.segment_reports:
@@ -75,7 +76,7 @@ def run(cfg: TrainflowConfig) -> dict:
     ]
     write_text_atomic(out, "\n".join(lines))
     log.info("Wrote %s (validation loss %.4f -> %.4f)", out, evals[0].val_loss, evals[-1].val_loss)
-    return {}
+    return StageFigures()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="report")

@@ -24,6 +24,7 @@ from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.crc import file_crc
 from trainflow.data.index import Shard, read_index, write_index_file
 from trainflow.data.record import DataError, read_record, record_path, recorded, write_record
+from trainflow.energy.metrics import StageFigures
 from trainflow.stage import StageError, run_stage, stage_log
 
 log = stage_log(__file__)
@@ -91,7 +92,7 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-def stage_shards(src_index: Path, dst_index: Path, *, streams: int) -> dict:
+def stage_shards(src_index: Path, dst_index: Path, *, streams: int) -> StageFigures:
     start = time.perf_counter()
     index = read_index(src_index, rerun=RERUN_PREPARE)
     shards = index.shard_files(src_index.parent)
@@ -122,10 +123,12 @@ def stage_shards(src_index: Path, dst_index: Path, *, streams: int) -> dict:
         sum(copied),
         len(shards) - sum(copied),
     )
-    return {"shards": len(shards), "bytes": size, "copied": sum(copied), "kept": len(shards) - sum(copied)}
+    return StageFigures(
+        {"shards": len(shards), "bytes": size, "copied": sum(copied), "kept": len(shards) - sum(copied)}
+    )
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     return stage_shards(Path(cfg.io.tokens), Path(cfg.io.staged_tokens), streams=cfg.data.stage_streams)
 
 

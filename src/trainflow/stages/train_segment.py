@@ -26,6 +26,7 @@ from trainflow.config import CONF_DIR, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
 from trainflow.energy.meter import cpu_seconds
+from trainflow.energy.metrics import StageFigures
 from trainflow.energy.node import actions_taken, hostname, node_window, sum_nodes
 from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
 from trainflow.launch.failure import JobFailure, read_markers
@@ -161,7 +162,7 @@ def job_run(
     )
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     results = train(cfg)
     summary: SegmentSummary = results[0]
     if not summary.completed:
@@ -187,14 +188,14 @@ def run(cfg: TrainflowConfig) -> dict:
     )
     summary = dataclasses.replace(summary, goodput=goodput, stack=per_node(s for r in results for s in r.stack))
     write_json(cfg.io.segment_report, summary.to_json())
-    return {
-        "ranks": len(results),
-        "rank_cpu_s": sum(r.energy.cpu_s for r in results if r.energy),
-        "nodes": sum_nodes(windows).to_json(),
-        "node_windows": [w.to_json() for w in windows],
-        "slurm_job_id": summary.slurm_job_id,
-        "tokens": (summary.end_step - summary.start_step) * cfg.train.global_batch * cfg.model.seq_len,
-    }
+    return StageFigures(
+        ranks=len(results),
+        rank_cpu_s=sum(r.energy.cpu_s for r in results if r.energy),
+        nodes=sum_nodes(windows),
+        node_windows=windows,
+        slurm_job_id=summary.slurm_job_id,
+        tokens=(summary.end_step - summary.start_step) * cfg.train.global_batch * cfg.model.seq_len,
+    )
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train_segment")

@@ -24,6 +24,7 @@ from trainflow.atomic import write_text_atomic
 from trainflow.config import CONF_DIR, ParallelDims, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
+from trainflow.energy.metrics import StageFigures
 from trainflow.energy.node import hostname
 from trainflow.gate.calibrate import calibrate, probe_compute, with_hardware
 from trainflow.gate.env import audit_env
@@ -65,7 +66,7 @@ class BandwidthJob:
         return {"world_size": world, "sweep": rows, "ranks": ranks}
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     plan = build_plan(cfg, with_remedies=False)
     if plan.overflow:
         raise StageError(f"validate_nccl stopped before launching: {plan.overflow}")
@@ -113,7 +114,7 @@ def run(cfg: TrainflowConfig) -> dict:
         raise StageError("validate_nccl failed: " + "; ".join(found))
     write_json(cfg.io.nccl_report, report.to_json())
     log.info("Validated %s over %d ranks: passed", report.backend, report.world_size)
-    return {"ranks": report.world_size, "rank_cpu_s": sum(rank[2] for rank in result["ranks"])}
+    return StageFigures(ranks=report.world_size, rank_cpu_s=sum(rank[2] for rank in result["ranks"]))
 
 
 def calibrated_plan(cfg: TrainflowConfig, result: dict, patterns: list, hosts: list[str]) -> tuple[Plan, Calibration]:

@@ -11,13 +11,14 @@ from omegaconf import DictConfig
 
 from trainflow.checkpoint.verify import verify_all
 from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.energy.metrics import StageFigures
 from trainflow.stage import run_stage, write_json
 
 
-def run(cfg: TrainflowConfig) -> dict:
+def run(cfg: TrainflowConfig) -> StageFigures:
     report = verify_all(cfg.io.checkpoints)
     write_json(cfg.io.verify_report, report.to_json())
-    return {"bytes": report.bytes}
+    return StageFigures({"bytes": report.bytes})
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="verify_checkpoint")
