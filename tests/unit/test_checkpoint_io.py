@@ -3,6 +3,7 @@ DCP's own, foreign pickles are refused, pruning keeps what it must."""
 
 from __future__ import annotations
 
+import ast
 import os
 import pickle
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.utils.serialization import config as serialization_config
 
+from tests.conftest import REPO
 from tests.support import free_port
 from trainflow.checkpoint.manager import CheckpointManager, list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify, write_manifest
@@ -116,3 +118,29 @@ def test_prune_keeps_the_newest_and_the_pinned_and_clears_leftovers(tmp_path):
     manager.close()
     assert list_steps(tmp_path) == [2, 4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
+
+
+def test_the_checkpoint_package_has_no_import_circle():
+    """Every import between checkpoint's modules, TYPE_CHECKING ones included, points one way: the save paths call
+    the committer, never back into the manager."""
+    package = REPO / "src/trainflow/checkpoint"
+    imports = {
+        path.stem: {
+            node.module.split(".")[2]
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainflow.checkpoint.")
+        }
+        for path in package.glob("*.py")
+    }
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module not in done:
+            for imported in imports.get(module, ()):
+                visit(imported, (*path, module))
+            done.add(module)
+
+    for module in imports:
+        visit(module, ())
+    assert {"commit", "saves"} <= imports["async_saves"] and "manager" not in imports["async_saves"]

@@ -1,26 +1,26 @@
-"""The async save in flight and its way to durable, step boundary by step boundary (checkpoint.background says
-why it is built so): stage, write in the background, agree, commit, agree.
+"""checkpoint.mode=async (checkpoint.saves' SaveMode.ASYNC): the save in flight and its way to durable, step boundary
+by step boundary (checkpoint.background says why it is built so): stage, write in the background, agree, commit,
+agree.
 
     python -m pytest tests/unit/test_checkpoint_async.py -k durable
 
 Every rank calls `start` at the same steps, then `poll` at every step boundary (one all_reduce of where its part
 stands, while a save is in flight) and `finish` where training stops; every rank takes the same branch at every
 boundary, so they run the same collectives. Phases: writing (the background copy and this rank's writer process),
-then, once every rank's write succeeded, committing (rank 0's CheckpointManager.commit in its background thread),
-then durable: the boundary that sees the commit done returns the SaveDone, rank 0's measurements on every rank.
+then, once every rank's write succeeded, committing (rank 0's Committer.commit, the synchronous save's, in its
+background thread), then durable: the boundary that sees the commit done returns the SaveDone, rank 0's measurements
+on every rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
-import shutil
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -31,39 +31,44 @@ from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.tensor import DTensor
 
 from trainflow.checkpoint.background import WriterDied, WriterProcess, Written
-from trainflow.checkpoint.folders import step_dir
+from trainflow.checkpoint.commit import Committer, SaveRequest
 from trainflow.checkpoint.interval import SaveDone
-from trainflow.checkpoint.manifest import Provenance
-from trainflow.checkpoint.staging import Staging
-from trainflow.checkpoint.writer import CheckpointWriteError, ChecksummingWriter, describe_failure
+from trainflow.checkpoint.saves import Saves
+from trainflow.checkpoint.staging import Staging, check_host_memory
+from trainflow.checkpoint.writer import (
+    CheckpointWriteError,
+    ChecksummingWriter,
+    RankReport,
+    WriteFailure,
+    describe_failure,
+)
 from trainflow.tensors import local, storage_ptr
 
-if TYPE_CHECKING:
-    from trainflow.checkpoint.manager import CheckpointManager
-
 log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    WRITING = "writing"
+    """The background copy and this rank's writer process."""
+    COMMITTING = "committing"
+    """Every rank's write succeeded; rank 0's commit runs in its background thread."""
 
 
 @dataclass
 class Pending:
     """The save in flight, on this rank."""
 
-    step: int
-    folder: Path
-    started: float
-    step_s: float
-    nbytes: int
-    provenance: Provenance
-    before_commit: Callable[[], None]
+    request: SaveRequest
     blocking_s: float = 0.0
-    phase: str = "writing"
+    phase: Phase = Phase.WRITING
     overlap_steps: int = 0
     written: Written | None = None
-    failure: tuple | None = None
-    """This rank's (errno, text, file) once its part failed."""
+    failure: WriteFailure | None = None
+    """This rank's, once its part failed."""
     commit: Future | None = None
     """Rank 0: the commit in its background thread; its result is the one-line error or None."""
-    done: SaveDone | None = None
+    background_s: float | None = None
+    """Rank 0, once committed: the slowest rank's write plus the commit."""
 
 
 def layout_of(flat: dict) -> tuple:
@@ -74,11 +79,24 @@ def layout_of(flat: dict) -> tuple:
     )
 
 
-class AsyncSaves:
-    """One rank's side of checkpoint.mode=async, for CheckpointManager."""
+class AsyncSaves(Saves):
+    """One rank's side of checkpoint.mode=async. `staging_bytes` (this rank's state, checkpoint.state's state_bytes)
+    is checked against the host's free memory first, on every rank (a collective); `collectives` is where the small
+    tensors of its agreements live (NCCL takes device tensors only)."""
 
-    def __init__(self, manager: CheckpointManager, device: torch.device) -> None:
-        self.manager, self.rank = manager, manager.rank
+    def __init__(
+        self,
+        committer: Committer,
+        *,
+        io_threads: int,
+        device: torch.device,
+        collectives: torch.device,
+        staging_bytes: int | None,
+    ) -> None:
+        super().__init__(committer, io_threads=io_threads)
+        if staging_bytes is not None:
+            check_host_memory(staging_bytes)
+        self.collectives = collectives
         self.staging = Staging(device)
         self.writer: WriterProcess | None = None
         self.layout: tuple | None = None
@@ -88,32 +106,28 @@ class AsyncSaves:
         self.pending: Pending | None = None
         self.hooked: set[int] = set()
 
-    def start(
-        self, step: int, state: dict, *, optimizers, step_s: float, before_commit, provenance: Provenance
-    ) -> list[SaveDone]:
+    def save(self, step, state, *, optimizers, step_s, before_commit, provenance) -> list[SaveDone]:
         """Stage `state` and hand it to the writer process; the save in flight before it (waited for: one at a
         time) if there was one."""
         done = self.finish()
-        t0, started = time.perf_counter(), time.time()
+        t0 = time.perf_counter()
         flat, _ = flatten_state_dict(state)
         if bad := next((k for k, v in flat.items() if not isinstance(v, torch.Tensor)), None):
             raise TypeError(f"async saves stage tensors only: {bad!r} is a {type(flat[bad]).__name__}")
-        folder = step_dir(self.manager.root, step, "tmp")
-        if self.rank == 0:
-            self.manager.wait()  # a prune deletes leftover .tmp folders
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
+        nbytes = sum(local(v).nbytes for v in flat.values())
+        request = self.committer.prepare(
+            step, provenance=provenance, before_commit=before_commit, step_s=step_s, nbytes=nbytes
+        )
+        folder = request.folder
         self.replan(state, flat, folder)  # collective: also, every rank sees the folder rank 0 made
         for opt in optimizers:
             if id(opt) not in self.hooked:  # the optimizer's next step waits for the background copy of its tensors
                 opt.register_step_pre_hook(lambda *_: self.before_optimizer_step())
                 self.hooked.add(id(opt))
         deferred = {storage_ptr(t) for opt in optimizers for t in optimizer_tensors(opt)}
-        writer, threads = self.writer, self.manager.io_threads
+        writer, threads = self.writer, self.io_threads
         self.staging.start(flat, deferred=deferred, then=lambda: writer.write(folder, threads))
-        nbytes = sum(local(v).nbytes for v in flat.values())
-        self.pending = Pending(step, folder, started, step_s, nbytes, provenance, before_commit)
-        self.pending.blocking_s = time.perf_counter() - t0
+        self.pending = Pending(request, blocking_s=time.perf_counter() - t0)
         return done
 
     def before_optimizer_step(self) -> None:
@@ -130,7 +144,7 @@ class AsyncSaves:
         """DCP's save plan for this state, made once and kept while its layout holds (every rank agrees whether it
         does); a new plan (or a new writer process) is handed to the writer with the staging buffers."""
         layout = layout_of(flat)
-        changed = torch.tensor(int(layout != self.layout or self.writer is None), device=self.manager.collectives)
+        changed = torch.tensor(int(layout != self.layout or self.writer is None), device=self.collectives)
         dist.all_reduce(changed, op=dist.ReduceOp.MAX)
         if not changed:
             return
@@ -167,7 +181,7 @@ class AsyncSaves:
         long that took."""
         if self.pending is None:
             return []
-        t0, step = time.perf_counter(), self.pending.step
+        t0, step = time.perf_counter(), self.pending.request.step
         done: list[SaveDone] = []
         while not done:
             done = self.advance(block=True)
@@ -180,20 +194,20 @@ class AsyncSaves:
         """One agreement of every rank on the save in flight, and the next phase if every rank is ready for it."""
         p = self.pending
         running, failed = self.local_state(p, block=block)
-        flags = torch.tensor([int(running), int(failed)], device=self.manager.collectives)
+        flags = torch.tensor([int(running), int(failed)], device=self.collectives)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if flags[1]:
             self.fail(p)
         if flags[0]:
             return []
-        if p.phase == "writing":
+        if p.phase is Phase.WRITING:
             self.begin_commit(p)
             return []
         return [self.durable(p)]
 
     def local_state(self, p: Pending, *, block: bool) -> tuple[bool, bool]:
         """(still running, failed) of this rank's part: its copy and write, or rank 0's commit."""
-        if p.phase == "committing":
+        if p.phase is Phase.COMMITTING:
             if self.rank != 0:
                 return False, False
             if block:
@@ -205,72 +219,58 @@ class AsyncSaves:
                     self.staging.wait()
                     p.written = self.writer.answer(block=block)
             except WriterDied as err:
-                p.failure = (None, str(err), str(p.folder))
+                p.failure = WriteFailure(None, str(err), str(p.request.folder))
             except Exception as err:  # the background copy's, or its hand-off's to a writer that died
                 dead = not self.writer.process.is_alive()
-                p.failure = (None, self.writer.exit_text(), str(p.folder)) if dead else describe_failure(None, err)
+                died = WriteFailure(None, self.writer.exit_text(), str(p.request.folder))
+                p.failure = died if dead else describe_failure(None, err)
             if p.written is not None and p.written.failure is not None:
                 p.failure = p.written.failure
         return p.written is None and p.failure is None, p.failure is not None
 
     def begin_commit(self, p: Pending) -> None:
-        """Every rank's write succeeded: the drill point, then every rank's results to rank 0, whose background
-        thread writes .metadata and the manifest and publishes the folder."""
-        p.before_commit()
-        report = (p.written.results, p.written.checksums, p.nbytes, p.written.seconds)
-        reports = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object(report, reports, dst=0)
-        if self.rank == 0:
-            p.commit = self.manager.background.submit(self.commit, p, reports)
-        p.phase = "committing"
+        """Every rank's write succeeded: the drill point, then every rank's report to rank 0, whose background
+        thread writes .metadata and commits."""
+        p.request.before_commit()
+        w = p.written
+        reports = self.committer.gather(RankReport(w.checksums, p.request.nbytes, None, w.results, w.seconds))
+        if reports is not None:
+            p.commit = self.committer.background.submit(self.commit, p, reports)
+        p.phase = Phase.COMMITTING
 
-    def commit(self, p: Pending, reports: list) -> str | None:
-        """Rank 0, in the background thread: DCP's finish (.metadata, checksummed as written), then the manifest,
-        fsync and rename of a synchronous save; the one-line error, or None."""
+    def commit(self, p: Pending, reports: list[RankReport]) -> str | None:
+        """Rank 0, in the background thread: DCP's finish (.metadata, checksummed as written), then the commit a
+        synchronous save ends in; the one-line error, or None."""
         t0 = time.perf_counter()
-        writer = ChecksummingWriter(p.folder)
+        writer = ChecksummingWriter(p.request.folder)
         writer.set_up_storage_writer(True, rank=0)
         try:
-            writer.finish(self.metadata, [results for results, *_ in reports])
+            writer.finish(self.metadata, [r.results for r in reports])
+            mine = dataclasses.replace(reports[0], checksums={**reports[0].checksums, **writer.checksums})
         except Exception as err:  # whatever it is, the main thread must hear of it as one line
-            shutil.rmtree(p.folder, ignore_errors=True)
-            needs = sum(n for *_, n, _ in reports)
-            return self.manager.write_error(p.step, 0, describe_failure(*(writer.failure or (None, err))), needs=needs)
-        checksums = [c for _, c, _, _ in reports]
-        checksums[0] = {**checksums[0], **writer.checksums}
-        error = self.manager.commit(
-            p.step, p.folder, [(c, n, None) for c, (_, _, n, _) in zip(checksums, reports)], p.provenance
-        )
-        slowest = max(seconds for *_, seconds in reports)
-        p.done = SaveDone(p.step, p.started, 0.0, p.step_s, slowest + time.perf_counter() - t0)
+            mine = dataclasses.replace(reports[0], failure=writer.failure or describe_failure(None, err))
+        error = self.committer.commit(p.request, [mine, *reports[1:]])
+        p.background_s = max(r.seconds for r in reports) + time.perf_counter() - t0
         return error
 
     def durable(self, p: Pending) -> SaveDone:
         """The boundary that saw the commit done: rank 0's record of the save, on every rank."""
-        record = [
-            SaveDone(p.step, p.started, p.blocking_s, p.step_s, p.done.background_s, overlap_steps=p.overlap_steps)
-            if self.rank == 0
-            else None
-        ]
+        r = p.request
+        done = SaveDone(r.step, r.started, p.blocking_s, r.step_s, p.background_s, overlap_steps=p.overlap_steps)
+        record = [done if self.rank == 0 else None]
         dist.broadcast_object_list(record, src=0)
         self.pending = None
         return record[0]
 
     def fail(self, p: Pending) -> None:
         """Some rank's part failed: stop every writer, remove the folder, the same one line on every rank."""
-        if p.phase == "writing" and self.writer is not None:
+        if p.phase is Phase.WRITING and self.writer is not None:
             self.writer.kill()  # its write would go on into a folder being removed
             self.writer = None
-        reports = [None] * dist.get_world_size() if self.rank == 0 else None
-        dist.gather_object((p.failure, p.nbytes), reports, dst=0)
+        reports = self.committer.gather(RankReport({}, p.request.nbytes, p.failure))
         error = [None]
-        if self.rank == 0:
-            if p.phase == "committing":
-                error[0] = p.commit.result()
-            else:
-                shutil.rmtree(p.folder, ignore_errors=True)
-                rank, failure = next((r, f) for r, (f, _) in enumerate(reports) if f is not None)
-                error[0] = self.manager.write_error(p.step, rank, failure, needs=sum(n for _, n in reports))
+        if reports is not None:  # rank 0: the commit's own error, or the commit of the failed reports
+            error[0] = p.commit.result() if p.phase is Phase.COMMITTING else self.committer.commit(p.request, reports)
         dist.broadcast_object_list(error, src=0)
         self.pending = None
         raise CheckpointWriteError(error[0])

@@ -43,7 +43,7 @@ import torch.multiprocessing as mp  # noqa: F401 (registers torch's tensor reduc
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem
 from torch.utils.serialization import config as serialization_config
 
-from trainflow.checkpoint.writer import ChecksummingWriter, describe_failure
+from trainflow.checkpoint.writer import ChecksummingWriter, WriteFailure, describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,11 @@ interval's slack; a step has none)."""
 @dataclass(frozen=True)
 class Written:
     """A writer process's answer: the write results DCP's finish needs, the files' (bytes, CRC-32C), and the first
-    failure (errno, text, file), or None."""
+    failure, or None."""
 
     results: list
     checksums: dict[str, tuple[int, int]]
-    failure: tuple[int | None, str, str | None] | None
+    failure: WriteFailure | None
     seconds: float
 
 
@@ -109,7 +109,7 @@ def write(folder: Path, plan: SavePlan | None, planner: StagedPlanner, *, io_thr
     except Exception as err:  # the writer's own record of it (below) names the file
         failure = describe_failure(None, err)
     if writer.failure is not None:  # DCP drops a writer thread's exception other than its calling one's
-        failure = describe_failure(*writer.failure)
+        failure = writer.failure
     return Written(results, dict(writer.checksums), failure, time.perf_counter() - start)
 
 

@@ -12,6 +12,7 @@ import io
 import os
 from collections.abc import Generator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
@@ -25,15 +26,40 @@ class CheckpointWriteError(TrainflowError):
     """A checkpoint that could not be written; the previous ones are intact."""
 
 
-def describe_failure(path: str | None, err: BaseException) -> tuple[int | None, str, str | None]:
-    """(errno, text, file) of a failed write, for the one-line error. torch.save turns a failed write into
-    `enforce fail at inline_container.cc ... unexpected pos`, keeping the OSError only as its context."""
+@dataclass(frozen=True)
+class WriteFailure:
+    """A failed write, for the one-line error (checkpoint.commit's write_error)."""
+
+    errno: int | None
+    """The file system's error number; None: the failure was not the file system's (a killed writer process)."""
+    text: str
+    file: str | None
+
+
+def describe_failure(path: str | None, err: BaseException) -> WriteFailure:
+    """The failure of a write that raised `err`. torch.save turns a failed write into `enforce fail at
+    inline_container.cc ... unexpected pos`, keeping the OSError only as its context."""
     cause: BaseException | None = err
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__ or cause.__context__
     if cause is None:
-        return None, " ".join(str(err).split()) or type(err).__name__, path
-    return cause.errno, cause.strerror or str(cause), path or cause.filename
+        return WriteFailure(None, " ".join(str(err).split()) or type(err).__name__, path)
+    return WriteFailure(cause.errno, cause.strerror or str(cause), path or cause.filename)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What a rank reports of its part of a save, gathered on rank 0 for the commit."""
+
+    checksums: dict[str, tuple[int, int]]
+    """The files it wrote, by name: (bytes, CRC-32C)."""
+    nbytes: int
+    """Its tensors' bytes (what a full disk's error says the save needs)."""
+    failure: WriteFailure | None = None
+    results: list = field(default_factory=list)
+    """DCP's write results, which the asynchronous commit's .metadata is made from."""
+    seconds: float = 0.0
+    """How long its write took."""
 
 
 CHUNK = 1 << 20
@@ -77,7 +103,7 @@ class ChecksummingFileSystem(FileSystem):
     def __init__(self) -> None:
         super().__init__()
         self.checksums: dict[str, tuple[int, int]] = {}
-        self.failure: tuple[str, Exception] | None = None
+        self.failure: WriteFailure | None = None
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
@@ -90,7 +116,7 @@ class ChecksummingFileSystem(FileSystem):
             with io.BufferedWriter(raw) as stream:
                 yield stream
         except Exception as err:
-            self.failure = self.failure or (str(path), err)  # which of two racing failures is kept does not matter
+            self.failure = self.failure or describe_failure(str(path), err)  # either of two racing ones will do
             raise
         self.checksums[Path(path).name] = (raw.nbytes, raw.crc)  # dict stores are atomic across DCP's threads
 
@@ -112,5 +138,5 @@ class ChecksummingWriter(dcp.FileSystemWriter):
         return self.fs.checksums
 
     @property
-    def failure(self) -> tuple[str, Exception] | None:
+    def failure(self) -> WriteFailure | None:
         return self.fs.failure

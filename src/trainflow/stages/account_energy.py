@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import hydra
-from omegaconf import DictConfig
-
-from trainflow.config import ALLOCATING, CONF_DIR, TrainflowConfig
+from trainflow.config import ALLOCATING, TrainflowConfig
 from trainflow.energy.accounting import dvfs_outcome, facility, stage_energy
 from trainflow.energy.metrics import JobMetrics, StageFigures
 from trainflow.energy.node import actions_taken
@@ -23,7 +20,7 @@ from trainflow.energy.phases import phase_energy
 from trainflow.energy.report import EnergyReport, SegmentEnergy, SlurmComparison, StageEnergy, TrainingEnergy
 from trainflow.energy.slurm import consumed_energy
 from trainflow.records import read_record
-from trainflow.stage import StageError, run_stage, stage_log, write_json
+from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.summary import SegmentSummary
 
 log = stage_log(__file__)
@@ -134,10 +131,5 @@ def log_report(report: EnergyReport) -> None:
     )
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="account_energy")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="account_energy")

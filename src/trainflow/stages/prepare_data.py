@@ -17,11 +17,9 @@ import time
 from pathlib import Path
 
 import h5py
-import hydra
-from omegaconf import DictConfig
 
 from trainflow.atomic import write_text_atomic
-from trainflow.config import CONF_DIR, DataConfig, TrainflowConfig
+from trainflow.config import DataConfig, TrainflowConfig
 from trainflow.config.run_folder import shard_name
 from trainflow.config.sources import SourceConfig
 from trainflow.data.corpus import shard_plan
@@ -31,7 +29,7 @@ from trainflow.data.record import DataError, check_size
 from trainflow.data.tokenizer import ByteTokenizer, HfTokenizer, load_pretrained, load_tokenizer, train_bpe
 from trainflow.data.tokens import write_shard
 from trainflow.energy.metrics import StageFigures
-from trainflow.stage import run_stage, stage_log
+from trainflow.stage import stage_log, stage_main
 
 log = stage_log(__file__)
 
@@ -176,10 +174,5 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     )
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="prepare_data")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="prepare_data")

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
 from trainflow.atomic import write_text_atomic
 from trainflow.checkpoint.verify import VerifyReport
-from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import PLOTS
 from trainflow.energy.metrics import StageFigures
 from trainflow.energy.report import EnergyReport
@@ -29,7 +26,7 @@ from trainflow.report.goodput import goodput_section
 from trainflow.report.mixture import mixture_section
 from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
 from trainflow.report.stack import stack_section
-from trainflow.stage import StageError, run_stage, stage_log
+from trainflow.stage import StageError, stage_log, stage_main
 from trainflow.train.summary import SegmentSummary
 
 log = stage_log(__file__)
@@ -79,10 +76,5 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     return StageFigures()
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="report")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="report")

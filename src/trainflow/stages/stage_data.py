@@ -17,15 +17,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
-
-from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.crc import file_crc
 from trainflow.data.index import Shard, read_index, write_index_file
 from trainflow.data.record import DataError, read_record, record_path, recorded, write_record
 from trainflow.energy.metrics import StageFigures
-from trainflow.stage import StageError, run_stage, stage_log
+from trainflow.stage import StageError, stage_log, stage_main
 
 log = stage_log(__file__)
 RERUN_PREPARE = "prepare_data (snakemake --forcerun prepare_data)"
@@ -132,10 +129,5 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     return stage_shards(Path(cfg.io.tokens), Path(cfg.io.staged_tokens), streams=cfg.data.stage_streams)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="stage_data")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="stage_data")

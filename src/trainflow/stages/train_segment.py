@@ -17,12 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-import hydra
 import submitit
-from omegaconf import DictConfig
 
 from trainflow.checkpoint.manager import list_steps
-from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
 from trainflow.energy.meter import cpu_seconds
@@ -33,7 +31,7 @@ from trainflow.launch.failure import JobFailure, read_markers
 from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.restart import gate_exclusions, judge, straggler_hosts
 from trainflow.stack import NodeStack, per_node, versions
-from trainflow.stage import StageError, run_stage, stage_log, write_json
+from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.goodput import JobOutcome, JobRun, measure_goodput, segment_jobs
 from trainflow.train.step_log import Span, StepLog
 from trainflow.train.summary import RankEnergy, SegmentSummary
@@ -198,10 +196,5 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     )
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train_segment")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="train_segment")

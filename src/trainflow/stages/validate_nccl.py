@@ -16,12 +16,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import hydra
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from trainflow.atomic import write_text_atomic
-from trainflow.config import CONF_DIR, ParallelDims, TrainflowConfig
+from trainflow.config import ParallelDims, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.metrics import StageFigures
@@ -35,7 +33,7 @@ from trainflow.gate.verdict import problems
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.plan.build import Plan, build_plan
 from trainflow.stack import versions
-from trainflow.stage import StageError, run_stage, stage_log, write_json
+from trainflow.stage import StageError, stage_log, stage_main, write_json
 
 log = stage_log(__file__)
 
@@ -154,10 +152,5 @@ def log_measurements(report: NcclReport) -> None:
         log.warning("%s", warning)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="validate_nccl")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="validate_nccl")

@@ -6,13 +6,10 @@
 
 from __future__ import annotations
 
-import hydra
-from omegaconf import DictConfig
-
 from trainflow.checkpoint.verify import verify_all
-from trainflow.config import CONF_DIR, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.energy.metrics import StageFigures
-from trainflow.stage import run_stage, write_json
+from trainflow.stage import stage_main, write_json
 
 
 def run(cfg: TrainflowConfig) -> StageFigures:
@@ -21,10 +18,5 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     return StageFigures({"bytes": report.bytes})
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="verify_checkpoint")
-def main(raw: DictConfig) -> None:
-    run_stage(raw, run)
-
-
 if __name__ == "__main__":
-    main()
+    stage_main(run, config_name="verify_checkpoint")
