@@ -37,9 +37,9 @@ import torch
 from _common import bench_model, drop_cache, emit, median
 from safetensors.torch import load_file
 
-from trainflow.config.hf import hf_config, hf_name, parameter_shapes
 from trainflow.export.hf_format import plan_shards, write_folder
 from trainflow.export.hf_import import load_hf
+from trainflow.hf.llama import hf_config, hf_name, parameter_shapes
 from trainflow.model import Llama
 
 GOAL = 0.8
@@ -135,7 +135,7 @@ if sys.argv[5] == "save":  # a checkpoint of the model as the trainer writes its
     import torch, torch.distributed.checkpoint as dcp
     from trainflow.checkpoint.folders import step_dir
     from trainflow.checkpoint.manifest import Provenance, write_manifest
-    from trainflow.config.hf import parameter_shapes
+    from trainflow.hf.llama import parameter_shapes
     step = step_dir(sys.argv[1], 1)
     state = {"model": {k: torch.randn(s) * 0.02 for k, s in parameter_shapes(m).items()}}
     dcp.save(state, checkpoint_id=step, no_dist=True)

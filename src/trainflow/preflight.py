@@ -15,10 +15,10 @@ import os
 import shutil
 from pathlib import Path
 
-from trainflow.config.hf import HfFolderError, check_config
-from trainflow.config.hf_weights import weight_files
 from trainflow.config.schema import DataConfig, ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
+from trainflow.hf.llama import HfFolderError, check_config
+from trainflow.hf.weights import weight_files
 
 
 def preflight(cfg: TrainflowConfig) -> None:

@@ -20,15 +20,16 @@ from safetensors.torch import load_file
 from tests.conftest import make_config
 from tests.unit.test_export import newest, trained
 from trainflow.config import ConfigError, ModelConfig, compose
-from trainflow.config.hf import hf_name, parameter_shapes
 from trainflow.data.sampler import TokenSampler
 from trainflow.export import export, read_model
 from trainflow.export.hf_import import load_hf
+from trainflow.hf.llama import hf_name, parameter_shapes
 from trainflow.model import Llama, cross_entropy
 from trainflow.stage import run_stage
 
 TOLERANCE = 1e-4  # max abs logit difference, fp32 (the same tolerance as the export's comparison)
 OVERRIDES = ("model.init_std=0.3",)  # attention far from uniform: a wrong q/k layout would show in the logits
+DEEP = 100_000  # nesting of a hostile JSON file: past Python's recursion limit
 
 
 def model_config(tmp_path: Path, *overrides: str) -> ModelConfig:
@@ -163,6 +164,14 @@ BAD = {
         r"config\.json is no readable JSON \(",
     ),
     "a list": (lambda f: (f / "config.json").write_text("[1, 2]"), r"config\.json holds a JSON list, not an object"),
+    "a deep config.json": (
+        lambda f: (f / "config.json").write_text("[" * DEEP + "]" * DEEP),
+        r"llama/config\.json is no readable JSON \(maximum recursion depth exceeded",
+    ),
+    "a deep index": (
+        lambda f: (f / "model.safetensors.index.json").write_text('{"weight_map": ' + "[" * DEEP + "]" * DEEP + "}"),
+        r"llama/model\.safetensors\.index\.json is no safetensors index \(maximum recursion depth exceeded",
+    ),
     "a string field": (edit_config(hidden_size="128"), r"gives hidden_size as '128', not a int"),
     "another model": (
         edit_config(

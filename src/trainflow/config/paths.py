@@ -39,7 +39,7 @@ class IOConfig:
     init_from: str = ""
     """A Hugging Face LlamaForCausalLM folder (config.json, safetensors) whose weights a run starts from at step 0 when
     neither `checkpoints` nor resume_from holds a checkpoint; resharded to the layout, the optimizer fresh. config.json
-    must describe the configured model (trainflow.config.hf). Empty: random initialisation."""
+    must describe the configured model (trainflow.hf.llama). Empty: random initialisation."""
     segment_report: str = ""
     segment_reports: list[str] = field(default_factory=list)
     verify_report: str = ""

@@ -13,7 +13,7 @@ optional: the run's Hydra overrides (e.g. model=tiny data.vocab_size=257), compo
 them. A checkpoint whose manifest records no model (trainflow before manifests held it) or one this version
 cannot read needs them; otherwise they must describe the model the manifest records.
 
-OUT gets config.json, the fp32 weights under Hugging Face's names (config.hf) as model.safetensors or, past
+OUT gets config.json, the fp32 weights under Hugging Face's names (hf.llama) as model.safetensors or, past
 --max-shard-gb, as shards with their index (export.hf_format) and, for a BPE run, tokenizer.json and
 tokenizer_config.json from the token file in the checkpoint's run folder (<capacity>/data/tokens/shard-00000.h5); a
 byte-tokenised run has no tokenizer file to export. Everything is written into a temporary folder beside OUT and
@@ -35,7 +35,6 @@ import logging
 from pathlib import Path
 
 from trainflow.config import ModelConfig
-from trainflow.config.hf import hf_config, hf_name
 from trainflow.data.tokenizer import EOT_TEXT
 from trainflow.export.hf_format import MAX_SHARD_BYTES, check_out, plan_shards, shard_names, write_folder
 from trainflow.export.source import (
@@ -49,6 +48,7 @@ from trainflow.export.source import (
     read_tokenizer,
     run_tokens,
 )
+from trainflow.hf.llama import hf_config, hf_name
 
 __all__ = ["ExportError", "choose_model", "export", "read_model"]
 

@@ -1,6 +1,6 @@
 """What an export writes, all or nothing: config.json and the other small files, and the weights as one
 model.safetensors or, past `max_shard_bytes`, as shards model-0000i-of-0000n.safetensors with the index
-model.safetensors.index.json that transformers reads (Hugging Face's names: trainflow.config.hf).
+model.safetensors.index.json that transformers reads (Hugging Face's names: trainflow.hf.llama).
 
 Shards are written one at a time, each read from the checkpoint just before it is written (`read` below), so an
 export holds at most one shard's tensors in memory: a 70B model (280 GB in fp32) exports in 5 GB pieces.
@@ -19,9 +19,9 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from trainflow.atomic import fsync_path
-from trainflow.config.hf_weights import INDEX, SINGLE
 from trainflow.config.security import unsafe_path
 from trainflow.export.source import ExportError
+from trainflow.hf.weights import INDEX, SINGLE
 
 MAX_SHARD_BYTES = 5 * 10**9
 """transformers' own default shard size (save_pretrained's max_shard_size="5GB")."""

@@ -6,11 +6,11 @@ rank holds, in any layout, through DCP.
         print(load_hf(Path('hf/tiny'), [Llama(m)], m))"
 
 DCP plans the load as it plans a resume: each rank asks for exactly the chunks of the parameters it holds (a
-tensor-parallel or FSDP shard, its pipeline stage's layers), under Hugging Face's names (config.hf), and
+tensor-parallel or FSDP shard, its pipeline stage's layers), under Hugging Face's names (hf.llama), and
 HfReader (torch's HuggingFaceStorageReader, checked) reads those slices from the safetensors files, a file at a
 time: no rank ever holds more of the model than its own parameters. bf16 or fp16 weights become the fp32 master
 weights on the way in. The optimizer is not touched, so it starts fresh; fp8's amax histories keep their start.
-The folder is checked again before anything is read (config.hf_weights: names, shapes, truncation), since it may
+The folder is checked again before anything is read (hf.weights: names, shapes, truncation), since it may
 have changed since the config was validated; only safetensors are read.
 """
 
@@ -39,9 +39,9 @@ from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from trainflow.config import ModelConfig
-from trainflow.config.hf import HfFolderError, check_config, hf_name
-from trainflow.config.hf_weights import weight_files
 from trainflow.export.source import FP8_STATE
+from trainflow.hf.llama import HfFolderError, check_config, hf_name
+from trainflow.hf.weights import weight_files
 from trainflow.tensors import local, storage_ptr
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class Imported:
 
 class HfReader(HuggingFaceStorageReader):
     """torch's reader of a safetensors folder, which reads every *.safetensors file it finds: the folder's files are
-    checked against the model first (config.hf_weights), so those are exactly the index's and hold what they should.
+    checked against the model first (hf.weights), so those are exactly the index's and hold what they should.
 
     torch's reader copies each slice out of safetensors' memory map, page fault by page fault (0.3-0.6 GB/s here,
     a quarter of a plain read). A slice that is whole rows of a tensor (the whole tensor, or a dim-0 shard: column

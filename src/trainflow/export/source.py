@@ -21,10 +21,10 @@ from trainflow.checkpoint.manifest import MANIFEST, MODEL_TYPES, ChecksumError, 
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import InPlaceReader
 from trainflow.config import ModelConfig, TrainflowError
-from trainflow.config.hf import parameter_shapes
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.index import first_shard
 from trainflow.data.record import DataError, check_size
+from trainflow.hf.llama import parameter_shapes
 from trainflow.records import RecordError
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """Hugging Face's LlamaForCausalLM layout, without torch: its parameter names and config.json for a trainflow model
 (what trainflow.export writes), and config.json read back against the model a run configures (io.init_from).
 
-    python -c "from pathlib import Path; from trainflow.config import compose; from trainflow.config.hf import \
+    python -c "from pathlib import Path; from trainflow.config import compose; from trainflow.hf.llama import \
         check_config; check_config(Path('hf/Meta-Llama-3-8B'), compose('train_segment', ['model=llama3_8b']).model)"
 
 The folder's files are untrusted: config.json is parsed as JSON and compared field by field, each mismatch named
-with the override (or the preset) that would match; the weights' checks are config.hf_weights'. Both are pre-flight
+with the override (or the preset) that would match; the weights' checks are hf.weights'. Both are pre-flight
 checks (trainflow.preflight), so a folder that cannot start the run fails when the DAG is built, before any stage
 runs, and again when the trainer reads it (the files may change in between). Rotary embeddings: trainflow rotates
 halves, as HF's rotate_half, so q/k projections need no permutation; Llama 3.1's frequency scaling is refused (not
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from trainflow.config.compose import CONF_DIR
 from trainflow.config.schema import ModelConfig
 from trainflow.config.shape import linear_shapes
 from trainflow.errors import TrainflowError
@@ -113,7 +114,7 @@ def read_config(folder: Path) -> dict:
             f"io.init_from({folder}) has no {CONFIG}; give the folder of a Hugging Face model (its config.json and "
             "*.safetensors, e.g. from huggingface-cli download)"
         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # RecursionError: nested too deep
         raise HfFolderError(f"{path} is no readable JSON ({' '.join(str(err).split())}); download it again") from err
     if not isinstance(values, dict):
         raise HfFolderError(
@@ -181,8 +182,6 @@ def check_config(folder: Path, m: ModelConfig) -> None:
 
 def matching(want: dict, m: ModelConfig) -> str:
     """The preset that gives config.json's model, else the overrides that do (ffn_dim through multiple_of)."""
-    from trainflow.config.compose import CONF_DIR  # imported here: compose imports the checks, which import this
-
     for preset in sorted((CONF_DIR / "model").glob("*.yaml")):
         values = {k: v for k, v in yaml.safe_load(preset.read_text()).items() if not str(v).startswith("${")}
         candidate = ModelConfig(**{**vars(m), **values})

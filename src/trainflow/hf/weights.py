@@ -3,7 +3,7 @@ hold them (model.safetensors, or the shards model.safetensors.index.json lists),
 the model: every parameter once, of its shape, in a floating dtype, and no file cut short.
 
     python -c "from pathlib import Path; from trainflow.config import compose; \
-        from trainflow.config.hf_weights import weight_files; \
+        from trainflow.hf.weights import weight_files; \
         print(weight_files(Path('hf/tiny'), compose('train_segment').model))"
 
 Only safetensors are read: a folder of pickle files (pytorch_model.bin, *.pth), which can run code when
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from trainflow.config.hf import HfFolderError, hf_name, parameter_shapes
 from trainflow.config.schema import ModelConfig
+from trainflow.hf.llama import HfFolderError, hf_name, parameter_shapes
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -40,8 +40,10 @@ def index_files(folder: Path) -> dict[str, str]:
             weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map is no object of file names")
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-            raise HfFolderError(f"{path} is no safetensors index ({err}); download it again") from err
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
+            raise HfFolderError(
+                f"{path} is no safetensors index ({' '.join(str(err).split())}); download it again"
+            ) from err
         if bad := next((f for f in weight_map.values() if not re.fullmatch(r"[\w.-]+\.safetensors", f)), None):
             raise HfFolderError(f"{path} names {bad!r}, not a .safetensors file beside it; download it again")
         return weight_map
