@@ -1,6 +1,7 @@
 """The failure drills' settings (cfg.fault): which fault strikes, where and when; trainflow.train.faults injects it.
 
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STOP   # a hung rank
+python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STALL  # a stuck main thread
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ class FaultConfig:
     """At the start of this step (-1: never) ..."""
     rank: int = checked(0, ge=0)
     """... this rank ..."""
-    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL", "STOP"))
+    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL", "STOP", "STALL", "WEDGE"))
     """... receives this signal: USR2 (Slurm's pre-timeout: save and requeue), TERM (scancel or the time limit:
-    save and stop, no requeue), KILL (a dead rank) or STOP (a hung one)."""
+    save and stop, no requeue), KILL (a dead rank) or STOP (a hung one). Two hangs that are no signal: STALL, the
+    rank's main thread blocks for good while its heartbeat thread beats on (a GPU stuck in a kernel, a wedged
+    driver call that releases the GIL: the others wait for it in their next collective); WEDGE, every rank (whatever
+    fault.rank says) blocks inside one collective that never completes (a failed link or switch: a symmetric hang, which no
+    rank's evidence can pin on a host)."""
     during_save: bool = False
     """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
     slow_ms: float = checked(0.0, ge=0, le=60000)

@@ -28,8 +28,10 @@ HANG_EXIT = 86
 
 @dataclass(frozen=True)
 class HangReport(Record):
-    rank: int
+    rank: int | None
+    """The rank the job waited for; None where the evidence names nobody (a symmetric hang)."""
     host: str
+    """Its host ("" where no rank is blamed)."""
     step: int
     phase: str
     """What the hung rank last reported doing (data, compute, eval, save, load, start)."""
@@ -42,15 +44,26 @@ class HangReport(Record):
     detected_by: int
     waiting_in: str
     """The collective the detecting rank's main thread was waiting in, and the trainflow code that called it."""
+    evidence: str = ""
+    """For a rank alive without progress: what the ranks' collective counts showed (launch.blame)."""
 
     def line(self) -> str:
+        past = f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s"
+        waited = f"rank {self.detected_by} waited in {self.waiting_in}"
+        if self.rank is None:
+            return (
+                f"every rank made no progress for {self.seconds:.0f} s (step {self.step}), {past}): "
+                f"{self.evidence}, so no host is blamed; {waited}"
+            )
         what = "made no progress" if self.alive else "stopped responding"
-        why = "a stuck collective" if self.alive else "a stopped process, or one stuck in a driver call"
+        why = (
+            f"a stuck main thread: {self.evidence}"
+            if self.alive
+            else "a stopped process, or one stuck in a driver call"
+        )
         return (
             f"rank {self.rank} on host {self.host} {what} for {self.seconds:.0f} s (its last beat: step {self.step}, "
-            f"{self.phase}), "
-            f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s: {why}); rank {self.detected_by} waited in "
-            f"{self.waiting_in}"
+            f"{self.phase}), {past}: {why}); {waited}"
         )
 
 

@@ -5,23 +5,30 @@ cluster.runtime.hang_detect_s instead of idling its whole allocation.
     with Heartbeat.start(runtime, rank=rank, world=world, paths=submitit.JobEnvironment().paths) as beat:
         Trainer(cfg, device, on_phase=beat.progress).train()
 
-Each rank runs a daemon thread that, every `period_s`, publishes a beat in the job's own key-value store (a TCPStore
-client of the one torch.distributed set up at MASTER_ADDR:MASTER_PORT): a counter, the step and the phase the rank's
-main thread last reported, and when it did. The thread beats whatever the main thread does, so a rank waiting in a
-collective keeps beating: a beat that stops means the process itself stopped. Rank 0's thread reads every rank's
-beat (the other ranks read rank 0's) and declares a rank hung when
-- its beat has not changed for the threshold (a stopped process), or
-- it is alive but its step has not moved for the threshold in a step phase (data, compute, eval: a stuck collective);
-  saves and loads are left to the collective timeout, as they may rightly take longer.
+Each rank runs a daemon thread that, every `period_s`, publishes a beat in the job's heartbeat store (a TCPStore that
+rank 0 serves for the heartbeat alone, on a free port it announces through torch.distributed's rendezvous store, so
+4096 ranks' beats never queue behind the rendezvous): a counter, the step and the phase the rank's main thread last
+reported, and its count of entered collectives per process group (launch.blame). The thread beats whatever the main
+thread does, so a rank waiting in a collective keeps beating: a beat that stops means the process itself stopped.
+Rank 0 seeds every rank's beat before any rank can publish, and reads them all in one round trip (multi_get) per
+poll; the other ranks read rank 0's. Rank 0 declares a rank hung when
+- its beat has not changed for the threshold (a stopped process; a rank that never published at all likewise), or
+- ranks are alive but their step has not moved for the threshold in a step phase (data, compute, eval): then the
+  collective counts name the rank the others wait for (launch.blame.culprits), or nobody where every rank stands
+  at the same collective (a symmetric hang: no host is blamed on a guess). Saves and loads are left to the
+  collective timeout, as they may rightly take longer.
+The other ranks judge rank 0's silence only: rank 0 alone sees every rank's counts.
 The threshold is config.cluster.hang_threshold_s: hang_detect_s, or, where that is 0, the larger of 60 s and 10 x the
 median step so far. Clocks are
 never compared across hosts: staleness is how long the watcher itself has seen a beat unchanged. A store that stops
 answering is rank 0 stopped: the others then judge it themselves.
 
-On a verdict the detecting rank writes the diagnosis (hang.py: the rank, its host, step and phase, and the
-collective the detecting rank's own main thread is waiting in) and sets an abort key; every live rank then dumps
-its Python stacks (and, over NCCL, PyTorch's Flight Recorder) beside the job's logs and exits with HANG_EXIT. The
-launcher ends the rest (srun --kill-on-bad-exit, executors.LocalController) and the stage names the hang in one line.
+On a verdict the detecting rank writes the diagnosis (hang.py: the rank, its host, step and phase, the evidence, and
+the collective the detecting rank's own main thread is waiting in) and sets an abort key; every live rank then dumps
+its Python stacks (and, over NCCL, PyTorch's Flight Recorder) beside the job's logs, counts itself done in the store
+and exits with HANG_EXIT; rank 0, which serves the store, leaves last (or after a few beats), so no live rank's
+stacks are cut off by the launcher ending the rest (srun --kill-on-bad-exit, executors.LocalController). The stage
+names the hang in one line.
 
 Each beat also carries the rank's median forward time (Heartbeat.timed, the trainer's on_step; train.clock), and rank
 0 writes every rank's into <job>_timing.json as soon as every rank has timed a few steps, then once a minute, and
@@ -50,6 +57,7 @@ from trainflow.atomic import write_json
 from trainflow.config import RuntimeConfig
 from trainflow.config.cluster import hang_threshold_s
 from trainflow.energy.node import hostname
+from trainflow.launch.blame import Evidence, collective_counts, culprits
 from trainflow.launch.hang import HANG_EXIT, HangReport, dump_stacks, waiting_in, write_report
 from trainflow.train.summary import RankTiming
 
@@ -82,6 +90,19 @@ class Beat:
     forward_s: float = float("nan")
     """The rank's median forward over its last 50 steps."""
     steps: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    """Its entered collectives per process group (launch.blame)."""
+
+
+NEVER = json.dumps(
+    {"counter": -1, "step": -1, "phase": "start", "host": "?", "forward": None, "steps": 0, "counts": {}}
+)
+"""The beat rank 0 seeds for every rank: one that never publishes stays at it and is reported silent."""
+ABORT, DUMPED = "trainflow/abort", "trainflow/dumped"
+
+
+def beat_key(rank: int) -> str:
+    return f"trainflow/beat/{rank}"
 
 
 class Heartbeat:
@@ -102,14 +123,7 @@ class Heartbeat:
     @contextlib.contextmanager
     def start(cls, runtime: RuntimeConfig, *, rank: int, world: int, paths: JobPaths) -> Iterator[Heartbeat]:
         """A running heartbeat for this rank (a single rank has no peer to wait for: it only beats)."""
-        import torch.distributed as dist
-
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=max(2 * runtime.heartbeat_s, 5)),
-        )
+        store = heartbeat_store(runtime, rank=rank, world=world)
         beat = cls(runtime, rank=rank, world=world, paths=paths, store=store)
         beat.publish()
         beat.thread.start()
@@ -140,15 +154,15 @@ class Heartbeat:
         self.counter += 1
         forward = statistics.median(self.forward) if self.forward else None
         beat = {"counter": self.counter, "step": self.step, "phase": self.phase, "host": hostname()}
-        beat.update(forward=forward, steps=len(self.forward))
-        self.store.set(f"trainflow/beat/{self.rank}", json.dumps(beat))
+        beat.update(forward=forward, steps=len(self.forward), counts=collective_counts())
+        self.store.set(beat_key(self.rank), json.dumps(beat))
 
     def run(self) -> None:
         unanswered = time.monotonic()
         while not self.stopped.wait(self.period_s):
             try:
                 self.publish()
-                if self.store.check(["trainflow/abort"]):
+                if self.store.check([ABORT]):
                     self.abort(None)
                 report = self.watch()
                 unanswered = time.monotonic()
@@ -160,22 +174,28 @@ class Heartbeat:
                 self.abort(report)
 
     def watch(self) -> HangReport | None:
-        """Rank 0 reads every rank's beat, the others rank 0's; the hung rank, or None. A rank without beats is the
-        cause before any rank alive without progress (those wait for it); among those, the one furthest behind."""
+        """Rank 0 reads every rank's beat in one round trip, the others rank 0's; the verdict, or None. A rank without
+        beats is the cause before any rank alive without progress (those wait for it); among those alive, the one
+        the others' collective counts wait for, or none (rank 0 alone sees every rank's counts: the others judge its
+        silence only)."""
         now, silent, stuck = time.monotonic(), {}, {}
-        for rank in range(self.world) if self.rank == 0 else [0]:
-            seen = self.observe(rank, json.loads(self.store.get(f"trainflow/beat/{rank}")), now)
+        ranks = list(range(self.world)) if self.rank == 0 else [0]
+        for rank, beat in zip(ranks, self.store.multi_get([beat_key(r) for r in ranks])):
+            seen = self.observe(rank, json.loads(beat), now)
             silent[rank] = now - seen.seen
             started = seen.first_step is not None and seen.step > seen.first_step
             stuck[rank] = now - seen.moved if seen.phase in STEP_PHASES and started else 0.0
         quiet = max(silent, key=silent.get)
+        longest = max(stuck, key=stuck.get)
         if silent[quiet] > self.threshold_s or (
-            silent[quiet] > 3 * self.period_s and max(stuck.values()) > self.threshold_s
+            silent[quiet] > 3 * self.period_s and stuck[longest] > self.threshold_s
         ):
-            return self.report(quiet, self.beats[quiet], max(silent[quiet], max(stuck.values())))
-        if over := [r for r, seconds in stuck.items() if seconds > self.threshold_s]:
-            behind = min(over, key=lambda r: (self.beats[r].step, r))
-            return self.report(behind, self.beats[behind], stuck[behind], alive=True)
+            return self.report(quiet, self.beats[quiet], max(silent[quiet], stuck[longest]))
+        if self.rank == 0 and stuck[longest] > self.threshold_s:
+            evidence = culprits({r: b.counts for r, b in self.beats.items()})
+            blamed = evidence.culprits[0] if evidence.culprits else None
+            beat = self.beats[longest if blamed is None else blamed]
+            return self.report(blamed, beat, stuck[longest], alive=True, evidence=evidence)
         if self.rank == 0 and self.timing_due(now):
             self.write_timing()
         return None
@@ -186,6 +206,7 @@ class Heartbeat:
         if beat["counter"] != seen.counter:
             seen.counter, seen.seen, seen.host, seen.steps = beat["counter"], now, beat["host"], beat["steps"]
             seen.forward_s = beat["forward"] if beat["forward"] is not None else float("nan")
+            seen.counts = beat["counts"]
         if (beat["step"], beat["phase"]) != (seen.step, seen.phase):
             seen.step, seen.phase, seen.moved = beat["step"], beat["phase"], now
             if seen.first_step is None and seen.phase in STEP_PHASES:
@@ -201,10 +222,12 @@ class Heartbeat:
         ranks = [RankTiming(r, b.host, b.forward_s, b.steps) for r, b in self.beats.items()]
         write_json(timing_path(self.paths), [t.to_json() for t in ranks])
 
-    def report(self, rank: int, beat: Beat, seconds: float, *, alive: bool = False) -> HangReport:
+    def report(
+        self, rank: int | None, beat: Beat, seconds: float, *, alive: bool = False, evidence: Evidence | None = None
+    ) -> HangReport:
         return HangReport(
             rank=rank,
-            host=beat.host,
+            host=beat.host if rank is not None else "",
             step=beat.step,
             phase=beat.phase,
             seconds=seconds,
@@ -212,19 +235,45 @@ class Heartbeat:
             threshold_s=self.threshold_s,
             detected_by=self.rank,
             waiting_in=waiting_in(threading.main_thread()),
+            evidence=evidence.line() if evidence else "",
         )
 
     def abort(self, report: HangReport | None) -> None:
-        """Write the diagnosis (the detecting rank), tell every rank, dump this rank's stacks and exit."""
+        """Write the diagnosis (the detecting rank), tell every rank, dump this rank's stacks and exit; rank 0, which
+        serves the store, waits a few beats for the live ranks to dump theirs."""
         if report is not None and write_report(self.paths, report):
             log.error("Hang: %s", report.line())
             with contextlib.suppress(Exception):  # a stopped rank 0 holds the store: the others judge it themselves
-                self.store.set("trainflow/abort", str(report.rank))
+                self.store.set(ABORT, str(report.rank))
         if self.rank == 0:
             with contextlib.suppress(OSError):  # the last word on who was slow; the stacks matter more
                 self.write_timing()
         dump_stacks(self.paths, self.rank, nccl=self.backend == "nccl")
+        with contextlib.suppress(Exception):
+            done = self.store.add(DUMPED, 1)
+            deadline = time.monotonic() + 3 * self.period_s + 2
+            while self.rank == 0 and done < self.world and time.monotonic() < deadline:
+                time.sleep(min(self.period_s, 0.2))  # a stopped rank never counts itself: the deadline ends the wait
+                done = self.store.add(DUMPED, 0)
         os._exit(HANG_EXIT)
+
+
+def heartbeat_store(runtime: RuntimeConfig, *, rank: int, world: int) -> object:
+    """The job's heartbeat store: rank 0 serves a TCPStore of its own on a free port, seeds every rank's beat and
+    announces the port in torch.distributed's rendezvous store (MASTER_ADDR:MASTER_PORT); the others connect to it.
+    Its short timeout is how a rank learns that rank 0 stopped."""
+    import torch.distributed as dist
+
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    wait = datetime.timedelta(seconds=runtime.collective_timeout_s)  # rank 0 may reach its heartbeat last
+    short = datetime.timedelta(seconds=max(2 * runtime.heartbeat_s, 5))
+    rendezvous = dist.TCPStore(address, port, is_master=False, timeout=wait)
+    if rank == 0:
+        store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=short)
+        store.multi_set([beat_key(r) for r in range(world)], [NEVER] * world)
+        rendezvous.set("trainflow/heartbeat", str(store.port))
+        return store
+    return dist.TCPStore(address, int(rendezvous.get("trainflow/heartbeat")), is_master=False, timeout=short)
 
 
 def timing_path(paths: JobPaths) -> Path:

@@ -2,6 +2,8 @@
 
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a dead rank
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STOP   # a hung one
+python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STALL  # its main thread stuck
+python -m trainflow.stages.train_segment fault.step=7 fault.signal=WEDGE               # every rank in a collective
 python -m trainflow.stages.train_segment fault.nan_step=7                              # a NaN loss (train.guard)
 python -m trainflow.stages.train_segment fault.rank=1 fault.slow_ms=200                # a straggler
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable
 
@@ -27,13 +30,28 @@ def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, atte
     rank's death inside the checkpoint write of that step, after the shards and before the rename. Only in the
     segment's first job (`attempt` 0): the job train_segment restarts after it meets no fault, as a transient
     failure would not strike twice."""
-    if attempt or step != fault.step or dist.get_rank() != fault.rank or during_save != fault.during_save:
+    everyone = fault.signal == "WEDGE" and not during_save
+    if attempt or step != fault.step or during_save != fault.during_save:
         return
-    what = "death during save" if during_save else f"SIG{fault.signal}"
-    log.warning("Injected fault at step %d on rank %d: %s", step, fault.rank, what)
+    if dist.get_rank() != fault.rank and not everyone:
+        return
+    what = "death during save" if during_save else fault.signal if everyone else f"SIG{fault.signal}"
+    log.warning("Injected fault at step %d on rank %d: %s", step, dist.get_rank(), what)
     if during_save:
         os._exit(3)
-    os.kill(os.getpid(), getattr(signal, f"SIG{fault.signal}"))
+    if fault.signal == "STALL":
+        threading.Event().wait()  # the main thread never returns; the heartbeat's thread beats on
+    elif everyone:
+        wedge()
+    else:
+        os.kill(os.getpid(), getattr(signal, f"SIG{fault.signal}"))
+
+
+def wedge() -> None:
+    """Enter a collective that never completes, on every rank alike: each rank receives from its neighbour, which
+    sends nothing (the collective timeout ends it, long after the heartbeat's threshold)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.recv(torch.zeros(1), src=(rank + 1) % world)
 
 
 def maybe_poison(fault: FaultConfig, window: int, loss: torch.Tensor, parameters: Iterable[torch.nn.Parameter]) -> None:

@@ -1,0 +1,141 @@
+"""The heartbeat at scale and the hang's blame, on a real TCPStore in one process: rank 0's poll of 4096 simulated
+ranks is one round trip, a rank that never published is reported silent, and the collective counts name the rank the
+others wait for, or nobody in a symmetric hang."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from submitit.core.utils import JobPaths
+
+from trainflow.config import compose
+from trainflow.launch.blame import collective_counts, culprits
+from trainflow.launch.hang import HangReport
+from trainflow.launch.heartbeat import NEVER, Heartbeat, beat_key
+
+pytestmark = pytest.mark.torch_compat  # TCPStore.multi_get / multi_set and the groups' sequence numbers
+
+
+class Counting:
+    """A store that counts its round trips."""
+
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, 0
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls += 1
+            return getattr(self.store, name)(*args)
+
+        return call
+
+
+def beat(rank: int, *, counter: int = 0, step: int = 5, phase: str = "compute", counts=None) -> str:
+    return json.dumps(
+        {
+            "counter": counter,
+            "step": step,
+            "phase": phase,
+            "host": f"node{rank // 4}",
+            "forward": 0.1,
+            "steps": 3,
+            "counts": counts or {},
+        }
+    )
+
+
+@pytest.fixture
+def heartbeat(tmp_path):
+    def build(world: int, **runtime):
+        cfg = compose("train_segment", ["experiment=smoke", *(f"cluster.runtime.{k}={v}" for k, v in runtime.items())])
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        server.multi_set([beat_key(r) for r in range(world)], [NEVER] * world)
+        store = Counting(server)
+        return Heartbeat(cfg.cluster.runtime, rank=0, world=world, paths=JobPaths(tmp_path, job_id="1"), store=store)
+
+    return build
+
+
+def test_a_poll_of_4096_ranks_is_one_round_trip_and_a_rank_that_never_published_is_silent(heartbeat):
+    world, silent = 4096, 2999
+    beat_ = heartbeat(world, hang_detect_s=1, heartbeat_s=0.1)
+    published = [r for r in range(world) if r != silent]
+    beat_.store.store.multi_set([beat_key(r) for r in published], [beat(r) for r in published])
+    beat_.store.calls = 0
+    start = time.monotonic()
+    assert beat_.watch() is None
+    assert beat_.store.calls == 1 and time.monotonic() - start < 5
+    time.sleep(1.2)
+    beat_.store.store.multi_set([beat_key(r) for r in published], [beat(r, counter=1) for r in published])  # beats on
+    report = beat_.watch()
+    assert isinstance(report, HangReport) and report.rank == silent and not report.alive
+    assert "stopped responding" in report.line()
+
+
+def test_a_stalled_rank_is_blamed_by_the_collectives_the_others_wait_in(heartbeat):
+    # dp2 x tp2: rank 3's main thread stalled before its tensor-parallel all-reduce, in which its tp peer 2 waits;
+    # ranks 0 and 1 wait for ranks 2 and 3 in their dp all-reduce. Everyone is stuck at step 6; the counts name 3.
+    counts = {
+        0: {"world": 9, "dp0": 4, "tp0": 12},
+        1: {"world": 9, "dp1": 4, "tp0": 12},
+        2: {"world": 9, "dp0": 3, "tp1": 12},
+        3: {"world": 9, "dp1": 3, "tp1": 11},
+    }
+    beat_ = heartbeat(4, hang_detect_s=1, heartbeat_s=0.1)
+    for counter in range(2):
+        beat_.store.store.multi_set([beat_key(r) for r in counts], [beat(r, counter=counter) for r in counts])
+        assert beat_.watch() is None
+    for counter, step in ((2, 6), (3, 6)):  # every rank moves to step 6 once: the first step is exempt
+        values = [beat(r, counter=counter, step=step, counts=counts[r]) for r in counts]
+        beat_.store.store.multi_set([beat_key(r) for r in counts], values)
+        assert beat_.watch() is None
+    time.sleep(1.2)
+    values = [beat(r, counter=9, step=6, counts=counts[r]) for r in counts]
+    beat_.store.store.multi_set([beat_key(r) for r in counts], values)
+    report = beat_.watch()
+    assert report.rank == 3 and report.host == "node0" and report.alive
+    assert "had not entered collective 4 of process group dp1, in which rank 1 waited" in report.line()
+
+
+def test_the_evidence_follows_a_chain_and_names_nobody_in_a_symmetric_hang():
+    # 1 waits for 2 in group a, 2 waits for 3 in group b: 3 is the cause, not 2 (itself waiting)
+    chain = {1: {"a": 5}, 2: {"a": 4, "b": 8}, 3: {"b": 7}}
+    assert culprits(chain).culprits == (3,)
+    assert culprits(chain).waiting == (2,) and culprits(chain).collective == 8
+    symmetric = {r: {"world": 40, "dp": 20} for r in range(8)}
+    assert culprits(symmetric).culprits == ()
+    report = HangReport(
+        rank=None,
+        host="",
+        step=6,
+        phase="compute",
+        seconds=7,
+        alive=True,
+        threshold_s=5,
+        detected_by=0,
+        waiting_in="torch.distributed.distributed_c10d.recv (trainflow/train/faults.py:70, wedge)",
+        evidence=culprits(symmetric).line(),
+    )
+    assert report.line().startswith("every rank made no progress for 7 s (step 6), past cluster.runtime")
+    assert "a symmetric hang), so no host is blamed" in report.line()
+    assert HangReport.from_json(report.to_json()) == report
+
+
+def test_collective_counts_are_read_per_group_and_leave_pipeline_groups_out(tmp_path):
+    assert collective_counts() == {}  # before torch.distributed is set up
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        pp = dist.new_group([0], group_desc="mesh_pp")
+        dp = dist.new_group([0], group_desc="mesh_dp")
+        dist.all_reduce(torch.ones(1), group=dp)
+        dist.all_reduce(torch.ones(1), group=pp)
+        counts = collective_counts()
+        names = dist.distributed_c10d._world.pg_names
+        assert counts[names[dp]] == 1 and names[pp] not in counts
+    finally:
+        dist.destroy_process_group()
