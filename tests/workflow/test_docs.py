@@ -20,6 +20,7 @@ import yaml
 from tests.conftest import REPO
 from tests.doc_commands import COMMANDS, DRY_RUN, RUN, Ran
 from tests.support import snakemake
+from tests.unit.test_layers import LAYERS
 
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -132,3 +133,12 @@ def test_a_command_the_pages_show_runs(command, tmp_path):
     done = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
     assert not list(tmp_path.iterdir()), "the command wrote into its working folder"
+
+
+def test_the_architecture_page_gives_every_module_its_layer():
+    """docs/architecture.md's table against the layers tests/unit/test_layers.py enforces."""
+    table = re.findall(r"^\| (\d+) \| (.+?) \|", (DOCS / "architecture.md").read_text(), re.M)
+    names = [(name, int(layer)) for layer, cell in table for name in re.findall(r"`([^`]+)`", cell)]
+    documented = {name.removesuffix(".py").rstrip("/"): layer for name, layer in names}
+    wrong = {k: (documented.get(k), LAYERS.get(k)) for k in documented.keys() | LAYERS.keys()}
+    assert documented == LAYERS, {k: pair for k, pair in wrong.items() if pair[0] != pair[1]}
