@@ -114,6 +114,41 @@ def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks
     assert time.monotonic() - start < 120
 
 
+def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_others_wait_in(tmp_path, tokens):
+    # Rank 1's main thread blocks at the start of step 3 while its heartbeat beats on: both ranks are alive and
+    # without progress at step 3 (the old tie-break blamed rank 0). The collective counts show rank 0 inside the
+    # dp all-reduce that rank 1 never entered; every live rank's stacks are written before the job ends.
+    hang = ("cluster.runtime.hang_detect_s=4", "cluster.allocation.max_restarts=0")
+    with pytest.raises(LaunchError) as err:
+        segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *hang)
+    line = str(err.value)
+    assert "\n" not in line
+    assert re.search(
+        rf"rank 1 on host {re.escape(socket.gethostname())} made no progress for \d+ s .* a stuck main thread: it had "
+        r"not entered collective \d+ of process group \S+, in which rank 0 waited\); rank 0 waited in torch\.",
+        line,
+    ), line
+    jobs, _ = ledgers(tmp_path, *hang)
+    assert jobs[0].outcome == "hang" and jobs[0].verdict.startswith("not restarted")
+    folder = Path(make_config("train_segment", tmp_path, *BASE, *hang).io.submitit)
+    for rank in (0, 1):
+        assert "Thread" in (folder / f"{jobs[0].job_id}_{rank}_stacks.txt").read_text()
+
+
+def test_a_symmetric_hang_blames_no_host(tmp_path, tokens):
+    # Every rank blocks in one collective that never completes (fault.signal=WEDGE: a failed link or switch): the
+    # counts are equal, so no rank is named and the restart leaves no host out. (At step 5: the last phase before it
+    # is step 4's compute; a hang inside a save is left to the collective timeout.)
+    hang = ("cluster.runtime.hang_detect_s=4",)
+    with pytest.raises(LaunchError) as err:
+        segment(tmp_path, tokens, "fault.step=5", "fault.signal=WEDGE", *hang, "cluster.allocation.max_restarts=0")
+    line = str(err.value)
+    assert "\n" not in line and "every rank made no progress for" in line, line
+    assert "a symmetric hang), so no host is blamed" in line, line
+    jobs, _ = ledgers(tmp_path, *hang, "cluster.allocation.max_restarts=0")
+    assert jobs[0].outcome == "hang" and socket.gethostname() not in jobs[0].verdict
+
+
 def test_a_nan_step_is_skipped_and_a_rerun_with_the_same_fault_is_bitwise_equal(tmp_path, tokens, reference):
     # The second run also has a straggler (rank 1 sleeps in every forward): flagged, and the numbers do not change.
     runs = [segment(tmp_path / "a", tokens, "fault.nan_step=3")]

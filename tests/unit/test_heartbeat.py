@@ -34,12 +34,13 @@ class Counting:
         return call
 
 
-def beat(rank: int, *, counter: int = 0, step: int = 5, phase: str = "compute", counts=None) -> str:
+def beat(rank: int, *, counter: int = 0, step: int = 5, phase: str = "compute", counts=None, marks=None) -> str:
     return json.dumps(
         {
             "counter": counter,
             "step": step,
             "phase": phase,
+            "marks": 2 * step + (phase == "compute") if marks is None else marks,
             "host": f"node{rank // 4}",
             "forward": 0.1,
             "steps": 3,
@@ -139,3 +140,26 @@ def test_collective_counts_are_read_per_group_and_leave_pipeline_groups_out(tmp_
         assert counts[names[dp]] == 1 and names[pp] not in counts
     finally:
         dist.destroy_process_group()
+
+
+def test_a_long_evaluation_is_progress_batch_by_batch_not_a_hang(heartbeat):
+    # Rank 0 evaluates batch after batch of step 6 for longer than the threshold, while rank 1 waits for it in the
+    # next collective: each batch's marker is progress, so nothing is hung until the batches stop coming.
+    beat_ = heartbeat(2, hang_detect_s=1, heartbeat_s=0.1)
+    store = beat_.store.store
+    for counter, step in enumerate((5, 6)):  # both ranks finish their first step
+        store.multi_set([beat_key(r) for r in (0, 1)], [beat(r, counter=counter, step=step) for r in (0, 1)])
+        assert beat_.watch() is None
+    marks = 20
+    for counter in range(2, 8):  # 1.5 s of evaluation, a batch every 0.25 s
+        time.sleep(0.25)
+        marks += 1
+        values = [beat(0, counter=counter, step=6, phase="eval", marks=marks), beat(1, counter=counter, step=6)]
+        store.multi_set([beat_key(0), beat_key(1)], values)
+        assert beat_.watch() is None
+    time.sleep(1.2)
+    store.multi_set(
+        [beat_key(r) for r in (0, 1)],
+        [beat(0, counter=9, step=6, phase="eval", marks=marks), beat(1, counter=9, step=6)],
+    )
+    assert beat_.watch() is not None  # the batches stopped: now it is a hang

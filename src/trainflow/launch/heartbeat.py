@@ -13,7 +13,8 @@ thread does, so a rank waiting in a collective keeps beating: a beat that stops 
 Rank 0 seeds every rank's beat before any rank can publish, and reads them all in one round trip (multi_get) per
 poll; the other ranks read rank 0's. Rank 0 declares a rank hung when
 - its beat has not changed for the threshold (a stopped process; a rank that never published at all likewise), or
-- ranks are alive but their step has not moved for the threshold in a step phase (data, compute, eval): then the
+- ranks are alive but have made no progress for the threshold in a step phase (data, compute, eval; each of the
+  main thread's markers is progress, so every evaluation batch is, and a long evaluation is no hang): then the
   collective counts name the rank the others wait for (launch.blame.culprits), or nobody where every rank stands
   at the same collective (a symmetric hang: no host is blamed on a guess). Saves and loads are left to the
   collective timeout, as they may rightly take longer.
@@ -81,8 +82,10 @@ class Beat:
     """When the counter last changed."""
     step: int = -1
     phase: str = "start"
+    marks: int = 0
+    """How many progress markers its main thread had given."""
     moved: float = field(default_factory=time.monotonic)
-    """When the step (or phase) last changed."""
+    """When its main thread last gave a progress marker."""
     first_step: int | None = None
     """The first step the rank reported: a rank counts as stuck only once it has finished a step (the first one
     compiles, loads and warms up for as long as it takes)."""
@@ -95,7 +98,7 @@ class Beat:
 
 
 NEVER = json.dumps(
-    {"counter": -1, "step": -1, "phase": "start", "host": "?", "forward": None, "steps": 0, "counts": {}}
+    {"counter": -1, "step": -1, "phase": "start", "marks": 0, "host": "?", "forward": None, "steps": 0, "counts": {}}
 )
 """The beat rank 0 seeds for every rank: one that never publishes stays at it and is reported silent."""
 ABORT, DUMPED = "trainflow/abort", "trainflow/dumped"
@@ -110,7 +113,7 @@ class Heartbeat:
         self.rank, self.world, self.paths, self.store = rank, world, paths, store
         self.runtime, self.backend = runtime, runtime.backend
         self.period_s = runtime.heartbeat_s
-        self.step, self.phase, self.counter = -1, "start", 0
+        self.step, self.phase, self.counter, self.marks = -1, "start", 0, 0
         self.step_started: float | None = None
         self.step_times: list[float] = []
         self.forward: deque[float] = deque(maxlen=50)
@@ -140,7 +143,7 @@ class Heartbeat:
             self.step_times = (self.step_times + [now - self.step_started])[-50:]
         if phase == "data":
             self.step_started = now
-        self.step, self.phase = step, phase
+        self.step, self.phase, self.marks = step, phase, self.marks + 1
 
     def timed(self, record: object) -> None:
         """The trainer's on_step: this rank's forward seconds of the step (a StepRecord's forward_s)."""
@@ -153,7 +156,8 @@ class Heartbeat:
     def publish(self) -> None:
         self.counter += 1
         forward = statistics.median(self.forward) if self.forward else None
-        beat = {"counter": self.counter, "step": self.step, "phase": self.phase, "host": hostname()}
+        beat = {"counter": self.counter, "step": self.step, "phase": self.phase, "marks": self.marks}
+        beat["host"] = hostname()
         beat.update(forward=forward, steps=len(self.forward), counts=collective_counts())
         self.store.set(beat_key(self.rank), json.dumps(beat))
 
@@ -191,7 +195,8 @@ class Heartbeat:
             silent[quiet] > 3 * self.period_s and stuck[longest] > self.threshold_s
         ):
             return self.report(quiet, self.beats[quiet], max(silent[quiet], stuck[longest]))
-        if self.rank == 0 and stuck[longest] > self.threshold_s:
+        progressing = any(now - b.moved < self.threshold_s for b in self.beats.values())  # the job is not hung yet
+        if self.rank == 0 and stuck[longest] > self.threshold_s and not progressing:
             evidence = culprits({r: b.counts for r, b in self.beats.items()})
             blamed = evidence.culprits[0] if evidence.culprits else None
             beat = self.beats[longest if blamed is None else blamed]
@@ -207,8 +212,8 @@ class Heartbeat:
             seen.counter, seen.seen, seen.host, seen.steps = beat["counter"], now, beat["host"], beat["steps"]
             seen.forward_s = beat["forward"] if beat["forward"] is not None else float("nan")
             seen.counts = beat["counts"]
-        if (beat["step"], beat["phase"]) != (seen.step, seen.phase):
-            seen.step, seen.phase, seen.moved = beat["step"], beat["phase"], now
+        if beat["marks"] != seen.marks:
+            seen.step, seen.phase, seen.marks, seen.moved = beat["step"], beat["phase"], beat["marks"], now
             if seen.first_step is None and seen.phase in STEP_PHASES:
                 seen.first_step = seen.step
         return seen

@@ -146,11 +146,11 @@ class Trainer:
     def evaluate(self, step: int) -> float:
         """Each source's validation loss (train.eval_batches batches of its own split) and their weighted mean."""
         started = time.time()
-        self.on_phase("eval", step)
         per_source = {}
         for k, name in enumerate(self.sampler.names):
             losses = []
             for i in range(self.cfg.train.eval_batches):
+                self.on_phase("eval", step)  # each batch is progress: a long evaluation is no hang (launch.heartbeat)
                 inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows, source=k)
                 losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
             per_source[name] = sum(losses) / len(losses)
