@@ -118,7 +118,7 @@ def by(runner: str) -> list[str]:
     return [command for command, runners in COMMANDS.items() if runner in runners]
 
 
-@pytest.mark.parametrize("command", by(DRY_RUN))
+@pytest.mark.parametrize("command", by(DRY_RUN), ids=lambda c: c.removeprefix(".venv/bin/snakemake --profile "))
 def test_a_workflow_command_the_pages_show_builds_its_dag(command, tmp_path):
     words = shlex.split(command)
     assert words[0] == ".venv/bin/snakemake", command
