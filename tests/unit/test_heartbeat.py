@@ -14,7 +14,7 @@ from submitit.core.utils import JobPaths
 
 from trainflow.config import compose
 from trainflow.launch.blame import collective_counts, culprits
-from trainflow.launch.hang import HangReport
+from trainflow.launch.hang import HangReport, rank_environment
 from trainflow.launch.heartbeat import NEVER, Heartbeat, beat_key
 
 pytestmark = pytest.mark.torch_compat  # TCPStore.multi_get / multi_set and the groups' sequence numbers
@@ -163,3 +163,19 @@ def test_a_long_evaluation_is_progress_batch_by_batch_not_a_hang(heartbeat):
         [beat(0, counter=9, step=6, phase="eval", marks=marks), beat(1, counter=9, step=6)],
     )
     assert beat_.watch() is not None  # the batches stopped: now it is a hang
+
+
+def test_the_flight_recorder_is_on_over_nccl_and_the_runtime_env_overrides_it(tmp_path):
+    paths = JobPaths(tmp_path, job_id="7")
+    nccl = compose("train_segment", ["experiment=smoke", "cluster.runtime.backend=nccl"]).cluster.runtime
+    env = rank_environment(nccl, paths)
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "20000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "7_nccl_trace_rank_")
+    small = compose(
+        "train_segment",
+        ["experiment=smoke", "cluster.runtime.backend=nccl", "+cluster.runtime.env.TORCH_FR_BUFFER_SIZE=100"],
+    )
+    assert rank_environment(small.cluster.runtime, paths)["TORCH_FR_BUFFER_SIZE"] == "100"
+    gloo = compose("train_segment", ["experiment=smoke"]).cluster.runtime
+    assert not any(k.startswith("TORCH_") for k in rank_environment(gloo, paths))

@@ -4,6 +4,7 @@ rank's Python stacks (and, over NCCL, PyTorch's Flight Recorder), and the one li
     <submitit folder>/<job>_hang.json          HangReport (launch.heartbeat's verdict)
     <submitit folder>/<job>_<rank>_stacks.txt  faulthandler's dump of every thread of that rank
     <submitit folder>/<job>_<rank>_flight.pkl  torch's NCCL Flight Recorder trace of that rank (NCCL only)
+    <submitit folder>/<job>_nccl_trace_rank_<rank>  the same, dumped by torch's watchdog on a collective timeout
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from submitit.core.utils import JobPaths
 
 from trainflow.atomic import atomic_path, write_json
+from trainflow.config import RuntimeConfig
 from trainflow.records import Record, RecordError, read_record
 
 HANG_EXIT = 86
@@ -65,6 +67,27 @@ class HangReport(Record):
             f"rank {self.rank} on host {self.host} {what} for {self.seconds:.0f} s (its last beat: step {self.step}, "
             f"{self.phase}), {past}: {why}); {waited}"
         )
+
+
+FLIGHT_RECORDER = {
+    "TORCH_FR_BUFFER_SIZE": "20000",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+"""PyTorch's NCCL Flight Recorder, on by default over NCCL (its buffer is 0, the recorder off, unless set): the last
+20000 collectives of every process group, as torchtitan keeps them, dumped by the watchdog on a collective timeout
+(TORCH_FR_BUFFER_SIZE from torch 2.7, TORCH_NCCL_TRACE_BUFFER_SIZE before; both set). cluster.runtime.env overrides
+each."""
+
+
+def rank_environment(runtime: RuntimeConfig, paths: JobPaths) -> dict[str, str]:
+    """The variables a rank sets before torch.distributed starts: over NCCL the Flight Recorder's, dumping beside the
+    job's logs, then cluster.runtime.env, which overrides them."""
+    recorder = {}
+    if runtime.backend == "nccl":
+        dumps = str(paths.folder / f"{paths.job_id}_nccl_trace_rank_")  # torch appends the rank
+        recorder = FLIGHT_RECORDER | {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dumps}
+    return recorder | dict(runtime.env)
 
 
 def report_path(paths: JobPaths) -> Path:

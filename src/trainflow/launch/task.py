@@ -24,6 +24,7 @@ from trainflow.atomic import write_json
 from trainflow.config import CONF_DIR, RuntimeConfig
 from trainflow.energy.node import hostname
 from trainflow.errors import TrainflowError
+from trainflow.launch.hang import rank_environment
 from trainflow.records import Record, read_record
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.d
 
     configure_logging()
     with marked_task() as marker:
-        os.environ.update(runtime.env)
+        os.environ.update(rank_environment(runtime, submitit.JobEnvironment().paths))
         env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         if runtime.device == "cuda":
             device = torch.device("cuda", env.local_rank)
