@@ -4,12 +4,14 @@ top operators, and memory per step (observe.*)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import make_config, run_segment
+from trainflow.status.read import State, read_status
 
 
 def test_tensorboard_profile_and_memory_are_recorded(tmp_path, tokens):
@@ -35,3 +37,39 @@ def test_tensorboard_profile_and_memory_are_recorded(tmp_path, tokens):
     assert 0 < sum(op["share"] for op in top) <= 1 + 1e-9
 
     assert all(r["memory_mb"] > 10 for r in summary["steps"])  # a resident torch process holds 100s of MB
+
+
+def test_status_follows_the_default_campaign(tmp_path, tokens):
+    """The default campaign (two segments) as trainflow.status reads it between its segments, while the second one
+    appends its first step (half a line written), and when it has finished."""
+    run = ("parallel=single", "train.segments=2", "train.segment_steps=3")
+    first = run_segment(tmp_path, tokens, *run, "segment=0")
+    between = read_status(tmp_path)
+    assert (between.state, between.done, between.in_flight, between.step) == (State.WAITING, [0], 1, 3)
+    assert between.checkpoint.step == 3 and not between.checkpoint.verified
+    assert between.loss == first["steps"][-1]["loss"] and between.eta_s == pytest.approx(3 * between.step_s)
+    assert 0 < between.goodput == pytest.approx(first["goodput"]["goodput"])
+
+    ckpts = Path(make_config("train_segment", tmp_path, *run, tokens=tokens).io.checkpoints)
+    steps, spans = ckpts / "steps.jsonl", ckpts / "spans.jsonl"
+    kept = steps.read_text(), spans.read_text()
+    now = time.time()
+    record = {**first["steps"][-1], "step": 3, "started": now - 1}
+    steps.write_text(kept[0] + json.dumps(record) + "\n" + json.dumps(record)[:40])
+    spans.write_text(
+        kept[1] + json.dumps({"segment": 1, "kind": "step", "step": 3, "started": now - 1, "seconds": 0.5}) + "\n"
+    )
+    running = read_status(tmp_path, now=now)
+    assert (running.state, running.in_flight, running.step) == (State.RUNNING, 1, 4)
+    assert running.last_step_age_s == pytest.approx(1 - record["step_s"])
+    steps.write_text(kept[0])
+    spans.write_text(kept[1])
+
+    second = run_segment(tmp_path, tokens, *run, "segment=1")
+    done = read_status(tmp_path)
+    assert (done.state, done.done, done.in_flight, done.step, done.total_steps) == (State.FINISHED, [0, 1], None, 6, 6)
+    assert done.loss == second["steps"][-1]["loss"] and done.eta_s is None and done.failures == []
+    assert done.checkpoint.step == 6
+    walls = [s["goodput"]["wall_s"] for s in (first, second)]
+    productive = [s["goodput"]["seconds"]["productive"] for s in (first, second)]
+    assert done.goodput == pytest.approx(sum(productive) / sum(walls))

@@ -36,6 +36,7 @@ LAYERS = {
     "launch": 7,
     "stage": 7,
     "stages": 8,
+    "status": 8,
 }
 MODULES = sorted(p for p in SRC.rglob("*.py"))
 

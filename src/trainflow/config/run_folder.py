@@ -10,6 +10,7 @@ traces, TensorBoard, the exclude list) is a member here too, so nothing else inv
     <root>/verify.json, energy.json                        verify_checkpoint, account_energy
     <root>/train/<hash>/segment-<i>.json, metrics-<i>.json  train_segment (its summary, its job's metrics)
     <root>/train/<hash>/tensorboard/, profile/segment-<i>/, power/   train_segment (observe.*, energy sampling)
+    <root>/train/<hash>/run.json, wandb/; <root>/mlflow.db   train_segment (what the campaign is; observe.*)
     <root>/report/report.md, <plot>.png                    report
     <root>/metrics/<stage>.json, metrics/<stage>/<job>.json, logs/<stage>/, submitit/<stage>/   every stage
     <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
@@ -117,6 +118,22 @@ class RunFolder:
 
     def segment_reports(self, segments: int) -> list[str]:
         return [self.segment_report(i) for i in range(segments)]
+
+    @property
+    def run_record(self) -> str:
+        """What the campaign is (train.run_record.RunRecord, rank 0 at each job's start): trainflow.status's entry."""
+        return f"{self.train_dir}/run.json"
+
+    @property
+    def wandb(self) -> str:
+        """W&B's files (observe.wandb: WANDB_DIR; offline runs until `wandb sync`)."""
+        return f"{self.train_dir}/wandb"
+
+    @property
+    def mlflow_store(self) -> str:
+        """MLflow's local store when observe.mlflow.uri is empty, one for every campaign of the run (a SQLite file:
+        MLflow 3 keeps its plain file store in maintenance mode): mlflow ui --backend-store-uri sqlite:///<it>."""
+        return f"{self.root}/mlflow.db"
 
     @property
     def tensorboard(self) -> str:

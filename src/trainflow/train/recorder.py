@@ -16,12 +16,14 @@ from statistics import median
 import torch
 import torch.distributed as dist
 
+from trainflow.atomic import write_json
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.node import hostname
 from trainflow.progress import Progress
 from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
+from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import EvalRecord, Span, StepLog, StepRecord
 from trainflow.train.summary import ProfileSummary, RankTiming
 from trainflow.train.tensorboard import TensorBoardLog
@@ -39,6 +41,8 @@ class StepRecorder:
         self.evals_log = StepLog(RunFolder.evals_log(cfg.io.checkpoints), EvalRecord)
         self.guard_log = StepLog(RunFolder.guard_log(cfg.io.checkpoints), GuardEvent)
         self.spans_log = StepLog(RunFolder.spans_log(cfg.io.checkpoints), Span)
+        if self.is_logger:
+            write_json(run.run_record, RunRecord.of(cfg).to_json())  # trainflow.status's entry to the run folder
         self.tensorboard = TensorBoardLog(run.tensorboard if self.is_logger and o.tensorboard else None)
         profile = Path(run.profile(cfg.segment)) if o.profile else None
         self.profiler = StepProfiler(profile, rank=rank, steps=o.profile_steps, device=device)

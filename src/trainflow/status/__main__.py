@@ -1,0 +1,60 @@
+"""python -m trainflow.status runs/<run> [--json] [--watch [SECONDS]] [--checkpoints DIR]
+
+Where a campaign stands, from its run folder alone (trainflow.status.read): on the login node while it runs, without
+torch. A run folder that does not read ends in one line naming the file, exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from trainflow.errors import TrainflowError
+from trainflow.status.read import State, read_status
+from trainflow.status.show import as_json, clean, render
+
+UNREADABLE = (TrainflowError, OSError, ValueError, RecursionError, OverflowError)
+"""What a hostile or half-written run folder raises while it is read (a RecordError is a TrainflowError)."""
+CLEAR = "\033[H\033[J"
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"--watch({text}) must be a number of seconds > 0, such as 10")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainflow.status", description=__doc__.split("\n\n")[1])
+    parser.add_argument("folder", help="the run folder: runs/<run> (storage.root)")
+    parser.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    parser.add_argument(
+        "--watch", type=positive_seconds, nargs="?", const=10.0, metavar="SECONDS", help="refresh (default 10 s)"
+    )
+    parser.add_argument("--checkpoints", help="the checkpoint folder, when it lies outside the run folder")
+    args = parser.parse_args(argv)
+    terminal = sys.stdout.isatty()
+    while True:
+        try:
+            status = read_status(args.folder, checkpoints=args.checkpoints)
+        except UNREADABLE as err:
+            print(f"trainflow.status: {clean(str(err), limit=2000)}", file=sys.stderr)
+            return 1
+        text = as_json(status) if args.json else render(status, bar=terminal)
+        print(CLEAR + text if args.watch and terminal and not args.json else text, flush=True)
+        if args.watch is None or status.state is State.FINISHED:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
