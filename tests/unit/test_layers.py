@@ -36,20 +36,90 @@ LAYERS = {
     "launch": 7,
     "stage": 7,
     "stages": 8,
-    "status": 8,
 }
 MODULES = sorted(p for p in SRC.rglob("*.py"))
+FORBIDDEN = {
+    ("launch", "train"): "the launcher starts and judges jobs from what ranks write (records below both), never from "
+    "the training loop's modules, which a launcher process has no use for",
+    ("plan", "model"): "the planner runs when the DAG is built, without torch: it counts with config.shape",
+    ("plan", "parallel"): "the planner runs when the DAG is built, without torch: it counts with config.shape",
+    **{
+        ("stage", torch_package): "every stage imports stage.py, the torch-free ones too"
+        for torch_package in ("model", "parallel", "fp8", "checkpoint", "train")
+    },
+}
+"""Arrows the layers allow but the design does not, each with why."""
+BEING_FIXED = {("launch/failure.py", "train"), ("launch/heartbeat.py", "train"), ("launch/restart.py", "train")}
+"""Forbidden arrows that exist today and that a change under way removes (issue 30: train.summary's and
+train.goodput's records move below launch/); nothing may join them."""
+NAMES = {".".join(("trainflow", *p.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__") for p in MODULES}
+
+
+def imports(path) -> set[str]:
+    """The trainflow modules a module imports, wherever in the file (module level, in a function, under
+    TYPE_CHECKING): `from trainflow.x import y` names trainflow.x.y where that is a module, else trainflow.x."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trainflow"):
+            names |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in NAMES else node.module for a in node.names
+            }
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("trainflow")}
+    return names
 
 
 def imported(path) -> set[str]:
     """The top-level trainflow packages a module imports."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-    return {n.split(".")[1] for n in names if n.startswith("trainflow.")}
+    return {n.split(".")[1] for n in imports(path) if "." in n}
+
+
+def module_name(path) -> str:
+    """trainflow/config/__init__.py -> trainflow.config, trainflow/config/hashing.py -> trainflow.config.hashing."""
+    parts = ("trainflow", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import cycle (a -> b -> a) for each strongly connected group of modules in `graph` (Tarjan's)."""
+    order, low, stack, found = {}, {}, [], []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = set(stack[stack.index(v) :])
+            del stack[stack.index(v) :]
+            if len(group) > 1:
+                found.append(cycle_through(min(group), graph, group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return found
+
+
+def cycle_through(start: str, graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """The shortest path start -> ... -> start inside one strongly connected group."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & group):
+                if w == start:
+                    return [*paths[v], start]
+                if w not in paths:
+                    paths[w] = [*paths[v], w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{start} lies on no cycle of {sorted(group)}")
 
 
 def test_every_module_has_a_layer():
@@ -71,3 +141,24 @@ def test_no_benchmark_shadows_a_standard_module():
     would be imported by torch in its place and break every benchmark."""
     stems = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
     assert not stems & sys.stdlib_module_names
+
+
+def test_no_import_cycles():
+    """No module imports, however indirectly, one that imports it (a lazy or TYPE_CHECKING import counts: it only
+    hides the circle). The finder itself first, on a graph with one."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == [["a", "b", "c", "a"]]
+    graph = {module_name(path): imports(path) for path in MODULES}
+    found = cycles({m: names & graph.keys() - {m} for m, names in graph.items()})
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_no_forbidden_arrow():
+    """Arrows the layers allow but the design does not: each with why."""
+    found = {}
+    for path in MODULES:
+        top = path.relative_to(SRC).parts[0].removesuffix(".py")
+        file = str(path.relative_to(SRC))
+        for to in imported(path):
+            if (top, to) in FORBIDDEN and (file, to) not in BEING_FIXED:
+                found[f"{file} -> {to}"] = FORBIDDEN[top, to]
+    assert not found, f"forbidden imports: {found}"

@@ -16,14 +16,11 @@ hash). A weight of 0 keeps a source for evaluation only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from omegaconf import MISSING
 
 from trainflow.config.domain import RUN_NAME, checked
-
-if TYPE_CHECKING:
-    from trainflow.config.schema import DataConfig
 
 DEFAULT_SOURCE = "corpus"
 """The name of the one source a plain data.corpus is."""
@@ -43,19 +40,29 @@ class SourceConfig:
     """Groups of its input files, each tokenised by its own job."""
 
 
-def sources_of(d: DataConfig) -> list[SourceConfig]:
+class Mixture(Protocol):
+    """What the functions below read of a DataConfig (config.schema's, which holds SourceConfigs: it imports this
+    module, so this one names the fields it reads instead of importing it)."""
+
+    sources: list[SourceConfig]
+    corpus: str
+    text_field: str
+    shards: int
+
+
+def sources_of(d: Mixture) -> list[SourceConfig]:
     """The mixture a data config trains on: data.sources, or data.corpus as the one source of weight 1."""
     if d.sources:
         return list(d.sources)
     return [SourceConfig(name=DEFAULT_SOURCE, corpus=d.corpus, weight=1.0, text_field=d.text_field, shards=d.shards)]
 
 
-def source_key(d: DataConfig, i: int, field: str) -> str:
+def source_key(d: Mixture, i: int, field: str) -> str:
     """How errors name a source's setting: data.sources[i].corpus, or data.corpus for a plain corpus."""
     return f"data.sources[{i}].{field}" if d.sources else f"data.{field}"
 
 
-def source_errors(d: DataConfig) -> list[str]:
+def source_errors(d: Mixture) -> list[str]:
     """Names unique, and weights that add up to a positive share to draw."""
     names = [s.name for s in d.sources]
     errors = [
