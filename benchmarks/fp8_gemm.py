@@ -20,9 +20,9 @@ wo 1024 -> 8192, w1/w3 8192 -> 3584, w2 3584 -> 8192. A repeat times ITERS back-
 events, on ROTATE input sets (more bytes than the 60 MB L2); the three GEMMs alternate in rotating order within
 each repeat (clock and thermal drift cancel), and the median repeat gives TFLOP/s = 2 M N K / time.
 
-"measured" is the record trainflow.fp8.kernels.load_backend reads from kernels/measured.json (commit it from a GPU
-run): the kernel's source digest, whether it passed, and the seconds of the kernel and of _scaled_mm summed over
-the shapes; the sm_90 kernel is dispatched only where the first is no more than the second.
+"measured" is {arch: trainflow.fp8.kernels.KernelMeasurement}, what load_backend reads from kernels/measured.json
+(commit it from a GPU run): the kernel's source digest, whether it passed, and the seconds of the kernel and of
+_scaled_mm summed over the shapes; the sm_90 kernel is dispatched only where the first is no more than the second.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from _common import emit, log, median
 
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.kernels import KERNEL_BUILDS, build_extension, kernel_sha256
+from trainflow.fp8.kernels import KERNEL_BUILDS, GemmSeconds, KernelMeasurement, build_extension, kernel_sha256
 from trainflow.fp8.ops import error_bound
 
 ITERS = 10  # GEMMs per timed repeat
@@ -152,14 +152,14 @@ def main() -> None:
         log(f"fp8_gemm: timing {name} (M, N, K = {mnk}), {repeats} repeats of {ITERS}")
         results.append(shape_result(name, mnk, time_shape(kernel, *mnk, repeats)))
     at_8192 = next(r for r in results if r["shape"] == "8192^3")
-    record = {
-        "kernel_sha256": kernel_sha256(build),
-        "correctness_passed": correctness["passed"],
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "shapes": list(shapes),
-        "seconds": {g: round(sum(r["seconds"][g] for r in results), 9) for g in ("kernel", "scaled_mm")},
-    }
+    record = KernelMeasurement(
+        kernel_sha256=kernel_sha256(build),
+        correctness_passed=correctness["passed"],
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        shapes=list(shapes),
+        seconds=GemmSeconds(**{g: round(sum(r["seconds"][g] for r in results), 9) for g in ("kernel", "scaled_mm")}),
+    )
     emit(
         {
             "benchmark": "fp8_gemm",
@@ -172,7 +172,7 @@ def main() -> None:
             "shapes": results,
             "goal_8192": {g: at_8192[g] for g in GOAL}
             | {"met": all(at_8192[g] >= v for g, v in GOAL.items()), "goal": GOAL},
-            "measured": {build.arch: record},
+            "measured": {build.arch: record.to_json()},
         }
     )
     if not correctness["passed"]:

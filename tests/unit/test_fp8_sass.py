@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
 
-from trainflow.fp8.kernels import KERNEL_BUILDS, KERNELS, nvcc_flags
+from trainflow.fp8.kernels import KERNEL_BUILDS, kernels_folder, nvcc_flags
 
 SM89, SM90 = KERNEL_BUILDS[(8, 9)], KERNEL_BUILDS[(9, 0)]
 # fp32 accumulators per thread in both kernels: a warpgroup's 64x128 of C over 128 threads (sm90), a warp's 64x32
@@ -96,7 +96,7 @@ def nvcc_command(build, out: Path) -> list[str]:
         *nvcc_flags(build),
         *WERROR,
         "-c",
-        str(KERNELS / build.source),
+        str(kernels_folder() / build.source),
         "-o",
         str(out),
     ]
@@ -114,8 +114,8 @@ def binding_command(build, stub: Path) -> list[str]:
         *torch_includes,
         *cuda,
         "-I",
-        str(KERNELS),
-        str(KERNELS / "fp8_binding.cpp"),
+        str(kernels_folder()),
+        str(kernels_folder() / "fp8_binding.cpp"),
     ]
 
 

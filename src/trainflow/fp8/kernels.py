@@ -5,6 +5,9 @@ trainflow::fp8_gemm runs on a GPU, chosen by measured fact (trainflow.fp8.ops de
 
 `load_backend(device)` makes the op runnable on `device` and names the implementation; `backend_reason(device)`
 says in one line which runs and the fact that chose it (the rules are trainflow.fp8.ops' docstring's).
+
+The kernels' folder is $TRAINFLOW_KERNELS where set, else the kernels/ of the checkout trainflow is imported from
+(src/trainflow/fp8 -> kernels/); an install without either is told so in one line when it first needs a kernel.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +24,12 @@ import torch
 
 from trainflow.errors import ConfigError
 from trainflow.fp8.ops import OP, SCHEMA, scaled_mm_fp8_gemm
+from trainflow.records import Record, read_record
 
-KERNELS = Path(__file__).resolve().parents[3] / "kernels"
-MEASURED = KERNELS / "measured.json"
+KERNELS_ENV = "TRAINFLOW_KERNELS"
+CHECKOUT_KERNELS = Path(__file__).resolve().parents[3] / "kernels"
+"""Where kernels/ lies in a checkout (src/trainflow/fp8/kernels.py -> the repository's root)."""
+MEASURED = "measured.json"
 EXTENSION = "trainflow_fp8"  # one extension per architecture: trainflow_fp8_sm89, trainflow_fp8_sm90
 BUILD_HINT = "build it on a GPU node with `python -m trainflow.fp8` (needs nvcc and CUDA_HOME; kernels/README.md)"
 
@@ -46,7 +52,41 @@ class KernelBuild:
         return f"TRAINFLOW_FP8_{self.arch.upper()}"
 
     def sources(self) -> list[Path]:
-        return [KERNELS / self.source, KERNELS / "fp8_binding.cpp"]
+        return [kernels_folder() / self.source, kernels_folder() / "fp8_binding.cpp"]
+
+
+@dataclass(frozen=True)
+class GemmSeconds(Record):
+    """Seconds summed over the benchmark's shapes (benchmarks/fp8_gemm.py)."""
+
+    kernel: float
+    scaled_mm: float
+
+
+@dataclass(frozen=True)
+class KernelMeasurement(Record):
+    """One architecture's last GPU check: kernels/measured.json holds {arch: KernelMeasurement}, the "measured" of
+    benchmarks/fp8_gemm.py's output, which scripts/gpu_check.sh writes out."""
+
+    kernel_sha256: str
+    """Of the sources measured (kernel_sha256): a measurement holds for these bytes only."""
+    correctness_passed: bool
+    device: str
+    torch: str
+    shapes: list[str]
+    """The benchmark's shapes the seconds sum over."""
+    seconds: GemmSeconds
+
+
+def kernels_folder() -> Path:
+    """The folder of the kernels' sources and measured.json (module docstring); one ConfigError if there is none."""
+    folder = Path(os.environ[KERNELS_ENV]) if os.environ.get(KERNELS_ENV) else CHECKOUT_KERNELS
+    if not (folder / "fp8_gemm.h").is_file():
+        raise ConfigError(
+            f"{folder} holds no fp8 kernels (fp8_gemm.h): trainflow is not imported from a checkout; set "
+            f"{KERNELS_ENV} to the kernels/ folder of one"
+        )
+    return folder
 
 
 KERNEL_BUILDS = {
@@ -92,7 +132,7 @@ def build_extension(verbose: bool = False, capability: tuple[int, int] | None = 
     cpp_extension.load(
         name=f"{EXTENSION}_{build.arch}",
         sources=[str(p) for p in build.sources()],
-        extra_include_paths=[str(KERNELS)],
+        extra_include_paths=[str(kernels_folder())],
         extra_cflags=["-O3", f"-D{build.define}"],
         extra_cuda_cflags=nvcc_flags(build),
         is_python_module=False,
@@ -104,28 +144,26 @@ def build_extension(verbose: bool = False, capability: tuple[int, int] | None = 
 def kernel_sha256(build: KernelBuild) -> str:
     """SHA-256 of the files that make `build`'s kernel: a measurement holds for these bytes only."""
     digest = hashlib.sha256()
-    for path in [*build.sources(), KERNELS / "fp8_gemm.h"]:
+    for path in [*build.sources(), kernels_folder() / "fp8_gemm.h"]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def measured_faster(record: dict | None, build: KernelBuild) -> tuple[bool, str]:
+def measured_faster(record: KernelMeasurement | None, build: KernelBuild) -> tuple[bool, str]:
     """Whether kernels/measured.json's `record` for `build` shows the kernel correct and no slower than
-    torch._scaled_mm on these sources; and the fact, in words. Records come from benchmarks/fp8_gemm.py's
-    "measured" ({arch: record}), which scripts/gpu_check.sh writes out as measured.json."""
-    if not record:
-        return False, f"kernels/{MEASURED.name} holds no GPU check of {build.source} (scripts/gpu_check.sh records one)"
-    if record.get("kernel_sha256") != kernel_sha256(build):
-        return False, f"kernels/{MEASURED.name} measured other sources than today's {build.source} (SHA-256 differs)"
-    if not record.get("correctness_passed"):
-        return False, f"{build.source} failed its GPU check against the reference ({record.get('device')})"
-    kernel_s, scaled_mm_s = record["seconds"]["kernel"], record["seconds"]["scaled_mm"]
-    ratio = scaled_mm_s / kernel_s
-    fact = f"{ratio:.3f}x torch._scaled_mm's speed over the benchmark's shapes on {record.get('device')}"
+    torch._scaled_mm on these sources; and the fact, in words."""
+    if record is None:
+        return False, f"kernels/{MEASURED} holds no GPU check of {build.source} (scripts/gpu_check.sh records one)"
+    if record.kernel_sha256 != kernel_sha256(build):
+        return False, f"kernels/{MEASURED} measured other sources than today's {build.source} (SHA-256 differs)"
+    if not record.correctness_passed:
+        return False, f"{build.source} failed its GPU check against the reference ({record.device})"
+    kernel_s, scaled_mm_s = record.seconds.kernel, record.seconds.scaled_mm
+    fact = f"{scaled_mm_s / kernel_s:.3f}x torch._scaled_mm's speed over the benchmark's shapes on {record.device}"
     return kernel_s <= scaled_mm_s, f"{build.source} measured at {fact}"
 
 
-def choose_backend(capability: tuple[int, int], measured: dict) -> tuple[str, str]:
+def choose_backend(capability: tuple[int, int], measured: dict[str, KernelMeasurement]) -> tuple[str, str]:
     """(backend, reason) for a GPU of `capability`, before any build: see the module docstring's rules."""
     name = f"sm_{capability[0]}{capability[1]}"
     build = KERNEL_BUILDS.get(capability)
@@ -139,9 +177,24 @@ def choose_backend(capability: tuple[int, int], measured: dict) -> tuple[str, st
     return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because {fact}"
 
 
-def read_measured() -> dict:
-    """kernels/measured.json: {arch: the record of its last GPU check}; {} while nothing has been measured."""
-    return json.loads(MEASURED.read_text()) if MEASURED.is_file() else {}
+@dataclass(frozen=True)
+class Measurements(Record):
+    """kernels/measured.json, by architecture (KernelBuild.arch); an architecture not measured is absent."""
+
+    sm89: KernelMeasurement | None = None
+    sm90: KernelMeasurement | None = None
+
+    def by_arch(self) -> dict[str, KernelMeasurement]:
+        return {arch: m for arch, m in vars(self).items() if m is not None}
+
+
+def read_measured(folder: Path | None = None) -> dict[str, KernelMeasurement]:
+    """kernels/measured.json: {arch: the record of its last GPU check}; {} while nothing has been measured. One
+    RecordError naming the file and the field where it is not Measurements."""
+    path = (folder or kernels_folder()) / MEASURED
+    if not path.is_file():
+        return {}
+    return read_record(Measurements, path, rerun="scripts/gpu_check.sh and commit its measured.json").by_arch()
 
 
 def load_backend(device: torch.device) -> str:
