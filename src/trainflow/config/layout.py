@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainflow.config.schema import ModelConfig, ParallelConfig
+from trainflow.config.shape import linear_shapes
 from trainflow.errors import ConfigError
 from trainflow.records import Record
 
@@ -74,7 +75,8 @@ def shard_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
         )
     # FSDP splits each parameter's rows (after tensor parallel's split) over the shard group; with fewer rows
     # than ranks some ranks would hold padding only, and every gather would move mostly padding.
-    rows, name = min((m.dim, "the norms' weights (model.dim)"), (m.n_kv_heads * m.head_dim // p.tp, "wk and wv"))
+    kv_rows = linear_shapes(m, tp=p.tp)["attention.wk"][1]  # a weight's rows are its out features: (out, in)
+    rows, name = min((m.dim, "the norms' weights (model.dim)"), (kv_rows, "wk and wv"))
     if shard > rows:
         errors.append(
             f"sharding over {shard} ranks splits {name} into fewer rows ({rows}) than ranks; "
@@ -138,6 +140,16 @@ class ParallelDims(Record):
     def shard_size(self) -> int:
         """Ranks the state is sharded over: 1 when replicated, dp under FSDP, dp_shard under HSDP."""
         return (self.dp_shard or self.dp) if self.dp_mode == "shard" else 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        """Pipeline parallel: the model's blocks split over more than one pipeline rank."""
+        return self.pp > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Sharded data parallel (FSDP2, or HSDP): parameters, gradients and optimizer state split over ranks."""
+        return self.shard_size > 1
 
     @property
     def hsdp(self) -> bool:
