@@ -18,6 +18,7 @@ LAYERS = {
     "progress": 1,
     "records": 1,
     "tensors": 1,
+    "host": 1,
     "config": 2,
     "fp8": 2,
     "hf": 3,

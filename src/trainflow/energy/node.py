@@ -13,8 +13,6 @@ one host, so nothing is counted twice.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +23,10 @@ from trainflow.energy.control import GpuControls
 from trainflow.energy.nvml import NodeGpus
 from trainflow.energy.sampler import PowerSampler
 from trainflow.errors import TrainflowError
+from trainflow.host import hostname
 from trainflow.records import Record
 
 COUNTERS = ("gpu_j", "rapl_j", "cpu_busy_s")
-
-
-def hostname() -> str:
-    """Slurm's name for this node where it has one (what sinfo and the task markers say), else the host's."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from submitit.core.utils import JobPaths
 from trainflow.atomic import write_json
 from trainflow.config import RuntimeConfig
 from trainflow.config.cluster import hang_threshold_s
-from trainflow.energy.node import hostname
+from trainflow.host import hostname
 from trainflow.launch.blame import Evidence, collective_counts, culprits
 from trainflow.launch.hang import HANG_EXIT, HangReport, dump_stacks, waiting_in, write_report
 from trainflow.train.summary import RankTiming

@@ -22,8 +22,8 @@ from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
 from trainflow.config import CONF_DIR, RuntimeConfig
-from trainflow.energy.node import hostname
 from trainflow.errors import TrainflowError
+from trainflow.host import hostname
 from trainflow.launch.hang import rank_environment
 from trainflow.records import Record, read_record
 

@@ -25,7 +25,8 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.metrics import StageFigures
-from trainflow.energy.node import actions_taken, hostname, node_window, sum_nodes
+from trainflow.energy.node import actions_taken, node_window, sum_nodes
+from trainflow.host import hostname
 from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
 from trainflow.launch.failure import JobFailure, read_markers
 from trainflow.launch.heartbeat import Heartbeat

@@ -23,13 +23,13 @@ from trainflow.config import ParallelDims, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.metrics import StageFigures
-from trainflow.energy.node import hostname
 from trainflow.gate.calibrate import calibrate, probe_compute, with_hardware
 from trainflow.gate.env import audit_env
 from trainflow.gate.nodes import node_facts, stripe_count
 from trainflow.gate.patterns import judge, sweep, time_patterns
 from trainflow.gate.report import Calibration, HostFacts, NcclReport, Stripes
 from trainflow.gate.verdict import problems
+from trainflow.host import hostname
 from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
 from trainflow.plan.build import Plan, build_plan
 from trainflow.stack import versions

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from trainflow.atomic import write_json
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
-from trainflow.energy.node import hostname
+from trainflow.host import hostname
 from trainflow.progress import Progress
 from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
