@@ -6,10 +6,12 @@ python -c "from trainflow.config import compose; print(compose('train_segment', 
 from __future__ import annotations
 
 import dataclasses
+import logging.config
 import re
 import shlex
 from pathlib import Path
 
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
@@ -28,6 +30,11 @@ CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainflowConfig:
     """Compose a primary config with Hydra's compose API, resolve it and validate it."""
+    return to_config(compose_raw(config_name, overrides))
+
+
+def compose_raw(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """A primary config as Hydra composes it, before to_config: every error in one ConfigError line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -40,7 +47,12 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Tr
             raw = hydra_compose(config_name=config_name, overrides=list(overrides))
     except Exception as err:  # Hydra's errors span lines; ours are one line with the fix
         raise ConfigError(one_line(err)) from err
-    return to_config(raw)
+    return raw
+
+
+def job_logging() -> None:
+    """The stages' log lines (conf/hydra/job_logging/trainflow.yaml) in a process that composes its config itself."""
+    logging.config.dictConfig(yaml.safe_load((CONF_DIR / "hydra/job_logging/trainflow.yaml").read_text()))
 
 
 def parse_override(word: str, what: str = "override") -> Override:
