@@ -27,7 +27,9 @@ def test_a_plan_that_does_not_fit_exits_1_after_printing_it(capsys):
     [
         ({**OK, "run": ".."}, r"--config run\('\.\.'\) must be a plain name .* give e\.g\. run=lr1e3"),
         ({**OK, "run": "a/b"}, r"--config run\('a/b'\) must be a plain name"),
-        ({**OK, "run": 5}, r"--config run\(5\) is read as int, not text; quote it: --config \"run='5'\""),
+        ({**OK, "run": 5}, r"--config run\(5\) was read as int, not a name .* --config 'run=!!str 5' .* run=r5"),
+        ({**OK, "run": None}, r"--config run= is empty: name the run, e\.g\. run=lr1e3"),
+        ({**OK, "overrides": 1.5}, r"--config overrides\(1\.5\) was read as float: give Hydra overrides"),
         ({**OK, "lr": "1e-3"}, r"--config lr=\.\.\. is no workflow setting: give run=, site=, overrides="),
     ],
 )

@@ -116,13 +116,33 @@ def test_workflow_overrides_that_could_do_more_than_set_a_value_are_refused(over
     assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("run", ["123", "1e3", "true", "007"])
+def test_a_run_named_like_a_number_keeps_its_name(run):
+    # `--config 'run=!!str 1e3'` reaches the workflow as the text 1e3: every stage is given it quoted, not 1000.0
+    cfg, words = compose_workflow(run, "", "")
+    assert cfg.run == run and compose("train_segment", words).run == run
+
+
 def test_readme_quoting_survives_snakemake_stripping_the_closing_quote():
     # `--config overrides="data.corpus='/x/*.txt'"` reaches the workflow as "data.corpus='/x/*.txt"
     cfg, words = compose_workflow("default", "", "data.corpus='/x/*.txt")
     assert cfg.data.corpus == "/x/*.txt" and words[-1] == "data.corpus=/x/*.txt"
 
 
-@pytest.mark.parametrize("path", ["/tmp/my run/tokens.h5", "runs/a,b/[1]{x}=y:z.h5", "plain/path.h5", "~/x#y%z&*?"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/tmp/my run/tokens.h5",
+        "runs/a,b/[1]{x}=y:z.h5",
+        "plain/path.h5",
+        "~/x#y%z&*?",
+        "1e3",
+        "1_000",
+        "true",
+        "null",
+        "~/x",
+    ],
+)
 def test_hydra_quote_passes_paths_literally(path):
     assert OverridesParser.create().parse_override(f"io.tokens={hydra_quote(path)}").value() == path
     items = OverridesParser.create().parse_override(f"io.run_metrics={hydra_quote([path, 'b c'])}").value()

@@ -4,6 +4,8 @@ stopping the DAG in one line, and a new weight rerunning training but not the to
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.conftest import REPO
@@ -16,6 +18,28 @@ def test_a_run_name_that_is_no_name_is_one_line(tmp_path):
     lines = [line for line in result.output.splitlines() if "must be a plain name" in line]
     assert len(lines) == 1 and lines[0].startswith("--config run('..')"), result.output[-2000:]
     assert "Failed validating" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_number_for_a_run_gets_a_fix_that_works_through_snakemakes_own_config_parsing(tmp_path):
+    """--config run=123 arrives as the int 123 and a quoted '123' as well (Snakemake strips the quotes); the fix the
+    line gives, YAML's !!str tag, reaches the workflow as the name 123 and plans runs/123/."""
+    profile = ("--profile", str(REPO / "profiles/local"))
+    for given in ("run=123", "run='123'"):
+        result = snakemake(tmp_path, *profile, "--config", given, "-n", check=False)
+        lines = [line for line in result.output.splitlines() if line.startswith("--config run(123)")]
+        assert result.returncode != 0 and len(lines) == 1, result.output[-2000:]
+    fix = re.search(r"keep it text with --config '(.+?)'", lines[0])[1]
+    planned = snakemake(tmp_path, *profile, "--config", fix, "-n").output
+    assert "runs/123/report/report.md" in planned and "runs/None" not in planned
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_run_is_refused_and_empty_overrides_are_none(tmp_path):
+    profile = ("--profile", str(REPO / "profiles/local"))
+    result = snakemake(tmp_path, *profile, "--config", "run=", "-n", check=False)
+    lines = [line for line in result.output.splitlines() if line.startswith("--config run= is empty")]
+    assert result.returncode != 0 and len(lines) == 1 and "run='None'" not in result.output, result.output[-2000:]
+    assert "runs/default/report/report.md" in snakemake(tmp_path, *profile, "--config", "overrides=", "-n").output
 
 
 def test_a_mixture_plans_a_job_per_shard_of_every_source_and_a_source_without_files_stops_the_dag(tmp_path):

@@ -15,7 +15,7 @@ from trainflow.config.overrides import check_workflow_config, compose_workflow, 
 from trainflow.preflight import preflight
 
 try:
-    check_workflow_config(config)  # in one line, before the schema below would dump itself
+    config.update(check_workflow_config(config))  # as text, in one line, before the schema below would dump itself
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
     preflight(CFG)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
 except ConfigError as err:

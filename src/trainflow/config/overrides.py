@@ -79,30 +79,40 @@ WORKFLOW_KEYS = ("run", "site", "overrides")
 """workflow/config.yaml's keys, the only ones `snakemake --config` takes."""
 
 
-def check_workflow_config(config: dict) -> None:
-    """Snakemake's config (workflow/config.yaml and --config) in one ConfigError line, before its JSON schema would
-    refuse it with a dump of the schema."""
+def check_workflow_config(config: dict) -> dict[str, str]:
+    """Snakemake's config (workflow/config.yaml and --config) as text, or one ConfigError line before its JSON schema
+    would refuse it with a dump of the schema. An empty `site=` or `overrides=` (Snakemake reads it as None) is none."""
     if odd := sorted(set(config) - set(WORKFLOW_KEYS)):
         raise ConfigError(
             f"--config {odd[0]}=... is no workflow setting: give {', '.join(k + '=' for k in WORKFLOW_KEYS)} (Hydra "
             f'settings go inside overrides="...")'
         )
-    for key in WORKFLOW_KEYS:
-        if not isinstance(value := config.get(key), str):
-            quoted = f"--config \"{key}='{value}'\""
+    settings = {"site": "", "overrides": ""} | {key: value for key, value in config.items() if value is not None}
+    if (run := settings.get("run")) is None:
+        raise ConfigError("--config run= is empty: name the run, e.g. run=lr1e3 (or leave run= out for runs/default/)")
+    if not isinstance(run, str):  # --config strips quotes, then reads digits as a number and True/False as a bool
+        raise ConfigError(
+            f"--config run({run!r}) was read as {type(run).__name__}, not a name (Snakemake's --config drops quotes "
+            f"and reads digits as a number): keep it text with --config 'run=!!str {run}' (the name as you mean it), "
+            f"or name it run=r{run}"
+        )
+    for key in ("site", "overrides"):
+        if not isinstance(value := settings[key], str):
             raise ConfigError(
-                f"--config {key}({value!r}) is read as {type(value).__name__}, not text; quote it: {quoted}"
+                f"--config {key}({value!r}) was read as {type(value).__name__}: give Hydra overrides, e.g. "
+                f'{key}="model=tiny optim.lr=1e-3"'
             )
-    if not re.fullmatch(RUN_NAME, run := config["run"]):
+    if not re.fullmatch(RUN_NAME, run):
         raise ConfigError(
             f"--config run({run!r}) must be a plain name (letters, digits, _ . - and no leading dot): it names the "
             "folder runs/<run>/; give e.g. run=lr1e3"
         )
+    return settings
 
 
 def checked_overrides(run: str, site: str, overrides: str) -> list[str]:
     """The workflow's Hydra overrides, the site's before the user's so the user's win."""
-    words = [f"run={run}", *split(site, "site"), *split(overrides, "overrides")]
+    words = [f"run={hydra_quote(run)}", *split(site, "site"), *split(overrides, "overrides")]
     for word in words:
         check(word, "run" if word == words[0] else "workflow")
     return words
@@ -116,8 +126,17 @@ def compose_workflow(run: str, site: str, overrides: str) -> tuple[TrainflowConf
 
 
 def hydra_quote(value: str | list[str]) -> str:
-    """A path (or list of paths) as a Hydra override value taken literally: as it is when Hydra reads
-    it so, else single-quoted, which config.UNSAFE_PATH_CHARS makes safe (no quote, backslash or `$`)."""
+    """A path (or list of paths, or a run's name) as a Hydra override value taken literally: as it is when Hydra reads
+    it so, else single-quoted, which config.UNSAFE_PATH_CHARS makes safe (no quote, backslash or `$`). Hydra reads
+    `1e3`, `1_000`, `true` and `null` as a number, a bool or None: those are quoted too."""
     if isinstance(value, list):
         return "[" + ",".join(map(hydra_quote, value)) + "]"
-    return value if re.fullmatch(r"[\w./+@%~-]+", value) else f"'{value}'"
+    return value if re.fullmatch(r"[\w./+@%~-]+", value) and read_as_itself(value) else f"'{value}'"
+
+
+def read_as_itself(value: str) -> bool:
+    """Whether Hydra reads `key=<value>` as the text itself (not a number, bool or None, nor no override at all)."""
+    try:
+        return OverridesParser.create().parse_override(f"key={value}").value() == value
+    except HydraException:
+        return False
