@@ -54,7 +54,7 @@ def test_a_published_folder_starts_every_layout_at_the_same_loss(folder, fixed_t
     single = runs["single"]
     assert abs(single["evals"][0]["val_loss"] - expected) <= RTOL * expected
     for layout, summary in runs.items():
-        assert summary["init_from"] == str(path)
+        assert summary["setup"]["init_from"] == str(path)
         for got, want in (
             (summary["steps"][0]["loss"], single["steps"][0]["loss"]),
             (summary["evals"][0]["val_loss"], single["evals"][0]["val_loss"]),
@@ -68,7 +68,7 @@ def test_an_exported_checkpoint_starts_a_run_bitwise_where_it_ended(fixed_tokens
     export(Path(checkpoints), tmp_path / "hf")
     second = run_segment(tmp_path / "b", fixed_tokens, *RUN, f"io.init_from={tmp_path / 'hf'}")
     assert second["evals"][0]["val_loss"] == first["evals"][-1]["val_loss"]  # bitwise: the same weights, batches
-    assert second["init_from"] == str(tmp_path / "hf") and first["init_from"] is None
+    assert second["setup"]["init_from"] == str(tmp_path / "hf") and first["setup"]["init_from"] is None
     series = make_config("train_segment", tmp_path / "b", *RUN, tokens=fixed_tokens).io.checkpoints
     manifest = json.loads((step_dir(series, list_steps(Path(series))[-1]) / "manifest.json").read_text())
     assert manifest["init_from"] == str(tmp_path / "hf")

@@ -72,7 +72,7 @@ def test_activation_modes_give_the_kept_losses_bitwise(layout, overrides, tmp_pa
     keep = step_losses(run_segment(tmp_path / "keep", fixed_tokens, f"parallel={layout}", *GOLDEN_RUN))
     assert step_losses(summary) == keep
     assert_matches_golden(keep, f"{layout} kept")
-    assert summary["activations"] == overrides[0].split("=")[1]
+    assert summary["setup"]["activations"] == overrides[0].split("=")[1]
     assert not (tmp_path / "offload").exists() or not any((tmp_path / "offload").iterdir())
 
 
@@ -85,7 +85,7 @@ def test_activation_modes_give_the_kept_losses_bitwise(layout, overrides, tmp_pa
 )
 def test_compiled_losses_match_eager(layout, tmp_path, fixed_tokens):
     summary = run_segment(tmp_path, fixed_tokens, f"parallel={layout}", *GOLDEN_RUN, "train.compile=true")
-    assert summary["compile"] is True
+    assert summary["setup"]["compile"] is True
     assert_matches_golden(step_losses(summary), f"{layout} compiled")
 
 
@@ -106,7 +106,7 @@ def test_bf16_stays_within_tolerance_of_fp32(layout, tmp_path, fixed_tokens, fp3
     print(
         f"{layout}: bf16 vs fp32, {BF16_STEPS} steps: windows {window:.2%}, last 10 {last:.2%}, worst step {step:.3f}"
     )
-    assert summary["precision"] == "bf16" and len(bf16) == BF16_STEPS
+    assert summary["setup"]["precision"] == "bf16" and len(bf16) == BF16_STEPS
     assert window <= BF16_TOLERANCE["window_of_10"] and last <= BF16_TOLERANCE["last_10"]
     assert bf16[-1] < bf16[0] - 1.0  # and it learns
 
@@ -131,8 +131,9 @@ def test_fp8_stays_within_tolerance_of_fp32(layout, recipe, tmp_path, fixed_toke
     summary = run_segment(tmp_path, fixed_tokens, f"parallel={layout}", *BF16_RUN, *fp8)
     window, last = drift(step_losses(summary), fp32_losses)
     print(f"{layout} fp8 {recipe} vs fp32, {BF16_STEPS} steps: windows {window:.2%}, last 10 {last:.2%}")
-    assert summary["fp8"]["recipe"] == recipe and summary["fp8"]["backend"] == "reference"  # CPU: plain PyTorch
-    assert summary["fp8"]["reason"].startswith("reference: cpu: plain PyTorch")
+    fp8_use = summary["setup"]["fp8"]
+    assert fp8_use["recipe"] == recipe and fp8_use["backend"] == "reference"  # CPU: plain PyTorch
+    assert fp8_use["reason"].startswith("reference: cpu: plain PyTorch")
     assert window <= FP8_TOLERANCE["window_of_10"] and last <= FP8_TOLERANCE["last_10"]
 
 

@@ -44,8 +44,8 @@ def test_tensor_and_pipeline_parallel_segment_on_four_slurm_ranks(tmp_path, toke
     )
     train_segment.run(cfg)
     summary = read_json(cfg.io.segment_report)
-    assert summary["completed"] and summary["layout"]["world_size"] == 4
-    assert (summary["layout"]["tp"], summary["layout"]["pp"]) == (2, 2)
+    assert summary["completed"] and summary["setup"]["layout"]["world_size"] == 4
+    assert (summary["setup"]["layout"]["tp"], summary["setup"]["layout"]["pp"]) == (2, 2)
     logs = {p.name: p.read_text() for p in Path(cfg.io.submitit).glob("*_log.out")}
     (job,) = {name.split("_")[0] for name in logs}
     assert final_states([job]) == {job: "COMPLETED"}

@@ -87,5 +87,6 @@ def test_every_stage_ran_as_a_slurm_job(campaign):
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report
     segments = [read_json(p) for p in sorted(run.glob("train/*/segment-*.json"))]
-    assert [(s["start_step"], s["end_step"], s["layout"]["world_size"]) for s in segments] == [(0, 6, 2), (6, 12, 2)]
+    ranges = [(s["start_step"], s["end_step"], s["setup"]["layout"]["world_size"]) for s in segments]
+    assert ranges == [(0, 6, 2), (6, 12, 2)]
     assert read_json(run / "verify.json")["failures"] == []

@@ -17,7 +17,7 @@ def segment(index: int, saves: list[SaveRecord], step_s: dict[int, float]) -> Si
     """What the section reads of a SegmentSummary."""
     plan = IntervalPlan("fixed", 4, save_s=0.01, step_s=0.1, mtbf_s=14400.0, interval_s=None, background_s=None)
     steps = [SimpleNamespace(step=k, step_s=t) for k, t in sorted(step_s.items())]
-    return SimpleNamespace(segment=index, saves=saves, steps=steps, checkpoint_interval=plan)
+    return SimpleNamespace(segment=index, saves=saves, steps=steps, setup=SimpleNamespace(checkpoint_interval=plan))
 
 
 def test_every_segment_s_saves_are_rows_and_the_overlap_is_judged_within_its_segment():

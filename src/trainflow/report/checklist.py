@@ -41,7 +41,7 @@ def checklist(
             "-" if busy is None else f"{busy:.1f} %",
             ("n/a (CPU)" if not gpu else "no NVML samples") if busy is None else ("pass" if busy >= 90 else "FAIL"),
         ],
-        ["model FLOPs utilisation (MFU)", f"{summary.mfu:.1%} of cluster.hardware.peak_tflops", "info"],
+        ["model FLOPs utilisation (MFU)", f"{summary.speed.mfu:.1%} of cluster.hardware.peak_tflops", "info"],
         [
             "no host swapping",
             f"swap used {[h.node.swap_used_kb for h in nccl.hosts]} kB",

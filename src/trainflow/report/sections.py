@@ -16,7 +16,7 @@ from trainflow.plan.build import Plan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.report.plots import BREAKDOWN
 from trainflow.train.step_log import EvalRecord, StepRecord
-from trainflow.train.summary import Fp8Use, ProfileSummary, SegmentSummary
+from trainflow.train.summary import Fp8Use, ProfileSummary, SegmentSetup, SegmentSummary
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
@@ -45,23 +45,23 @@ def fp8_text(fp8: Fp8Use) -> str:
     return f"**{fp8.recipe}** (GEMMs on {fp8.reason or fp8.backend})"
 
 
-def header(cfg: TrainflowConfig, last: SegmentSummary) -> list[str]:
-    d, c = last.layout, cfg.cluster.runtime
+def header(cfg: TrainflowConfig, setup: SegmentSetup) -> list[str]:
+    d, c = setup.layout, cfg.cluster.runtime
     return [
         f"# trainflow report: run `{cfg.run}`",
         "",
-        f"Model `{cfg.model.name}` ({last.parameters / 1e6:.2f} M parameters), layout {data_parallel(d)} x tp{d.tp} x "
+        f"Model `{cfg.model.name}` ({setup.parameters / 1e6:.2f} M parameters), layout {data_parallel(d)} x tp{d.tp} x "
         f"pp{d.pp} ({d.schedule}, v={d.virtual_stages}, m={d.microbatches}) on {d.world_size} {c.device} rank(s), "
-        f"backend {c.backend}. Precision **{last.precision}**, activations **{last.activations}**, torch.compile "
-        f"**{'on' if last.compile else 'off'}**, FP8 {fp8_text(last.fp8)}.",
+        f"backend {c.backend}. Precision **{setup.precision}**, activations **{setup.activations}**, torch.compile "
+        f"**{'on' if setup.compile else 'off'}**, FP8 {fp8_text(setup.fp8)}.",
         "",
         *(
             [
-                f"Step 0 was initialised from the Hugging Face weights in `{last.init_from}` (io.init_from); the "
+                f"Step 0 was initialised from the Hugging Face weights in `{setup.init_from}` (io.init_from); the "
                 "optimizer started fresh.",
                 "",
             ]
-            if last.init_from
+            if setup.init_from
             else []
         ),
     ]
@@ -87,16 +87,16 @@ def training(
             f"{s.start_step}-{s.end_step}",
             f"{s.steps[-1].loss:.4f}" if s.steps else "-",
             f"{s.evals[-1].val_loss:.4f}",
-            f"{s.tokens_per_s_per_device:.0f}",
-            f"{s.mfu:.2%}",
+            f"{s.speed.tokens_per_s_per_device:.0f}",
+            f"{s.speed.mfu:.2%}",
             s.restart_count,
-            s.checkpoint_interval.interval_steps,
+            s.setup.checkpoint_interval.interval_steps,
             f"[json]({relative(p, here)})",
         ]
         for s, p in zip(segments, reports)
     ]
     header = ["segment", "steps", "train loss", "val loss", "tokens/s/device", "MFU", "restarts", "ckpt interval"]
-    last = segments[-1].layout
+    last = segments[-1].setup.layout
     ddp = cfg.parallel.overlap and 1 < last.dp == last.world_size
     return [
         "## Training",
@@ -130,7 +130,7 @@ def training(
 
 def planned_vs_measured(plan: Plan, steps: Sequence[StepRecord], last: SegmentSummary) -> list[str]:
     """validate_nccl's plan of pipeline rank 0 beside rank 0's measured medians (trainflow.plan.versus)."""
-    rows = side_by_side(plan.step.per_pp_rank[0], measured_split(steps), layout=last.layout)
+    rows = side_by_side(plan.step.per_pp_rank[0], measured_split(steps), layout=last.setup.layout)
     cells = [
         [
             f"`{key}`",
@@ -148,7 +148,7 @@ def planned_vs_measured(plan: Plan, steps: Sequence[StepRecord], last: SegmentSu
         table(cells, ["measured part", "plan's parts", "planned s", "measured s", "planned / measured"]),
         "",
         f"Planned {plan.step.tokens_per_s_per_device:.0f} tokens/s/device at MFU {plan.step.mfu:.1%}; "
-        f"measured {last.tokens_per_s_per_device:.0f} at {last.mfu:.1%}.",
+        f"measured {last.speed.tokens_per_s_per_device:.0f} at {last.speed.mfu:.1%}.",
         "",
     ]
 
@@ -186,7 +186,7 @@ def checkpoints(segments: list[SegmentSummary], verify: VerifyReport, verify_pat
     """The interval and what it was planned from (the last segment's), the verification, and per save of every
     segment: the seconds training was blocked, the background write (async) and the wait for it, and the steps that
     ran beside the write against the segment's others (its first, warm-up, step left out)."""
-    ci = segments[-1].checkpoint_interval
+    ci = segments[-1].setup.checkpoint_interval
     young_daly = f", Young/Daly interval {ci.interval_s:.1f} s" if ci.interval_s else ""
     floor = "" if ci.background_s is None else f", background write {ci.background_s:.2f} s: the interval's floor"
     lines = [

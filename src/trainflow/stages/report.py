@@ -54,7 +54,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     last, here = segments[-1], out.parent
     rows = checklist(nccl, segments, energy, cluster=cfg.cluster, leak_mb=cfg.observe.leak_mb)
     lines = [
-        *sections.header(cfg, last),
+        *sections.header(cfg, last.setup),
         *sections.training(segments, io.segment_reports, evals, plots=plots, here=here, cfg=cfg),
         *mixture_section(segments, evals),
         *sections.planned_vs_measured(nccl.plan, steps, last),

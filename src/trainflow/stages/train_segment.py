@@ -174,7 +174,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     log.info(
         "Trained segment %d: steps %d-%d, final loss %.4f, validation loss %.4f, %.0f tokens/s/device",
         *(cfg.segment, summary.start_step, summary.end_step, summary.steps[-1].loss, summary.evals[-1].val_loss),
-        summary.tokens_per_s_per_device,
+        summary.speed.tokens_per_s_per_device,
     )
     windows = [r.energy.node for r in results if r.energy and r.energy.node]
     for action in actions_taken(windows):

@@ -2,7 +2,11 @@
 account_energy and report read. Nothing here imports torch: the stages that only read it start without it.
 
     python -c "from trainflow.records import read_record; from trainflow.train.summary import SegmentSummary; \
-        print(read_record(SegmentSummary, 'runs/default/train/<hash>/segment-0.json').median_step_s)"
+        print(read_record(SegmentSummary, 'runs/default/train/<hash>/segment-0.json').speed.median_step_s)"
+
+Its fields group into what the segment ran with (SegmentSetup), how fast (SegmentSpeed), the records of its steps,
+evaluations and saves, and what the stage's task and the stage add after training (energy, the Slurm job, the
+software stack, goodput): the trainer assembles all but the last group.
 """
 
 from __future__ import annotations
@@ -101,6 +105,30 @@ def stragglers(timings: list[RankTiming], factor: float) -> list[RankTiming]:
 
 
 @dataclass(frozen=True)
+class SegmentSetup(Record):
+    """What the segment ran with: the layout, the model's size and the training settings that shape its speed."""
+
+    layout: ParallelDims
+    parameters: int
+    precision: str
+    activations: str
+    compile: bool
+    fp8: Fp8Use
+    flops_per_token: float
+    checkpoint_interval: IntervalPlan
+    init_from: str | None = None
+    """The Hugging Face folder the run's step 0 was initialised from (io.init_from); None: random weights."""
+
+
+@dataclass(frozen=True)
+class SegmentSpeed(Record):
+    median_step_s: float
+    """The median of the segment's steps, its first (warm-up) left out; NaN: no step."""
+    tokens_per_s_per_device: float
+    mfu: float
+
+
+@dataclass(frozen=True)
 class SegmentSummary(Record):
     segment: int
     start_step: int
@@ -111,18 +139,8 @@ class SegmentSummary(Record):
     """SIGUSR2 (requeued) or SIGTERM (ended) when a signal stopped it; None when it ran to its end."""
     restart_count: int
     """Slurm's requeues of this job so far."""
-    layout: ParallelDims
-    parameters: int
-    precision: str
-    activations: str
-    compile: bool
-    fp8: Fp8Use
-    flops_per_token: float
-    median_step_s: float
-    """The median of the segment's steps, its first (warm-up) left out."""
-    tokens_per_s_per_device: float
-    mfu: float
-    checkpoint_interval: IntervalPlan
+    setup: SegmentSetup
+    speed: SegmentSpeed
     state_digest: list[str]
     """Every rank's SHA-256 of its model and optimizer tensors: equal lists are bitwise equal runs."""
     profile: ProfileSummary | None
@@ -139,8 +157,6 @@ class SegmentSummary(Record):
     energy: RankEnergy | None = None
     """Added by the stage's task: this rank's share of the job's energy."""
     slurm_job_id: str | None = None
-    init_from: str | None = None
-    """The Hugging Face folder the run's step 0 was initialised from (io.init_from); None: random weights."""
     mixture: list[SourceShare] = field(default_factory=list)
     """The realised mixture of the segment's applied steps: each source's tokens and share (data.mixture)."""
     stack: list[NodeStack] = field(default_factory=list)

@@ -40,7 +40,7 @@ from trainflow.train.guard import LossGuard
 from trainflow.train.profile import memory_mb
 from trainflow.train.recorder import StepRecorder
 from trainflow.train.step_log import StepRecord
-from trainflow.train.summary import Fp8Use, ProfileSummary, SegmentSummary
+from trainflow.train.summary import Fp8Use, ProfileSummary, SegmentSetup, SegmentSpeed, SegmentSummary
 
 log = logging.getLogger(__name__)
 
@@ -204,19 +204,9 @@ class Trainer:
     def mfu(self, tokens_per_s_per_device: float) -> float:
         return mfu(self.cfg.model, tokens_per_s_per_device, peak_tflops=self.cfg.cluster.hardware.peak_tflops)
 
-    def summary(self, step: int, stop_signal: int, *, profile: ProfileSummary | None) -> SegmentSummary:
-        """The segment's record; its step records are rank 0's (the other ranks report none)."""
+    def setup(self) -> SegmentSetup:
         t = self.cfg.train
-        steps = self.recorder.steps()
-        step_s = median(r.step_s for r in steps[1:] or steps) if steps else float("nan")
-        tokens_per_device = t.global_batch * self.cfg.model.seq_len / step_s / self.dims.world_size
-        return SegmentSummary(
-            segment=self.cfg.segment,
-            start_step=self.start_step,
-            end_step=step,
-            completed=step == self.end_step,
-            interrupted_by=signal.Signals(stop_signal).name if stop_signal else None,
-            restart_count=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+        return SegmentSetup(
             layout=self.dims,
             parameters=self.parameters,
             precision=t.precision,
@@ -224,10 +214,28 @@ class Trainer:
             compile=t.compile,
             fp8=Fp8Use(t.fp8, self.model.fp8_backend, backend_reason(self.device) if t.fp8 != "none" else None),
             flops_per_token=flops_per_token(self.cfg.model),
-            median_step_s=step_s,
-            tokens_per_s_per_device=tokens_per_device,
-            mfu=self.mfu(tokens_per_device),
             checkpoint_interval=self.ckpt.planner.describe(),
+            init_from=self.ckpt.init_from,
+        )
+
+    def speed(self, steps: list[StepRecord]) -> SegmentSpeed:
+        """From rank 0's step records, the first (warm-up) left out."""
+        step_s = median(r.step_s for r in steps[1:] or steps) if steps else float("nan")
+        tokens_per_device = self.cfg.train.global_batch * self.cfg.model.seq_len / step_s / self.dims.world_size
+        return SegmentSpeed(step_s, tokens_per_device, self.mfu(tokens_per_device))
+
+    def summary(self, step: int, stop_signal: int, *, profile: ProfileSummary | None) -> SegmentSummary:
+        """The segment's record; its step records are rank 0's (the other ranks report none)."""
+        steps = self.recorder.steps()
+        return SegmentSummary(
+            segment=self.cfg.segment,
+            start_step=self.start_step,
+            end_step=step,
+            completed=step == self.end_step,
+            interrupted_by=signal.Signals(stop_signal).name if stop_signal else None,
+            restart_count=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+            setup=self.setup(),
+            speed=self.speed(steps),
             state_digest=state_digest(self.ckpt.state()),
             profile=profile,
             saves=self.ckpt.saves,
@@ -235,7 +243,6 @@ class Trainer:
             evals=self.recorder.evals(),
             guard=self.recorder.guard_events(),
             ranks=self.recorder.rank_timings(),
-            init_from=self.ckpt.init_from,
             mixture=self.mixture(steps),
         )
 
