@@ -37,9 +37,9 @@ import torch
 from _common import bench_model, drop_cache, emit, median
 from safetensors.torch import load_file
 
-from trainflow.export.hf_format import plan_shards, write_folder
 from trainflow.export.hf_import import load_hf
 from trainflow.hf.llama import hf_config, hf_name, parameter_shapes
+from trainflow.hf.write import plan_shards, write_folder
 from trainflow.model import Llama
 
 GOAL = 0.8

@@ -23,6 +23,7 @@ from trainflow.checkpoint.manifest import MANIFEST
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.export import ExportError, choose_model, export, read_model
+from trainflow.hf.write import HfWriteError
 from trainflow.model import Llama
 from trainflow.stages import prepare_data
 
@@ -193,6 +194,6 @@ def test_overrides_must_repeat_the_manifests_model(tp2_run, tmp_path):
 
 def test_a_full_disk_fails_in_one_line_and_leaves_nothing(tp2_run, request):
     full = request.getfixturevalue("tiny_tmpfs")  # 256 kB, the model 3.4 MB
-    with pytest.raises(ExportError, match=r"writing .*/hf failed: .*No space left on device"):
+    with pytest.raises(HfWriteError, match=r"writing .*/hf failed: .*No space left on device"):
         export(newest(tp2_run), full / "hf")
     assert list(full.iterdir()) == []

@@ -14,7 +14,7 @@ them. A checkpoint whose manifest records no model (trainflow before manifests h
 cannot read needs them; otherwise they must describe the model the manifest records.
 
 OUT gets config.json, the fp32 weights under Hugging Face's names (hf.llama) as model.safetensors or, past
---max-shard-gb, as shards with their index (export.hf_format) and, for a BPE run, tokenizer.json and
+--max-shard-gb, as shards with their index (hf.write) and, for a BPE run, tokenizer.json and
 tokenizer_config.json from the token file in the checkpoint's run folder (<capacity>/data/tokens/shard-00000.h5); a
 byte-tokenised run has no tokenizer file to export. Everything is written into a temporary folder beside OUT and
 renamed into place, so a failure leaves OUT as it was. OUT must be new or empty. The model's name is never part of
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from trainflow.config import ModelConfig
 from trainflow.data.tokenizer import EOT_TEXT
-from trainflow.export.hf_format import MAX_SHARD_BYTES, check_out, plan_shards, shard_names, write_folder
+from trainflow.export.out import check_out
 from trainflow.export.source import (
     OVERRIDES_FIX,
     ExportError,
@@ -49,6 +49,7 @@ from trainflow.export.source import (
     run_tokens,
 )
 from trainflow.hf.llama import hf_config, hf_name
+from trainflow.hf.write import MAX_SHARD_BYTES, plan_shards, shard_names, write_folder
 
 __all__ = ["ExportError", "choose_model", "export", "read_model"]
 

@@ -12,7 +12,7 @@ import yaml
 from trainflow.config import CONF_DIR, TrainflowError, compose
 from trainflow.export import __doc__ as DOC
 from trainflow.export import export, log
-from trainflow.export.hf_format import MAX_SHARD_BYTES
+from trainflow.hf.write import MAX_SHARD_BYTES
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,30 +1,40 @@
-"""What an export writes, all or nothing: config.json and the other small files, and the weights as one
-model.safetensors or, past `max_shard_bytes`, as shards model-0000i-of-0000n.safetensors with the index
-model.safetensors.index.json that transformers reads (Hugging Face's names: trainflow.hf.llama).
+"""A Hugging Face folder written all or nothing (what trainflow.export writes): config.json and the other small
+files, and the weights as one model.safetensors or, past `max_shard_bytes`, as shards
+model-0000i-of-0000n.safetensors with the index model.safetensors.index.json that transformers reads (the names
+are hf.llama's, the file names hf.weights').
 
-Shards are written one at a time, each read from the checkpoint just before it is written (`read` below), so an
-export holds at most one shard's tensors in memory: a 70B model (280 GB in fp32) exports in 5 GB pieces.
+    python -c "from trainflow.hf.write import plan_shards; print(plan_shards({'a': (1024, 1024), 'b': (8,)}, 2**22))"
+
+Shards are written one at a time, each read just before it is written (`read` below), so a writer holds at most one
+shard's tensors in memory: a 70B model (280 GB in fp32) exports in 5 GB pieces. The tensors are torch's, so
+safetensors' torch writer is imported when a folder is written; the module itself imports no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from trainflow.atomic import fsync_path
-from trainflow.config.security import unsafe_path
-from trainflow.export.source import ExportError
+from trainflow.errors import TrainflowError
 from trainflow.hf.weights import INDEX, SINGLE
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_SHARD_BYTES = 5 * 10**9
 """transformers' own default shard size (save_pretrained's max_shard_size="5GB")."""
+
+
+class HfWriteError(TrainflowError):
+    """A Hugging Face folder that could not be written (a full disk, a folder without permission)."""
 
 
 def plan_shards(shapes: dict[str, tuple[int, ...]], max_bytes: int) -> list[list[str]]:
@@ -33,7 +43,7 @@ def plan_shards(shapes: dict[str, tuple[int, ...]], max_bytes: int) -> list[list
     shards: list[list[str]] = [[]]
     size = 0
     for name, shape in shapes.items():
-        nbytes = 4 * int(torch.Size(shape).numel())
+        nbytes = 4 * math.prod(shape)
         if shards[-1] and size + nbytes > max_bytes:
             shards.append([])
             size = 0
@@ -46,29 +56,14 @@ def shard_names(count: int) -> list[str]:
     return [SINGLE] if count == 1 else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
 
 
-def check_out(out: Path, series: Path) -> None:
-    """OUT is a path trainflow writes (the rules of config.security.path_errors), new or empty, and outside
-    the checkpoint series (a file there would make its checkpoints incomplete)."""
-    if why := unsafe_path("OUT", str(out)):
-        raise ExportError(why)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"OUT({out}) is a file; give a new or empty folder")
-    if out.is_dir() and any(out.iterdir()):
-        raise ExportError(f"OUT({out}) already holds files; give a new or empty folder (export overwrites nothing)")
-    resolved, inside = out.resolve(), series.resolve()
-    if resolved == inside or inside in resolved.parents:
-        raise ExportError(
-            f"OUT({out}) lies inside the checkpoint series {series}, whose checkpoints would then hold unlisted "
-            "files; export elsewhere"
-        )
-
-
 def write_folder(
     out: Path, files: dict[str, str], shards: list[list[str]], read: Callable[[list[str]], dict[str, torch.Tensor]]
 ) -> int:
     """Write `files` (name -> text) and the weights, shard by shard (`read(names)` gives a shard's tensors under
     their Hugging Face names), into a temporary folder beside `out`, fsync them and rename the folder to `out`; the
-    weights' bytes. A failure removes the temporary folder and is one ExportError."""
+    weights' bytes. A failure removes the temporary folder and is one HfWriteError."""
+    from safetensors.torch import save_file  # the caller's tensors are torch's
+
     tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +90,9 @@ def write_folder(
         fsync_path(out.parent)
     except (OSError, SafetensorError) as err:
         why = f"{err.strerror} ({err.filename})" if isinstance(err, OSError) else " ".join(str(err).split())
-        raise ExportError(f"writing {out} failed: {why}; free space or fix permissions there and export again") from err
+        raise HfWriteError(
+            f"writing {out} failed: {why}; free space or fix permissions there and export again"
+        ) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return total
