@@ -36,6 +36,10 @@ class ExportError(TrainflowError):
     """A checkpoint, configuration or output folder that cannot be exported."""
 
 
+NO_FALLBACK = "the export takes no other checkpoint by itself: give it an earlier step-N/ of the series"
+"""How a checkpoint that fails its checks ends its error here (training falls back to the previous one)."""
+
+
 def find_checkpoint(path: Path) -> Path:
     """The checkpoint folder `path` names: itself (step-N/) or the newest of a series; absolute, so its
     series and run folder are its parents."""
@@ -54,7 +58,7 @@ def choose_model(checkpoint: Path, given: ModelConfig | None) -> ModelConfig:
     """The model to export: the manifest's, which overrides `given` (None: none) must repeat; `given` where
     the manifest's is missing or unreadable."""
     try:
-        recorded = read_manifest(checkpoint).recorded_model(checkpoint / MANIFEST)
+        recorded = read_manifest(checkpoint, fallback=NO_FALLBACK).recorded_model(checkpoint / MANIFEST)
     except RecordError as err:
         if given is None:
             raise ExportError(f"{err}: it was not written by this trainflow version; {OVERRIDES_FIX}") from None
@@ -77,7 +81,7 @@ DCP load below reads only the keys asked for)."""
 def checked_shapes(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, tuple[int, ...]]:
     """The model tensors of a verified checkpoint (trainflow's names, model order) with their shapes, which must be
     those of the model `m`; `fix` ends the error of tensors that are not."""
-    verify_manifest(checkpoint)
+    verify_manifest(checkpoint, fallback=NO_FALLBACK)
     saved = {
         k.removeprefix("model."): tuple(v.size)
         for k, v in InPlaceReader(checkpoint).read_metadata().state_dict_metadata.items()
