@@ -196,32 +196,37 @@ def write_manifest(
     return manifest
 
 
-def read_manifest(directory: Path) -> Manifest:
+FALLS_BACK = "trainflow falls back to the previous one"
+"""What a training load does past a checkpoint that fails its checks, which their errors end with; a reader that does
+not (the export) gives its own `fallback`."""
+
+
+def read_manifest(directory: Path, *, fallback: str = FALLS_BACK) -> Manifest:
     """The manifest of `directory`, every field checked (but the model: Manifest.recorded_model); one ChecksumError
     naming the first that is not what trainflow writes."""
     path = directory / MANIFEST
     if not path.is_file():
-        raise ChecksumError(
-            f"{path} is missing: the checkpoint was never completed; delete {directory} or let trainflow fall back"
-        )
+        raise ChecksumError(f"{path} is missing: the checkpoint was never completed; delete {directory} ({fallback})")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
-        raise ChecksumError(f"{path} is not valid JSON ({err}); the checkpoint is damaged, delete {directory}") from err
+        raise ChecksumError(
+            f"{path} is not valid JSON ({err}); the checkpoint is damaged, delete {directory} ({fallback})"
+        ) from err
     try:
         return Manifest.from_json(data, where=str(path))
     except RecordError as err:
         raise ChecksumError(
             f"{err}: no manifest trainflow writes (trainflow before complete manifests wrote no world_size); the "
-            f"checkpoint cannot be checked, delete {directory} (trainflow falls back to the previous one)"
+            f"checkpoint cannot be checked, delete {directory} ({fallback})"
         ) from None
 
 
-def check_complete(directory: Path, manifest: Manifest) -> None:
+def check_complete(directory: Path, manifest: Manifest, *, fallback: str = FALLS_BACK) -> None:
     """The folder holds exactly the files the manifest lists, `file_count` of them, `.metadata` and every
     rank's DCP files among them; raises ChecksumError naming the first gap. Reads no file."""
     path, files, world_size = directory / MANIFEST, manifest.files, manifest.world_size
-    fix = f"the checkpoint is incomplete or was altered, delete {directory} (trainflow falls back to the previous one)"
+    fix = f"the checkpoint is incomplete or was altered, delete {directory} ({fallback})"
     if len(files) != manifest.file_count:
         raise ChecksumError(f"{path} lists {len(files)} files but records file_count {manifest.file_count}; {fix}")
     shards: dict[int, set[int]] = {}
@@ -249,17 +254,17 @@ def check_complete(directory: Path, manifest: Manifest) -> None:
             )
 
 
-def verify(directory: Path) -> Manifest:
+def verify(directory: Path, *, fallback: str = FALLS_BACK) -> Manifest:
     """Check the manifest is complete (check_complete), then re-read every file it lists; the manifest, or one
     ChecksumError naming the first problem."""
-    manifest = read_manifest(directory)
-    check_complete(directory, manifest)
+    manifest = read_manifest(directory, fallback=fallback)
+    check_complete(directory, manifest, fallback=fallback)
     for rel, want in manifest.files.items():
         path = directory / rel
         size, crc = file_crc(path)
         if (size, crc) != (want.bytes, want.crc32c):
             raise ChecksumError(
                 f"{path}: {size} bytes with CRC-32C {crc:#010x}, manifest says {want.bytes} bytes with "
-                f"{want.crc32c:#010x}; the file is corrupt, load the previous checkpoint"
+                f"{want.crc32c:#010x}; the file is corrupt, delete {directory} ({fallback})"
             )
     return manifest
