@@ -4,6 +4,7 @@ top operators, and memory per step (observe.*)."""
 from __future__ import annotations
 
 import json
+import struct
 import time
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.conftest import make_config, run_segment
 from trainflow.status.read import State, read_status
+
+TRACKERS = ("observe.wandb.enabled=true", "observe.mlflow.enabled=true")
 
 
 def test_tensorboard_profile_and_memory_are_recorded(tmp_path, tokens):
@@ -39,10 +42,12 @@ def test_tensorboard_profile_and_memory_are_recorded(tmp_path, tokens):
     assert all(r["memory_mb"] > 10 for r in summary["steps"])  # a resident torch process holds 100s of MB
 
 
-def test_status_follows_the_default_campaign(tmp_path, tokens):
+@pytest.mark.slow  # two segments with W&B and MLflow: 74 s at load 9
+def test_status_and_trackers_follow_the_default_campaign(tmp_path, tokens):
     """The default campaign (two segments) as trainflow.status reads it between its segments, while the second one
-    appends its first step (half a line written), and when it has finished."""
-    run = ("parallel=single", "train.segments=2", "train.segment_steps=3")
+    appends its first step (half a line written), and when it has finished; and as its W&B run (offline) and MLflow
+    run (the local store) hold it: both segments' losses in one run each, resumed."""
+    run = ("parallel=single", "train.segments=2", "train.segment_steps=3", *TRACKERS)
     first = run_segment(tmp_path, tokens, *run, "segment=0")
     between = read_status(tmp_path)
     assert (between.state, between.done, between.in_flight, between.step) == (State.WAITING, [0], 1, 3)
@@ -73,3 +78,45 @@ def test_status_follows_the_default_campaign(tmp_path, tokens):
     walls = [s["goodput"]["wall_s"] for s in (first, second)]
     productive = [s["goodput"]["seconds"]["productive"] for s in (first, second)]
     assert done.goodput == pytest.approx(sum(productive) / sum(walls))
+
+    losses = {r["step"]: r["loss"] for s in (first, second) for r in s["steps"]}
+    history = wandb_history(tmp_path / "train" / done.train_hash / "wandb")
+    assert {step: row["train/loss"] for step, row in history.items() if "train/loss" in row} == losses
+    assert {step for step, row in history.items() if "eval/val_loss" in row} == {0, 3, 6}
+
+    from mlflow.tracking import MlflowClient  # the trackers' clients only where they are tested: seconds to import
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("trainflow").experiment_id])
+    assert found.data.tags["trainflow.train_hash"] == done.train_hash and found.info.status == "FINISHED"
+    assert {m.step: m.value for m in client.get_metric_history(found.info.run_id, "train/loss")} == losses
+    assert len([a for a in client.list_artifacts(found.info.run_id) if a.path.startswith("config-segment-")]) == 2
+
+
+def wandb_history(folder: Path) -> dict[int, dict]:
+    """Every offline W&B run's logged rows under `folder` (WANDB_DIR), by step, read from its .wandb files with
+    W&B's own record type (wandb 0.31 ships no reader in Python): a LevelDB log of 32 KiB blocks after a 7-byte
+    header, each chunk a CRC, a length, a type (1 whole, 2 first, 3 middle, 4 last) and part of one Record."""
+    from wandb.proto import wandb_internal_pb2
+
+    rows: dict[int, dict] = {}
+    files = sorted(folder.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2, files  # one per segment's job, of one run id
+    for path in files:
+        data, pos, payload = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            if (left := 32768 - pos % 32768) < 7:
+                pos += left
+                continue
+            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            payload, pos = payload + data[pos + 7 : pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):
+                record = wandb_internal_pb2.Record.FromString(payload)
+                payload = b""
+                if record.WhichOneof("record_type") == "run":
+                    assert record.run.run_id == path.stem.removeprefix("run-")
+                if record.WhichOneof("record_type") == "history":
+                    row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                    rows.setdefault(row["_step"], {}).update(row)
+    return rows

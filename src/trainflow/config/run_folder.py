@@ -10,7 +10,7 @@ traces, TensorBoard, the exclude list) is a member here too, so nothing else inv
     <root>/verify.json, energy.json                        verify_checkpoint, account_energy
     <root>/train/<hash>/segment-<i>.json, metrics-<i>.json  train_segment (its summary, its job's metrics)
     <root>/train/<hash>/tensorboard/, profile/segment-<i>/, power/   train_segment (observe.*, energy sampling)
-    <root>/train/<hash>/run.json, wandb/; <root>/mlflow.db   train_segment (what the campaign is; observe.*)
+    <root>/train/<hash>/run.json, wandb/; <root>/mlflow.db, mlflow-artifacts/   train_segment (the campaign; observe.*)
     <root>/report/report.md, <plot>.png                    report
     <root>/metrics/<stage>.json, metrics/<stage>/<job>.json, logs/<stage>/, submitit/<stage>/   every stage
     <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
@@ -134,6 +134,11 @@ class RunFolder:
         """MLflow's local store when observe.mlflow.uri is empty, one for every campaign of the run (a SQLite file:
         MLflow 3 keeps its plain file store in maintenance mode): mlflow ui --backend-store-uri sqlite:///<it>."""
         return f"{self.root}/mlflow.db"
+
+    @property
+    def mlflow_artifacts(self) -> str:
+        """The artifacts (each job's config) of the MLflow experiments the local store creates."""
+        return f"{self.root}/mlflow-artifacts"
 
     @property
     def tensorboard(self) -> str:

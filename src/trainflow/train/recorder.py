@@ -1,5 +1,5 @@
 """What a segment records about itself on rank 0, step by step: the step and evaluation logs beside the checkpoints,
-TensorBoard, the progress lines; and the profiler every rank runs.
+the trackers (TensorBoard, W&B, MLflow), the progress lines; and the profiler every rank runs.
 
     recorder = StepRecorder(cfg, rank=rank, device=device)
     recorder.resume(step)          # drop the records of the steps this run redoes
@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trainflow.atomic import write_json
-from trainflow.config import TrainflowConfig
+from trainflow.config import TrainflowConfig, as_dict
 from trainflow.config.run_folder import RunFolder
 from trainflow.host import hostname
 from trainflow.progress import Progress
@@ -26,7 +27,7 @@ from trainflow.train.profile import StepProfiler
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import EvalRecord, Span, StepLog, StepRecord
 from trainflow.train.summary import ProfileSummary, RankTiming
-from trainflow.train.tensorboard import TensorBoardLog
+from trainflow.train.trackers import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class StepRecorder:
         self.spans_log = StepLog(RunFolder.spans_log(cfg.io.checkpoints), Span)
         if self.is_logger:
             write_json(run.run_record, RunRecord.of(cfg).to_json())  # trainflow.status's entry to the run folder
-        self.tensorboard = TensorBoardLog(run.tensorboard if self.is_logger and o.tensorboard else None)
+        self.trackers = build_trackers(cfg, is_logger=self.is_logger)
         profile = Path(run.profile(cfg.segment)) if o.profile else None
         self.profiler = StepProfiler(profile, rank=rank, steps=o.profile_steps, device=device)
         self.progress = Progress(log, "Trained", t.segment_steps, unit="steps", every_s=10.0)
@@ -74,7 +75,8 @@ class StepRecorder:
             return
         self.steps_log.append(record)
         self.span("skipped" if record.skipped else "step", record.step, record.started, record.step_s)
-        self.tensorboard.step(record)
+        for tracker in self.trackers:
+            tracker.step(record)
         done = record.step + 1
         if done % self.cfg.train.log_every == 0 or done == self.end_step:
             log.info(
@@ -90,7 +92,8 @@ class StepRecorder:
         if self.is_logger:
             self.evals_log.append(EvalRecord(step=step, val_loss=val_loss, sources=sources))
             self.span("eval", step, started, seconds)
-            self.tensorboard.evaluation(step, val_loss, sources)
+            for tracker in self.trackers:
+                tracker.evaluation(step, val_loss, sources)
             each = f" ({', '.join(f'{k} {v:.4f}' for k, v in sources.items())})" if len(sources) > 1 else ""
             log.info("Evaluated step %d: validation loss %.4f%s", step, val_loss, each)
 
@@ -113,6 +116,32 @@ class StepRecorder:
         return timings or []
 
     def close(self) -> ProfileSummary | None:
-        """Close TensorBoard and the profiler (writing its trace if the segment ended inside its steps)."""
-        self.tensorboard.close()
+        """Close the trackers and the profiler (writing its trace if the segment ended inside its steps)."""
+        for tracker in self.trackers:
+            tracker.close()
         return self.profiler.close()
+
+
+def campaign(cfg: TrainflowConfig) -> dict[str, Any]:
+    """What W&B and MLflow name a run by: the run's name, the campaign's id and the whole resolved config."""
+    return {"name": cfg.run, "id": RunFolder.of(cfg).train_hash, "config": as_dict(cfg)}
+
+
+def build_trackers(cfg: TrainflowConfig, *, is_logger: bool) -> list[Tracker]:
+    """The trackers observe.* turns on, on rank 0 (the others log nothing)."""
+    if not is_logger:
+        return []
+    o, run, trackers = cfg.observe, RunFolder.of(cfg), []
+    if o.tensorboard:
+        from trainflow.train.tensorboard import TensorBoardLog
+
+        trackers.append(TensorBoardLog(run.tensorboard))
+    if o.wandb.enabled:
+        from trainflow.train.wandb_log import WandbLog
+
+        trackers.append(WandbLog(o.wandb, folder=run.wandb, **campaign(cfg)))
+    if o.mlflow.enabled:
+        from trainflow.train.mlflow_log import MlflowLog
+
+        trackers.append(MlflowLog(o.mlflow, run=run, **campaign(cfg)))
+    return trackers

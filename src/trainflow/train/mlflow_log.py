@@ -1,0 +1,49 @@
+"""Training metrics as an MLflow run (observe.mlflow; a Tracker), on a tracking server or a local store.
+
+    mlflow ui --backend-store-uri sqlite:///runs/default/mlflow.db     # the local store (observe.mlflow.uri empty)
+
+One MLflow run per campaign in observe.mlflow.experiment, tagged with the hash of what training reads and found
+again by that tag, so every segment and restart resumes it. Each job adds its resolved config as the artifact
+config-segment-<i>-<time>.json (a run's params cannot change, and a segment's config names its segment).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from trainflow.config.observe import MlflowConfig
+from trainflow.config.run_folder import RunFolder
+from trainflow.train.trackers import Tracker
+
+TAG = "trainflow.train_hash"
+
+
+class MlflowLog(Tracker):
+    def __init__(self, m: MlflowConfig, *, run: RunFolder, name: str, id: str, config: dict[str, Any]) -> None:  # noqa: A002
+        local = f"sqlite:///{os.path.abspath(run.mlflow_store)}"
+        if not m.uri:
+            Path(run.mlflow_store).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=m.uri or local)
+        experiment = self.client.get_experiment_by_name(m.experiment)
+        artifacts = None if m.uri else Path(os.path.abspath(run.mlflow_artifacts)).as_uri()
+        exp = experiment.experiment_id if experiment else self.client.create_experiment(m.experiment, artifacts)
+        found = self.client.search_runs([exp], filter_string=f"tags.`{TAG}` = '{id}'", max_results=1)
+        if found:
+            self.run_id = found[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(exp, run_name=name, tags={TAG: id}).info.run_id
+        self.client.log_dict(self.run_id, config, f"config-segment-{config['segment']}-{time.time():.0f}.json")
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)

@@ -1,0 +1,48 @@
+"""Where a segment's metrics go besides its step log: TensorBoard (observe.tensorboard), Weights & Biases
+(observe.wandb) and MLflow (observe.mlflow), each a Tracker, chosen once from the config on rank 0.
+
+    trackers = build_trackers(cfg, is_logger=rank == 0)   # train.recorder; [] on the other ranks
+    tracker.step(record); tracker.evaluation(step, val_loss, sources); tracker.close()
+
+Every tracker logs the same scalars at the step they describe: every number of a step record as `train/<key>` (loss,
+lr, grad_norm, tokens_per_s, mfu, the step split in seconds, memory), `train/applied` (0 for a step the loss guard
+skipped), and each evaluation as `eval/val_loss` (a mixture's sources as `eval/val_loss/<source>`). W&B and MLflow
+also take the resolved config, and name their run after the campaign: one run per campaign (the hash of what
+training reads), resumed by each segment and restart. The W&B and MLflow clients are imported only when enabled.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from trainflow.train.step_log import StepRecord
+
+NOT_SCALARS = ("step", "started", "skipped")
+"""A step record's fields that are no metric: the step (the x axis), a wall-clock time, the guard's reason."""
+
+
+def step_scalars(record: StepRecord) -> dict[str, float]:
+    scalars = {f"train/{k}": float(v) for k, v in record.to_json().items() if k not in NOT_SCALARS}
+    return {**scalars, "train/applied": float(record.skipped is None)}
+
+
+def eval_scalars(val_loss: float, sources: dict[str, float]) -> dict[str, float]:
+    """The weighted validation loss, and each source's (a mixture's only)."""
+    each = {f"eval/val_loss/{name}": float(loss) for name, loss in sources.items()} if len(sources) > 1 else {}
+    return {"eval/val_loss": float(val_loss), **each}
+
+
+class Tracker(ABC):
+    """One place a segment's metrics go."""
+
+    @abstractmethod
+    def log(self, scalars: dict[str, float], step: int) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def step(self, record: StepRecord) -> None:
+        self.log(step_scalars(record), record.step)
+
+    def evaluation(self, step: int, val_loss: float, sources: dict[str, float]) -> None:
+        self.log(eval_scalars(val_loss, sources), step)

@@ -1,0 +1,40 @@
+"""Training metrics as a Weights & Biases run (observe.wandb; a Tracker), offline by default.
+
+    wandb sync runs/default/train/<hash>/wandb/wandb/offline-run-*    # upload an offline campaign later
+
+One W&B run per campaign: its id is the hash of what training reads, so every segment and restart resumes it
+(offline, each job writes its own offline-run folder of the same id; `wandb sync` joins them). Its files lie under
+the run's train folder (RunFolder.wandb, as WANDB_DIR); its config is the resolved config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import wandb
+
+from trainflow.config.observe import WandbConfig
+from trainflow.train.trackers import Tracker
+
+
+class WandbLog(Tracker):
+    def __init__(self, w: WandbConfig, *, folder: str, name: str, id: str, config: dict[str, Any]) -> None:  # noqa: A002
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=w.project,
+            entity=w.entity or None,
+            name=name,
+            id=id,
+            resume="allow",
+            mode=w.mode,
+            dir=folder,
+            config=config,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
