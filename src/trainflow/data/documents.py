@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from trainflow.data.compressed import COMPRESSIONS, open_binary, reading
+from trainflow.data.compressed import COMPRESSIONS, open_binary, reading, unverified
 from trainflow.data.record import DataError
 
 
@@ -99,7 +99,7 @@ class Documents:
                     continue
                 text, why = self.parse(line)
                 if why is not None:
-                    self.bad(f"{path}:{number} {why}")
+                    self.bad(f"{path}:{number} {why}", unverified(path))
                     continue
                 self.raw_bytes = done + raw.tell()
                 yield Document(f"{name}:{number}", text)
@@ -148,7 +148,10 @@ class Documents:
             return "", f"holds {type(text).__name__} in {field}, not a string"
         return text, None
 
-    def bad(self, message: str) -> None:
+    def bad(self, message: str, damage: str | None = None) -> None:
+        """A bad line: skipped with a count, or one DataError; `damage` says why it may be a damaged file instead."""
+        if damage:
+            raise DataError(f"{message}; {damage}")
         if self.bad_lines == "fail":
             raise DataError(f"{message}; fix the line or set data.bad_lines=skip to skip such lines with a count")
         self.skipped += 1
