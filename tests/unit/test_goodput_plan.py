@@ -12,7 +12,8 @@ import pytest
 from trainflow.config import compose
 from trainflow.plan.__main__ import main
 from trainflow.plan.build import build_plan
-from trainflow.plan.goodput import GOAL, SCENARIOS, GoodputPlan, closed_form, simulate
+from trainflow.plan.failures import Timeline, closed_form, simulate
+from trainflow.plan.goodput import GOAL, SCENARIOS, GoodputPlan
 
 SEED = ("experiment=llama70b_alps",)
 CASES = [SEED, (), (*SEED, "cluster.hardware.mtbf_hours=2"), (*SEED, "cluster.hardware.mtbf_hours=16")]
@@ -70,22 +71,40 @@ def test_a_shorter_mtbf_lowers_goodput_in_every_scenario():
 
 
 def test_the_simulation_is_deterministic_for_its_seed_and_fast():
-    args = dict(work_s=3.6e6, interval_s=1800.0, blocking_s=120.0, write_s=0.0, detect_s=300.0, wait_s=300.0)
-    args.update(held_s=400.0, mtbf_s=14400.0, jobs_s=0.0, trials=400)
+    times = Timeline(
+        work_s=3.6e6,
+        interval_s=1800.0,
+        blocking_s=120.0,
+        write_s=0.0,
+        detect_s=300.0,
+        wait_s=300.0,
+        held_s=400.0,
+        mtbf_s=14400.0,
+        jobs_s=0.0,
+    )
     start = time.perf_counter()
-    first = simulate(**args, seed=1)
+    first = simulate(times, trials=400, seed=1)
     assert time.perf_counter() - start < 1.0
-    assert (first == simulate(**args, seed=1)).all()
-    assert not (first == simulate(**args, seed=2)).all()
+    assert (first == simulate(times, trials=400, seed=1)).all()
+    assert not (first == simulate(times, trials=400, seed=2)).all()
     cfg = compose("train_segment", list(SEED))
     assert build_plan(cfg, with_remedies=False).goodput == build_plan(cfg, with_remedies=False).goodput
 
 
 def test_without_failures_the_simulation_is_the_checkpoints_and_job_starts_exactly():
-    args = dict(work_s=1000.0, interval_s=300.0, blocking_s=10.0, detect_s=0.0, mtbf_s=1e15, jobs_s=50.0)
-    sim = simulate(**args, write_s=5.0, wait_s=0.0, held_s=0.0, trials=4, seed=0)
-    assert sim == pytest.approx(1000 / (1000 + 3 * 10 + 50))  # 4 pieces of training, 3 saves between them
-    closed, terms = closed_form(**args, restart_s=0.0)
+    times = Timeline(
+        work_s=1000.0,
+        interval_s=300.0,
+        blocking_s=10.0,
+        write_s=5.0,
+        detect_s=0.0,
+        wait_s=0.0,
+        held_s=0.0,
+        mtbf_s=1e15,
+        jobs_s=50.0,
+    )
+    assert simulate(times, trials=4, seed=0) == pytest.approx(1000 / (1000 + 3 * 10 + 50))  # 4 pieces, 3 saves
+    closed, terms = closed_form(times)
     assert terms["checkpoint"] == pytest.approx(10 / 300) and closed == pytest.approx(1 / (1 + 10 / 300 + 0.05))
 
 

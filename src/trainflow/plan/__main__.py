@@ -5,7 +5,8 @@
 
 Takes the Hydra overrides training takes (composed as train_segment composes them) and prints the plan
 as a table, or with --json as one JSON object on stdout. A bad override is one error line and exit 1; so is a plan
-that does not fit in device memory (printed first, then the line that would stop validate_nccl).
+that does not fit in device memory (printed first, then the line that would stop validate_nccl), and a campaign that
+cannot finish at the configured MTBF (the line that says why).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainflow.plan: {err}", file=sys.stderr)
         return 1
     sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if args.json else render(plan))
-    if plan.overflow:
-        print(f"trainflow.plan: {plan.overflow}", file=sys.stderr)
+    verdict = plan.overflow or (plan.goodput and plan.goodput.cannot_finish)
+    if verdict:
+        print(f"trainflow.plan: {verdict}", file=sys.stderr)
         return 1
     return 0
 

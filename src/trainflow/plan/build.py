@@ -49,18 +49,21 @@ class Plan(Record):
     """The one line that stops validate_nccl when the plan does not fit; None when it fits."""
     step: StepPlan
     campaign: CampaignPlan
-    goodput: GoodputPlan
-    """Goodput under failures with synchronous checkpoints and with each remedy, and the goal."""
+    goodput: GoodputPlan | None
+    """Goodput under failures with synchronous checkpoints and with each remedy, and the goal; None where the plan
+    does not fit (nothing is simulated for a run that cannot start)."""
     remedies: list[Remedy] = field(default_factory=list)
     seed: SeedComparison | None = None
     """The seed's observed figures beside the plan's, for the seed's layout only."""
 
 
 def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
-    """Memory, step split, throughput, checkpoint interval, campaign energy and goodput of cfg."""
+    """Memory, step split, throughput, checkpoint interval, campaign energy and goodput of cfg; the fit first, and no
+    goodput where it fails."""
     t = cfg.train
     dims, microbatch_size = checked_layout(cfg)
     memory = plan_memory(cfg)
+    overflows = overflow(cfg, memory)
     step = plan_step(cfg)
     setup = Setup(
         model=cfg.model.name,
@@ -73,15 +76,16 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
         cluster=cfg.cluster.name,
     )
     campaign = plan_campaign(cfg, step_s=step.step_s)
+    replicas = dims.dp // dims.shard_size
     return Plan(
         setup=setup,
         hardware=asdict(cfg.cluster.hardware),
         memory=memory,
         capacity_bytes=capacity_bytes(cfg.cluster, cfg.parallel.world_size),
-        overflow=overflow(cfg, memory),
+        overflow=overflows,
         step=step,
         campaign=campaign,
-        goodput=plan_goodput(cfg, step_s=step.step_s, campaign=campaign, replicas=dims.dp // dims.shard_size),
+        goodput=None if overflows else plan_goodput(cfg, step_s=step.step_s, campaign=campaign, replicas=replicas),
         remedies=remedies(cfg) if with_remedies else [],
         seed=seed_comparison(cfg, step) if is_seed_layout(cfg) else None,
     )

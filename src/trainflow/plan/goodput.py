@@ -28,28 +28,34 @@ The load reads the checkpoint once at hardware.checkpoint_read_gbps. trainflow's
 its own state, so each dp replica reads its copy: unless the file servers' caches serve the repeats the load is that
 many times longer, which a note of the plan states in seconds (not modelled: not measured either way).
 
-Two models: a Monte Carlo of TRIALS campaigns (numpy, seeded, so the plan is deterministic), its mean and 5-95 %
-band over trials; and the closed form of the issue, waste ~ C/tau + (tau/2 + D + R)/M (Young, Daly), taken as time:
-wall = (work (1 + C/tau) + job starts) / (1 - (tau/2 + D + R)/M). The simulation also loses an async checkpoint's
-write window and lets failures strike only while nodes are held; the closed form counts them over all wall time. They
-agree within 3 % absolute while failures cost up to ~30 % (tests/unit/test_goodput_plan.py) and drift apart beyond:
-6 points for the seed's baseline at MTBF 1 h.
+Three models (trainflow.plan.failures): a Monte Carlo of TRIALS campaigns (numpy, seeded, so the plan is
+deterministic), its mean and 5-95 % band over trials, where a trial expects at most failures.MAX_FAILURES failures;
+beyond that the same model's exact expectation and band (a note names the scenarios); and the closed form of the
+issue, waste ~ C/tau + (tau/2 + D + R)/M (Young, Daly). The simulation also loses an async checkpoint's write window
+and lets failures strike only while nodes are held; the closed form counts them over all wall time. They agree within
+3 % absolute while failures cost up to ~30 % (tests/unit/test_goodput_plan.py) and drift apart beyond: 6 points for the
+seed's baseline at MTBF 1 h. A campaign whose configured scenario keeps less than FINISH_FLOOR of its wall time, or
+whose detection and restart outlast the MTBF, cannot finish: `cannot_finish` says so in one line.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from trainflow.config.cluster import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
+from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
 from trainflow.records import Record
 
 GOAL = 0.95
 """Issue 24's goal for the seed's campaign."""
+FINISH_FLOOR = 0.01
+"""Below this goodput a campaign takes over 100 times its steps' time: it cannot finish."""
 TRIALS = 400
 SEED = 24
 BAND = (5.0, 95.0)
@@ -62,6 +68,15 @@ SCENARIOS = (
     ("all remedies", True, True, True),
 )
 """(name, async checkpoints, fast detection, hot restart)."""
+
+
+class Method(StrEnum):
+    """How a scenario's goodput and band were found (trainflow.plan.failures)."""
+
+    SIMULATED = "simulated"
+    """The Monte Carlo of TRIALS campaigns."""
+    EXPECTED = "expected"
+    """The same model's exact expectation: more failures than a trial may simulate."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,10 @@ class GoodputScenario(Record):
     starts' time over the productive time."""
     meets_goal: bool
     """The simulated mean reaches GOAL."""
+    failures: float
+    """Failures one campaign expects."""
+    method: Method
+    """Whether `simulated` and its band are the Monte Carlo's or, past MAX_FAILURES a trial, the expectation's."""
 
 
 @dataclass(frozen=True)
@@ -105,63 +124,8 @@ class GoodputPlan(Record):
     needed: str | None = None
     """What all remedies together would need to reach the goal; None when they reach it."""
     notes: list[str] = field(default_factory=list)
-
-
-def simulate(
-    *,
-    work_s: float,
-    interval_s: float,
-    blocking_s: float,
-    write_s: float,
-    detect_s: float,
-    wait_s: float,
-    held_s: float,
-    mtbf_s: float,
-    jobs_s: float,
-    trials: int,
-    seed: int,
-) -> np.ndarray:
-    """Each trial's goodput, work_s over its wall time: vectorised over trials, one pass per run between failures.
-    A run trains interval_s, blocks blocking_s, again and again; a checkpoint is durable write_s after its block."""
-    rng = np.random.default_rng(seed)
-    period = interval_s + blocking_s
-    done, wall = np.zeros(trials), np.zeros(trials)
-    active = np.arange(trials)
-    restart = 0.0  # the first run starts from nothing: its start-up is in jobs_s
-    while active.size:
-        x = rng.exponential(mtbf_s, active.size)  # time to the next failure
-        run = x - restart  # < 0: it struck during the start-up or the load
-        remaining = work_s - done[active]
-        pieces = np.ceil(remaining / interval_s)
-        finish = remaining + (pieces - 1) * blocking_s
-        ends = run >= finish
-        durable = np.floor(np.clip(run - write_s, 0, None) / period)  # checkpoints durable before the failure
-        done[active] += np.where(ends, remaining, np.minimum(durable, pieces - 1) * interval_s)
-        wall[active] += np.where(ends, restart + finish, x + detect_s + wait_s)
-        active, restart = active[~ends], held_s
-    return work_s / (wall + jobs_s)
-
-
-def closed_form(
-    *,
-    interval_s: float,
-    blocking_s: float,
-    detect_s: float,
-    restart_s: float,
-    mtbf_s: float,
-    jobs_s: float,
-    work_s: float,
-) -> tuple[float, dict[str, float]]:
-    """The goodput the issue's first-order waste gives, and the waste by term."""
-    terms = {
-        "checkpoint": blocking_s / interval_s,
-        "lost work": interval_s / 2 / mtbf_s,
-        "detection": detect_s / mtbf_s,
-        "restart": restart_s / mtbf_s,
-        "job starts": jobs_s / work_s,
-    }
-    failures = terms["lost work"] + terms["detection"] + terms["restart"]
-    return max(0.0, 1 - failures) / (1 + terms["checkpoint"] + terms["job starts"]), terms
+    cannot_finish: str | None = None
+    """The one line saying the configured campaign cannot finish at this MTBF, and why; None when it can."""
 
 
 def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> int:
@@ -196,27 +160,30 @@ def plan_goodput(cfg: TrainflowConfig, *, step_s: float, campaign: CampaignPlan,
         blocking_s, write_s, steps = asynchronous if use_async else sync
         wait_s, held_s = (0.0, h.hot_restart_s + load_s) if hot else (h.requeue_wait_s, h.startup_s + load_s)
         detect_s = (1 - h.hang_share) * dead + h.hang_share * hung if fast else rt.collective_timeout_s
-        scenarios.append(
-            scenario(
-                name,
-                interval_steps=steps,
-                step_s=step_s,
-                blocking_s=blocking_s,
-                write_s=write_s,
-                detect_s=detect_s,
-                wait_s=wait_s,
-                held_s=held_s,
-                mtbf_s=mtbf_s,
-                jobs_s=jobs_s,
-                work_s=work_s,
-            )
+        times = Timeline(
+            work_s=work_s,
+            interval_s=steps * step_s,
+            blocking_s=blocking_s,
+            write_s=write_s,
+            detect_s=detect_s,
+            wait_s=wait_s,
+            held_s=held_s,
+            mtbf_s=mtbf_s,
+            jobs_s=jobs_s,
         )
+        scenarios.append(scenario(name, times, interval_steps=steps))
     notes = [
         f"detection with trainflow's: a dead rank {dead:.0f} s, a hung one {hung:.0f} s, hang_share {h.hang_share:.0%};"
         f" without: the collective timeout, {rt.collective_timeout_s} s",
         f"{jobs} jobs (train.segments {cfg.train.segments}, {cfg.cluster.allocation.time_min} min at most each) cost "
         f"{jobs_s / 3600:.3g} h of allocation waits, start-ups, saves and loads in every scenario",
     ]
+    if expected_only := [s for s in scenarios if s.method is Method.EXPECTED]:
+        notes.append(
+            f"{names(expected_only, scenarios)}: the same model's exact expectation and normal band, not sampled: a "
+            f"campaign expects {min(s.failures for s in expected_only):.3g} failures or more, past the {MAX_FAILURES} "
+            f"a simulated trial may expect (or its slowest the {MAX_PASSES} passes) (trainflow.plan.failures)"
+        )
     if a.refused:
         notes.append(f"the async scenarios checkpoint synchronously: {a.refused}")
     if replicas > 1:
@@ -224,6 +191,7 @@ def plan_goodput(cfg: TrainflowConfig, *, step_s: float, campaign: CampaignPlan,
             f"the load reads the checkpoint once ({load_s:.4g} s), but each of the {replicas} dp replicas reads its "
             f"own copy: {replicas * load_s:.4g} s unless the file servers' caches serve the repeats (not measured)"
         )
+    configured = scenarios[1] if cfg.checkpoint.mode == "async" and not a.refused else scenarios[0]
     return GoodputPlan(
         goal=GOAL,
         mtbf_s=mtbf_s,
@@ -235,44 +203,35 @@ def plan_goodput(cfg: TrainflowConfig, *, step_s: float, campaign: CampaignPlan,
         scenarios=scenarios,
         needed=needed(scenarios[-1], mtbf_s),
         notes=notes,
+        cannot_finish=cannot_finish(configured, scenarios[-1], mtbf_s),
     )
 
 
-def scenario(
-    name: str,
-    *,
-    interval_steps: int,
-    step_s: float,
-    blocking_s: float,
-    write_s: float,
-    detect_s: float,
-    wait_s: float,
-    held_s: float,
-    mtbf_s: float,
-    jobs_s: float,
-    work_s: float,
-) -> GoodputScenario:
-    """One scenario, simulated and in closed form. The restart is wait_s of allocation wait (no nodes held: no
-    failure strikes) and held_s of start-up and load."""
-    interval_s = interval_steps * step_s
-    times = dict(interval_s=interval_s, blocking_s=blocking_s, detect_s=detect_s, mtbf_s=mtbf_s, jobs_s=jobs_s)
-    sim = simulate(**times, write_s=write_s, wait_s=wait_s, held_s=held_s, work_s=work_s, trials=TRIALS, seed=SEED)
-    closed, terms = closed_form(**times, restart_s=wait_s + held_s, work_s=work_s)
-    low, high = np.percentile(sim, BAND)
+def scenario(name: str, t: Timeline, *, interval_steps: int) -> GoodputScenario:
+    """One scenario, simulated (or past MAX_FAILURES a trial, its expectation) and in closed form."""
+    expects = failures(t)
+    sim = simulate(t, trials=TRIALS, seed=SEED) if expects <= MAX_FAILURES else None
+    if sim is not None:
+        mean, (low, high), method = float(sim.mean()), np.percentile(sim, BAND), Method.SIMULATED
+    else:
+        (mean, low, high), method = expected(t), Method.EXPECTED
+    closed, terms = closed_form(t)
     return GoodputScenario(
         name=name,
-        blocking_s=blocking_s,
-        write_s=write_s,
+        blocking_s=t.blocking_s,
+        write_s=t.write_s,
         interval_steps=interval_steps,
-        interval_s=interval_s,
-        detect_s=detect_s,
-        restart_s=wait_s + held_s,
-        simulated=float(sim.mean()),
+        interval_s=t.interval_s,
+        detect_s=t.detect_s,
+        restart_s=t.restart_s,
+        simulated=mean,
         simulated_low=float(low),
         simulated_high=float(high),
         closed_form=closed,
         terms=terms,
-        meets_goal=bool(sim.mean() >= GOAL),
+        meets_goal=bool(mean >= GOAL),
+        failures=expects,
+        method=method,
     )
 
 
@@ -290,3 +249,33 @@ def needed(best: GoodputScenario, mtbf_s: float) -> str | None:
         f"(now tau/2 {best.interval_s / 2:.0f} + D {best.detect_s:.0f} + R {best.restart_s:.0f} = {per_failure:.0f} s"
         f") or an MTBF of {per_failure / allowed / 3600:.3g} h"
     )
+
+
+def cannot_finish(configured: GoodputScenario, best: GoodputScenario, mtbf_s: float) -> str | None:
+    """The one line saying the configured scenario's campaign cannot finish at this MTBF (FINISH_FLOOR, or detection
+    and restart outlasting the MTBF), its cause and the way out; None when it can."""
+    s, recovery = configured, configured.detect_s + configured.restart_s
+    if recovery < mtbf_s and s.simulated >= FINISH_FLOOR:
+        return None
+    interval_s = s.interval_s + s.blocking_s
+    if recovery >= mtbf_s and not (s.simulated < FINISH_FLOOR and interval_s > recovery):
+        cause = (
+            f"detecting a failure and restarting (D {s.detect_s:.0f} s + R {s.restart_s:.0f} s) take longer than the "
+            "MTBF, so the next failure is due before the job is back"
+        )
+        fix = "shorten the restart (cluster.hardware.requeue_wait_s, startup_s) and detection (cluster.runtime)"
+    else:
+        cause = (
+            f"a run must train tau + C = {interval_s:.0f} s without a failure to save its next checkpoint, "
+            f"{interval_s / mtbf_s:.3g} times the MTBF"
+        )
+        fix = "shorten the interval (checkpoint.interval_steps) or the step"
+    remedies = f"; all remedies keep {best.simulated:.1%}" if best is not configured else ""
+    return (
+        f"the campaign cannot finish at MTBF {mtbf_s / 3600:.3g} h (cluster.hardware.mtbf_hours), {s.name}: {cause}: "
+        f"{s.failures:.3g} failures expected, goodput {s.simulated:.2%}{remedies}; {fix}, or raise the MTBF"
+    )
+
+
+def names(some: list[GoodputScenario], every: list[GoodputScenario]) -> str:
+    return "every scenario" if len(some) == len(every) else ", ".join(s.name for s in some)

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from trainflow.plan.build import Plan
 from trainflow.plan.campaign import CampaignPlan
-from trainflow.plan.goodput import GoodputPlan
+from trainflow.plan.goodput import GoodputPlan, Method
 from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
 
@@ -23,6 +23,8 @@ LABELS = {
     "dp": "dp gradient reduction (exposed)",
     "optimizer": "optimizer step",
 }
+MARKS = {Method.SIMULATED: "", Method.EXPECTED: " exp."}
+"""After a scenario's band: how it was found (a note says more)."""
 
 
 def size(nbytes: float) -> str:
@@ -86,7 +88,9 @@ def seconds(s: float) -> str:
     return f"{s:.0f} s" if s >= 100 else f"{s:.3g} s"
 
 
-def goodput_lines(g: GoodputPlan) -> list[str]:
+def goodput_lines(g: GoodputPlan | None) -> list[str]:
+    if g is None:
+        return ["Goodput under failures: not simulated, the plan does not fit", ""]
     lines = [
         f"Goodput under failures (MTBF {g.mtbf_s / 3600:.3g} h, {g.productive_s / 3600:.4g} h of steps, {g.trials} "
         f"seeded trials; goal {g.goal:.0%})",
@@ -96,10 +100,11 @@ def goodput_lines(g: GoodputPlan) -> list[str]:
         times = " ".join(
             f"{seconds(t):>{w}}" for t, w in zip((s.blocking_s, s.interval_s, s.detect_s, s.restart_s), (10, 8, 8, 8))
         )
-        band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%})"
+        band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%}){MARKS[s.method]}"
         verdict = f"{'meets' if s.meets_goal else 'misses'} {g.goal:.0%}"
         lines.append(f"  {s.name:<27} {times}  {band:<24} {s.closed_form:6.1%}  {verdict}")
-    return [*lines, *(f"  - {note}" for note in [*g.notes, *([g.needed] if g.needed else [])]), ""]
+    lines += [f"  - {note}" for note in [*g.notes, *([g.needed] if g.needed else [])]]
+    return [*lines, *([f"CANNOT FINISH: {g.cannot_finish}"] if g.cannot_finish else []), ""]
 
 
 def checkpoint_rows(camp: CampaignPlan) -> list[tuple[str, str]]:
