@@ -125,3 +125,20 @@ def test_a_folder_without_a_campaign_says_so(tmp_path, capsys):
     assert "holds no train/<hash>/run.json" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 1
     assert "is no folder" in capsys.readouterr().err
+
+
+def test_watch_refreshes_until_interrupted_and_refuses_a_bad_period(tmp_path, capsys, monkeypatch):
+    write_folder(tmp_path)
+    naps = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("trainflow.status.__main__.time.sleep", nap)
+    assert main([str(tmp_path), "--watch", "2.5"]) == 0
+    assert naps == [2.5, 2.5] and capsys.readouterr().out.count("running: segment 0 of 2") == 2
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--watch", "nan"])
+    assert "--watch(nan) must be a number of seconds > 0" in capsys.readouterr().err
