@@ -130,3 +130,17 @@ def fp8_errors(cfg: TrainflowConfig) -> list[str]:
             "train.fp8=none"
         )
     return errors
+
+
+def spike_warning(cfg: TrainflowConfig) -> str | None:
+    """A spike window the run cannot fill: the guard judges a loss once its window of applied steps is full (the
+    window carries across segments), so it would judge none. A short test run may want that; it is said where the
+    run is planned (the workflow), not refused."""
+    t = cfg.train
+    if t.spike.window < (steps := t.segments * t.segment_steps):
+        return None
+    return (
+        f"train.spike.window({t.spike.window}) >= the run's {steps} steps (train.segments({t.segments}) * "
+        f"segment_steps({t.segment_steps})): the spike guard judges no loss of this run (non-finite ones are still "
+        f"skipped); set train.spike.window below {steps} for it to judge"
+    )
