@@ -1,5 +1,5 @@
-"""Hugging Face import speed: io.init_from's load (trainflow.export.hf_import.load_hf) of a safetensors folder into a
-model, against a plain read of the same files' bytes, and the export's memory against the model's size.
+"""Hugging Face import speed: io.init_from's load (trainflow.checkpoint.hf_reader.load_hf) of a safetensors folder into
+a model, against a plain read of the same files' bytes, and the export's memory against the model's size.
 
     python benchmarks/hf_import.py [--quick] [--dir /tmp]
 
@@ -37,7 +37,7 @@ import torch
 from _common import bench_model, drop_cache, emit, median
 from safetensors.torch import load_file
 
-from trainflow.export.hf_import import load_hf
+from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.hf.llama import hf_config, hf_name, parameter_shapes
 from trainflow.hf.write import plan_shards, write_folder
 from trainflow.model import Llama

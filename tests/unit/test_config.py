@@ -10,6 +10,7 @@ from omegaconf import MISSING
 
 from trainflow.config import CONF_DIR, STAGES, ConfigError, TrainflowConfig, compose, config_hash
 from trainflow.config.layout import ParallelDims
+from trainflow.config.rules import spike_warning
 from trainflow.preflight import preflight
 
 NO_FACTORY = dataclasses.MISSING
@@ -177,3 +178,12 @@ def test_train_settings_that_cannot_work_are_refused_in_one_line(tmp_path, monke
         preflight(compose("train_segment", ["train.compile=true"]))
     new = f"train.offload_dir={tmp_path}/new/acts"  # created when the first activation is offloaded
     preflight(compose("train_segment", ["train.activations=offload", new]))
+
+
+def test_a_spike_window_the_run_cannot_fill_is_said_not_silent():
+    assert spike_warning(compose("train_segment")) is None  # 2 x 150 steps, a window of 50
+    assert spike_warning(compose("train_segment", ["experiment=smoke", "train.spike.window=11"])) is None
+    assert spike_warning(compose("train_segment", ["experiment=smoke", "train.spike.window=12"])) == (
+        "train.spike.window(12) >= the run's 12 steps (train.segments(2) * segment_steps(6)): the spike guard judges "
+        "no loss of this run (non-finite ones are still skipped); set train.spike.window below 12 for it to judge"
+    )

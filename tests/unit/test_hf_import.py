@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 
 from tests.conftest import make_config
 from tests.unit.test_export import newest, trained
+from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.config import ConfigError, ModelConfig, compose
 from trainflow.data.sampler import TokenSampler
 from trainflow.export import export, read_model
-from trainflow.export.hf_import import load_hf
 from trainflow.hf.llama import hf_name, parameter_shapes
 from trainflow.model import Llama, cross_entropy
 from trainflow.stage import run_stage

@@ -5,6 +5,7 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from trainflow.config import ConfigError, stage_hash
@@ -12,6 +13,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import shard_plan
 from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
+from trainflow.config.rules import spike_warning
 from trainflow.preflight import preflight
 
 try:
@@ -21,6 +23,8 @@ try:
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 validate(config, "../schemas/config.schema.yaml")
+if warning := spike_warning(CFG):
+    logger.warning(warning)
 
 # Every rule's shell line reads these two globals (snakemake --lint notes it): putting the overrides
 # in params would make any change of any setting rerun every stage, since params decide reruns.

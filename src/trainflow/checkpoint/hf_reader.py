@@ -2,13 +2,14 @@
 rank holds, in any layout, through DCP.
 
     python -c "from pathlib import Path; from trainflow.config import compose; from trainflow.model import Llama; \
-        from trainflow.export.hf_import import load_hf; m = compose('train_segment').model; \
+        from trainflow.checkpoint.hf_reader import load_hf; m = compose('train_segment').model; \
         print(load_hf(Path('hf/tiny'), [Llama(m)], m))"
 
 DCP plans the load as it plans a resume: each rank asks for exactly the chunks of the parameters it holds (a
 tensor-parallel or FSDP shard, its pipeline stage's layers), under Hugging Face's names (hf.llama), and
-HfReader (torch's HuggingFaceStorageReader, checked) reads those slices from the safetensors files, a file at a
-time: no rank ever holds more of the model than its own parameters. bf16 or fp16 weights become the fp32 master
+HfReader (torch's HuggingFaceStorageReader, checked, reading as checkpoint.reading reads a DCP checkpoint) reads
+those slices from the safetensors files, a file at a time: no rank ever holds more of the model than its own
+parameters. bf16 or fp16 weights become the fp32 master
 weights on the way in. The optimizer is not touched, so it starts fresh; fp8's amax histories keep their start.
 The folder is checked again before anything is read (hf.weights: names, shapes, truncation), since it may
 have changed since the config was validated; only safetensors are read.
@@ -16,6 +17,7 @@ have changed since the config was validated; only safetensors are read.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -38,8 +40,9 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from trainflow.checkpoint.reading import InPlaceReading, read_into
+from trainflow.checkpoint.state import FP8_STATE
 from trainflow.config import ModelConfig
-from trainflow.export.source import FP8_STATE
 from trainflow.hf.llama import HfFolderError, check_config, hf_name
 from trainflow.hf.weights import weight_files
 from trainflow.tensors import local, storage_ptr
@@ -62,7 +65,7 @@ class Imported:
     seconds: float
 
 
-class HfReader(HuggingFaceStorageReader):
+class HfReader(InPlaceReading, HuggingFaceStorageReader):
     """torch's reader of a safetensors folder, which reads every *.safetensors file it finds: the folder's files are
     checked against the model first (hf.weights), so those are exactly the index's and hold what they should.
 
@@ -83,9 +86,12 @@ class HfReader(HuggingFaceStorageReader):
         weight_files(self.folder, self.m)
         return super().read_metadata()
 
-    def _process_read_request(self, f, req: ReadItem, planner: LoadPlanner) -> None:
-        if not self.read_rows(req, planner):
-            super()._process_read_request(f, req, planner)
+    def item_file(self, item: ReadItem) -> str:
+        return self.storage_data[item.storage_index].relative_path
+
+    def item_offset(self, item: ReadItem) -> int:
+        start, header = self.header(self.item_file(item))
+        return start + header[item.storage_index.fqn]["data_offsets"][0]
 
     def header(self, path: str) -> tuple[int, dict]:
         """(where the file's data begins, its header): safetensors' layout, a u64 length and that much JSON, which
@@ -96,39 +102,29 @@ class HfReader(HuggingFaceStorageReader):
                 self.headers[path] = (8 + size, json.loads(raw.read(size)))
         return self.headers[path]
 
-    def read_rows(self, req: ReadItem, planner: LoadPlanner) -> bool:
+    def read_in_place(self, f: io.BufferedReader, req: ReadItem, planner: LoadPlanner) -> bool:
         """Read a slice of whole rows in place; False where it is something else (torch's path reads it)."""
         info = self.storage_data[req.storage_index]
         target = planner.resolve_tensor(req).detach()
         shape, offsets, lengths = tuple(info.shape), tuple(req.storage_offsets), tuple(req.lengths)
         if shape[1:] != lengths[1:] or any(offsets[1:]) or not target.is_contiguous() or target.device.type != "cpu":
             return False
-        start, header = self.header(info.relative_path)
         row = math.prod(shape[1:]) * info.dtype.itemsize
-        begin = start + header[req.storage_index.fqn]["data_offsets"][0] + (offsets[0] * row if shape else 0)
-        flat = target.view(-1)
-        with open(info.relative_path, "rb", buffering=0) as raw:
-            raw.seek(begin)
-            # The kernel reads the range ahead while pieces are converted: disk and CPU work at once.
-            os.posix_fadvise(raw.fileno(), begin, flat.numel() * info.dtype.itemsize, os.POSIX_FADV_WILLNEED)
-            if target.dtype == info.dtype:
-                self.read_exactly(raw, flat, info.relative_path, req)
-            else:  # through a small buffer that stays in cache: read a piece, convert it into place, read on
-                step = STAGING // info.dtype.itemsize
-                for at in range(0, flat.numel(), step):
-                    piece = self.staging(min(step, flat.numel() - at), info.dtype)
-                    self.read_exactly(raw, piece, info.relative_path, req)
-                    widen(piece, flat[at : at + piece.numel()])
+        begin = self.item_offset(req) + (offsets[0] * row if shape else 0)
+        flat, name = target.view(-1), req.storage_index.fqn
+        f.seek(begin)
+        # The kernel reads the range ahead while pieces are converted: disk and CPU work at once.
+        os.posix_fadvise(f.fileno(), begin, flat.numel() * info.dtype.itemsize, os.POSIX_FADV_WILLNEED)
+        if target.dtype == info.dtype:
+            read_into(f, flat, name=name)
+        else:  # through a small buffer that stays in cache: read a piece, convert it into place, read on
+            step = STAGING // info.dtype.itemsize
+            for at in range(0, flat.numel(), step):
+                piece = self.staging(min(step, flat.numel() - at), info.dtype)
+                read_into(f, piece, name=name)
+                widen(piece, flat[at : at + piece.numel()])
         planner.commit_tensor(req, target)
         return True
-
-    @staticmethod
-    def read_exactly(raw, into: torch.Tensor, path: str, req: ReadItem) -> None:
-        view, done = memoryview(into.view(torch.uint8).numpy()), 0
-        while done < len(view) and (n := raw.readinto(view[done:])):
-            done += n
-        if done < len(view):
-            raise HfFolderError(f"{path} ended inside {req.storage_index.fqn}: it changed while it was read")
 
     def staging(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """This thread's STAGING-byte buffer, as `numel` elements of `dtype`."""

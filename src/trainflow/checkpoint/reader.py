@@ -16,7 +16,6 @@ import dataclasses
 import io
 import os
 import pickle
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from trainflow.checkpoint.manifest import RANK_FILE, ChecksumError
+from trainflow.checkpoint.reading import InPlaceReading, ShortReadError, read_into
 from trainflow.checkpoint.tensor_record import describe
 
 
@@ -113,9 +113,9 @@ class ExactLoadPlanner(DefaultLoadPlanner):
         return super().create_global_plan([dataclasses.replace(plan, planner_data=None) for plan in global_plan])
 
 
-class InPlaceReader(dcp.FileSystemReader):
+class InPlaceReader(InPlaceReading, dcp.FileSystemReader):
     """dcp.FileSystemReader that reads a rank's files in parallel, reads each tensor straight into its
-    destination, and unpickles `.metadata` with MetadataUnpickler.
+    destination (checkpoint.reading), and unpickles `.metadata` with MetadataUnpickler.
 
     DCP's reader torch.loads every tensor into fresh memory through a buffered view and copies it into
     place. Here each record is described first (checkpoint.tensor_record: dtype, shape, strides and the
@@ -156,56 +156,42 @@ class InPlaceReader(dcp.FileSystemReader):
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:  # DCP would torch.load it with weights_only=False
                 raise ChecksumError(
                     f"{self._get_metadata_path()} asks to unpickle {item.storage_index.fqn!r} as bytes, which could "
                     f"run code: trainflow saves only tensors; delete {self.path}"
                 )
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        with ThreadPoolExecutor(max_workers=max(1, min(self.thread_count, len(per_file)))) as pool:
-            list(pool.map(lambda kv: self._read_file(*kv, planner), per_file.items()))
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+        return super().read_data(plan, planner)
 
-    def _read_file(self, relative_path: str, items: list[ReadItem], planner: LoadPlanner) -> None:
+    def item_file(self, item: ReadItem) -> str:
+        return str(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path))
+
+    def item_offset(self, item: ReadItem) -> int:
+        return self.storage_data[item.storage_index].offset
+
+    def read_file(self, path: str, items: list[ReadItem], planner: LoadPlanner) -> None:
         """Read one file's items: in place where possible, the rest through DCP's path. Whatever the bytes
         turn out to hold, a failure other than the file system's is one line naming the file."""
-        path = self.fs.concat_path(self.path, relative_path)
         try:
-            with open(path, "rb") as f:
-                # Items are read in file order, but each record's zip directory sits after its data,
-                # which the kernel's readahead heuristic takes for random access without this hint.
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                by_offset = sorted(items, key=lambda i: self.storage_data[i.storage_index].offset)
-                rest = [item for item in by_offset if not self._read_in_place(f, item, planner)]
-            if rest:
-                super().read_data(LoadPlan(rest), planner).wait()
-        except (OSError, ChecksumError):
+            super().read_file(path, items, planner)
+        except (OSError, ChecksumError, ShortReadError):
             raise
         except Exception as err:  # torch's text (weights_only advice, zip internals) would only mislead here
             raise not_trainflows(path, f"{type(err).__name__} reading it") from err
 
-    def _read_in_place(self, f: io.BufferedReader, item: ReadItem, planner: LoadPlanner) -> bool:
+    def read_in_place(self, f: io.BufferedReader, item: ReadItem, planner: LoadPlanner) -> bool:
         info = self.storage_data[item.storage_index]
         saved = describe(f, info.offset, info.length)
         target = planner.resolve_tensor(item).detach()
         whole = saved is not None and tuple(item.lengths) == saved.shape and not any(item.storage_offsets)
         if not (whole and saved.fills(target)):
             return False
-        buf = memoryview(target.view(-1).view(torch.uint8).numpy())
         if saved.record is not None:  # a small record, read whole already
+            buf = memoryview(target.view(-1).view(torch.uint8).numpy())
             buf[:] = saved.record[saved.data_offset : saved.data_offset + len(buf)]
-            planner.commit_tensor(item, target)
-            return True
-        f.seek(info.offset + saved.data_offset)
-        filled = 0
-        while filled < len(buf):
-            n = f.readinto(buf[filled:])
-            if not n:
-                raise not_trainflows(f.name, f"it ends inside {item.storage_index.fqn!r}: truncated")
-            filled += n
+        else:
+            f.seek(info.offset + saved.data_offset)
+            read_into(f, target, name=repr(item.storage_index.fqn))
         planner.commit_tensor(item, target)
         return True

@@ -26,6 +26,9 @@ from torch.distributed.tensor import DTensor
 from trainflow.tensors import local
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+FP8_STATE = ".amax_history"
+"""The delayed fp8 recipe's scaling state beside a block linear (trainflow.fp8): training state, neither exported
+nor imported from Hugging Face (a DCP load reads only the keys asked for)."""
 
 
 def build_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, step: int = 0) -> dict:

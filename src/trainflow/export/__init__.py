@@ -1,5 +1,5 @@
 """Hugging Face's LlamaForCausalLM layout, both ways: export a trainflow checkpoint as such a folder (here), and
-start a run from one (io.init_from: trainflow.export.hf_import, which the trainer calls).
+start a run from one (io.init_from: trainflow.checkpoint.hf_reader, which the trainer calls).
 
     python -m trainflow.export CHECKPOINT OUT [--max-shard-gb 5] [OVERRIDE ...]
     python -m trainflow.export runs/default/capacity/checkpoints/<hash> hf/default

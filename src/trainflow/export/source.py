@@ -20,6 +20,7 @@ from trainflow.checkpoint.folders import STEP, list_steps, step_dir
 from trainflow.checkpoint.manifest import MANIFEST, MODEL_TYPES, ChecksumError, read_manifest
 from trainflow.checkpoint.manifest import verify as verify_manifest
 from trainflow.checkpoint.reader import InPlaceReader
+from trainflow.checkpoint.state import FP8_STATE
 from trainflow.config import ModelConfig, TrainflowError
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.index import first_shard
@@ -71,11 +72,6 @@ def choose_model(checkpoint: Path, given: ModelConfig | None) -> ModelConfig:
         f"the overrides give model.{diff}({getattr(given, diff)!r}) but {checkpoint / MANIFEST} records "
         f"{getattr(recorded, diff)!r}; drop the overrides (the manifest says which model the checkpoint holds)"
     )
-
-
-FP8_STATE = ".amax_history"
-"""The delayed fp8 recipe's scaling state beside a block linear (trainflow.fp8): training state, not exported (the
-DCP load below reads only the keys asked for)."""
 
 
 def checked_shapes(checkpoint: Path, m: ModelConfig, *, fix: str) -> dict[str, tuple[int, ...]]:

@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 
 from trainflow.checkpoint.folders import step_dir
+from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
 from trainflow.checkpoint.manager import CheckpointManager
 from trainflow.checkpoint.manifest import Provenance, read_manifest
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
 from trainflow.config import TrainflowConfig
 from trainflow.errors import TrainflowError
-from trainflow.export.hf_import import load_hf
 from trainflow.parallel import Parallelized
 from trainflow.train.faults import maybe_inject_fault
 from trainflow.train.guard import DivergenceError, GuardState, LossGuard, read_guard_state
