@@ -58,8 +58,13 @@ class AllocationConfig:
     max_requeues: int = checked(3, ge=0)
     """Slurm requeues of one job on its pre-timeout signal (submitit's)."""
     max_restarts: int = checked(3, ge=0)
-    """New jobs train_segment submits itself after a rank died or hung, each leaving out the failing host (and the
-    gate's nccl-exclude.txt hosts); failures a restart cannot fix end the stage at once (launch.restart)."""
+    """New jobs train_segment submits itself in a row without progress after a rank died or hung, each leaving out the
+    failing host (and the gate's nccl-exclude.txt hosts); a job that saved a newer checkpoint than any before it
+    resets the count, which the run's jobs ledger keeps across segments and reruns (launch.restart.standing), so a
+    campaign's failures at its MTBF never use it up. Failures a restart cannot fix end the stage at once."""
+    max_excluded_nodes: int = checked(32, ge=0)
+    """The most hosts the run leaves out (the jobs ledger's, with the gate's): past it the stage stops in one line
+    naming them, as a run that keeps losing nodes needs a person (seed: 1024 nodes; 32 is 3 %)."""
     exclude_stragglers: bool = False
     """A restart also leaves out the hosts whose ranks the last job flagged as stragglers (train.straggler_factor)."""
     partition: str = checked("", pattern=SLURM_WORD)

@@ -28,6 +28,10 @@ class FaultConfig:
     driver call that releases the GIL: the others wait for it in their next collective); WEDGE, every rank (whatever
     fault.rank says) blocks inside one collective that never completes (a failed link or switch: a symmetric hang, which no
     rank's evidence can pin on a host)."""
+    strikes: int = checked(1, ge=1)
+    """The signal strikes in the segment's first `strikes` jobs: in job k at fault.step + k x fault.stride (a failure
+    that comes back after each restart)."""
+    stride: int = checked(0, ge=0)
     during_save: bool = False
     """Instead: the rank dies inside the checkpoint write of this step, after the shards, before the rename."""
     slow_ms: float = checked(0.0, ge=0, le=60000)

@@ -1,6 +1,7 @@
 """Whether a failed training job is worth a new one, and which hosts the new one leaves out.
 
-    verdict = judge(failure, earlier, max_restarts=3, restarts=1)   # train_segment, after each failed job
+    history = standing(jobs)                                          # the run's jobs ledger, at a segment's start
+    verdict = judge(failure, earlier, max_restarts=3, restarts=history.without_progress)   # after each failed job
 
 A rank that died (a signal, the OOM killer, a lost node) or hung (launch.heartbeat) is the machine's fault: a new job
 on other hosts resumes from the newest verified checkpoint, the failing rank's host left out. What a restart cannot
@@ -28,7 +29,7 @@ from trainflow.errors import TrainflowError
 from trainflow.launch.failure import JobFailure
 from trainflow.launch.heartbeat import timing_path
 from trainflow.records import RecordError
-from trainflow.train.goodput import JobOutcome
+from trainflow.train.goodput import JobOutcome, JobRun
 from trainflow.train.summary import RankTiming, stragglers
 
 NOT_RESTARTED_STATES = frozenset({"CANCELLED", "DEADLINE", "TIMEOUT"})
@@ -84,11 +85,57 @@ def judge(
     if oom and failure.step is not None and any(_oom_at(f, failure.step) for f in earlier):
         return Verdict(False, f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)")
     if restarts >= max_restarts:
-        return Verdict(False, f"not restarted: cluster.allocation.max_restarts({max_restarts}) used up")
-    failed = {failure.host} if failure.kind in HOST_FAULTS and failure.host else set()
-    exclude = checked_hosts(failed, "the failed job's task marker or hang report") | slow
+        return Verdict(
+            False,
+            f"not restarted: cluster.allocation.max_restarts({max_restarts}) used up (that many restarts in a row "
+            "saved no newer checkpoint)",
+        )
+    exclude = blamed_hosts(failure) | slow
     left_out = f", leaving out {', '.join(sorted(exclude))}" if exclude else ""
     return Verdict(True, f"restart {restarts + 1} of {max_restarts}{left_out}", exclude)
+
+
+def blamed_hosts(failure: JobFailure) -> frozenset[str]:
+    """The hosts a failure blames: the failing rank's, for a death, a hang with a culprit, or a raise."""
+    failed = {failure.host} if failure.kind in HOST_FAULTS and failure.host else set()
+    return checked_hosts(failed, "the failed job's task marker or hang report")
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the run stands, from its jobs ledger (every job of every segment and rerun, train.goodput.JobRun)."""
+
+    excluded: dict[str, str]
+    """Each host the run leaves out -> the job whose failure blamed it."""
+    without_progress: int
+    """The restarts in a row since a job last saved a newer checkpoint than any before it (or completed)."""
+
+
+def standing(jobs: list[JobRun]) -> Standing:
+    """The run's excluded hosts and restarts without progress, from its jobs ledger in order."""
+    excluded: dict[str, str] = {}
+    newest, used = -1, 0
+    for job in jobs:
+        for host in checked_hosts(job.left_out, f"the jobs ledger's job {job.job_id}"):
+            excluded.setdefault(host, f"job {job.job_id}")
+        if job.outcome == JobOutcome.COMPLETED:
+            used = 0
+        else:
+            used = 0 if job.checkpoint > newest else used  # it trained a checkpoint interval: a fresh count
+            used += 1
+        newest = max(newest, job.checkpoint)
+    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome != JobOutcome.COMPLETED else 0)
+
+
+def over_cap(excluded: frozenset[str], cap: int, ledger: Path) -> str | None:
+    """Why the run stops before its next job, where it leaves out more hosts than cluster.allocation allows."""
+    if len(excluded) <= cap:
+        return None
+    return (
+        f"the run leaves out {len(excluded)} hosts ({', '.join(sorted(excluded))}), past "
+        f"cluster.allocation.max_excluded_nodes ({cap}): repair them and raise the cap, or start the run's ledger "
+        f"{ledger} afresh once they are back"
+    )
 
 
 def _oom_at(failure: JobFailure, step: int) -> bool:

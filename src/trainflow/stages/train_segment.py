@@ -30,7 +30,7 @@ from trainflow.host import hostname
 from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
 from trainflow.launch.failure import JobFailure, read_markers
 from trainflow.launch.heartbeat import Heartbeat
-from trainflow.launch.restart import gate_exclusions, judge, straggler_hosts
+from trainflow.launch.restart import blamed_hosts, gate_exclusions, judge, over_cap, standing, straggler_hosts
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.goodput import JobOutcome, JobRun, measure_goodput, segment_jobs
@@ -102,18 +102,21 @@ def resume_point(cfg: TrainflowConfig) -> str:
 
 def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
     """Every rank's summary of the segment, restarting its job after a failure a new one may fix (launch.restart),
-    each job in the jobs ledger (train.goodput)."""
+    each job in the run's jobs ledger (train.goodput), whose excluded hosts and restarts without progress carry over
+    from earlier segments and reruns (launch.restart.standing)."""
     a, ledger = cfg.cluster.allocation, StepLog(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
-    failures: list[JobFailure] = []
-    exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude)
+    history, failures = ledger.read(), []
     while True:
         attempt = len(failures)
+        exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | frozenset(standing(history).excluded)
+        if why := over_cap(exclude, a.max_excluded_nodes, ledger.path):
+            raise LaunchError(f"segment {cfg.segment} not started: {why}")
         executor = build_executor(
             a,
             world_size=cfg.parallel.world_size,
             folder=cfg.io.submitit,
             name=f"{cfg.run}-train-{cfg.segment}",
-            exclude=exclude,
+            exclude=exclude if a.executor == "slurm" else (),  # one machine: recorded in the ledger, not applied
         )
         submitted = time.time()
         job = executor.submit(TrainSegment(cfg, attempt))
@@ -124,15 +127,17 @@ def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
             if err.failure is None:
                 raise
             slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
-            verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=attempt, slow=slow)
-            ledger.append(run(err.failure, verdict.why))
+            history.append(run(err.failure, "", blamed_hosts(err.failure) | slow))
+            restarts = standing(history).without_progress
+            verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+            history[-1] = dataclasses.replace(history[-1], verdict=verdict.why)
+            ledger.append(history[-1])
             if not verdict.restart:
                 raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
             log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
             failures.append(err.failure)
-            exclude = exclude | verdict.exclude if a.executor == "slurm" else exclude  # one machine: recorded only
             continue
-        ledger.append(run(None, ""))
+        ledger.append(run(None, "", frozenset()))
         return results
 
 
@@ -144,9 +149,11 @@ def job_run(
     exclude: frozenset[str],
     failure: JobFailure | None,
     verdict: str,
+    left_out: frozenset[str],
 ) -> JobRun:
     """The ledger's record of a job that ended."""
     started = [m.started for m in read_markers(job).values()]
+    steps = list_steps(Path(cfg.io.checkpoints))
     return JobRun(
         segment=cfg.segment,
         attempt=attempt,
@@ -158,6 +165,8 @@ def job_run(
         line=failure.line if failure else "",
         verdict=verdict,
         exclude=sorted(exclude),
+        left_out=sorted(left_out),
+        checkpoint=steps[-1] if steps else -1,
     )
 
 

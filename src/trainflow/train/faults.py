@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, attempt: int) -> None:
     """The drill at this point: a signal at the start of fault.step on fault.rank, or (fault.during_save) that
     rank's death inside the checkpoint write of that step, after the shards and before the rename. Only in the
-    segment's first job (`attempt` 0): the job train_segment restarts after it meets no fault, as a transient
-    failure would not strike twice."""
+    segment's first fault.strikes jobs (`attempt` counts them), in job k fault.stride steps later each: by default
+    the job train_segment restarts meets no fault, as a transient failure would not strike twice."""
     everyone = fault.signal == "WEDGE" and not during_save
-    if attempt or step != fault.step or during_save != fault.during_save:
+    if attempt >= fault.strikes or step != fault.step + attempt * fault.stride or during_save != fault.during_save:
         return
     if dist.get_rank() != fault.rank and not everyone:
         return

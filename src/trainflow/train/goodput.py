@@ -80,7 +80,11 @@ class JobRun(Record):
     verdict: str = ""
     """Whether and how it was restarted (launch.restart), or why not."""
     exclude: list[str] = field(default_factory=list)
-    """The hosts the job was submitted without."""
+    """The hosts the job was submitted without (one machine: recorded, not applied)."""
+    left_out: list[str] = field(default_factory=list)
+    """The hosts its failure blames, which every later job of the run leaves out (launch.restart.standing)."""
+    checkpoint: int = -1
+    """The newest checkpoint's step when it ended (-1: none): a job that raised it made progress."""
 
 
 @dataclass(frozen=True)
