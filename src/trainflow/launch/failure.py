@@ -80,7 +80,7 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) 
     if requeues:
         ended += f" after {requeues} requeue{'s' * (requeues > 1)}"
     markers = read_markers(job)
-    errors = {k: last_line(outcome[1]) for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"}
+    errors = {k: exception_line(outcome[1]) for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"}
     expected = any(m.expected for m in markers.values())
     if hang := read_report(job.paths):
         stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
@@ -144,7 +144,7 @@ def first_failed_rank(job: submitit.Job, outcomes: list, markers: dict[int, Task
             rank = min(candidates, key=lambda k: (reported.get(k, math.inf), k))
             host = markers[rank].host if rank in markers else ends[rank][0] if rank in ends else ""
             if outcomes[rank]:
-                return rank, host, f"raised {last_line(outcomes[rank][1])}"
+                return rank, host, f"raised {exception_line(outcomes[rank][1])}"
             return rank, host, ends[rank][1] if rank in ends else "ended abruptly, with no exit status in the log"
     return None
 
@@ -171,9 +171,18 @@ def remedy(what: str) -> str:
     return next((f"; {text}" for pattern, text in REMEDIES if pattern.search(what)), "")
 
 
-def last_line(trace: str) -> str:
-    """The exception line of a task's traceback."""
-    return next((line.strip() for line in reversed(trace.splitlines()) if line.strip()), "no traceback")
+def exception_line(trace: str) -> str:
+    """The exception a task's traceback ends in: its type and the first line of its message. Not the traceback's
+    last line: a CUDA error's message goes on with hints that are the same for every CUDA error (TORCH_USE_CUDA_DSA's),
+    which made an ECC error and an illegal memory access on two hosts look like one exception twice."""
+    lines = trace.splitlines()
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "no traceback")
+    header = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not header:
+        return last
+    # After the last traceback's frames (indented), the exception: "Type: message", the message's first line.
+    body = (line for line in lines[header[-1] + 1 :] if line.strip() and not line[0].isspace())
+    return next(body, last).strip()
 
 
 def ranks(ks: list[int]) -> str:

@@ -1,0 +1,69 @@
+"""Failures judged by their cause: the exception a rank's traceback ends in (not its last line), and device or
+interconnect errors restarted however often and on however many ranks they strike, a device error's host left out."""
+
+from __future__ import annotations
+
+from trainflow.launch.failure import JobFailure, exception_line
+from trainflow.launch.restart import judge
+from trainflow.train.goodput import JobOutcome
+
+HINTS = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable "
+    "device-side assertions.\n"
+)
+
+
+def trace(exception: str) -> str:
+    """A task's traceback as submitit records it (traceback.format_exc), chained as torch's often are."""
+    return (
+        "Traceback (most recent call last):\n"
+        '  File "/x/trainflow/train/trainer.py", line 120, in train_step\n'
+        "    loss = self.forward_backward(inputs, targets)\n"
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "ValueError: first\n\nThe above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/submitit/core/submission.py", line 55, in process_job\n'
+        "    result = delayed.result()\n"
+        f"{exception}\n"
+    )
+
+
+ECC = f"torch.AcceleratorError: CUDA error: uncorrectable ECC error encountered\n{HINTS}"
+ILLEGAL = f"torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n{HINTS}"
+NCCL = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited"
+
+
+def raised(host: str, text: str, *, ranks=(0,), world: int = 8) -> JobFailure:
+    errors = {r: exception_line(trace(text)) for r in ranks}
+    return JobFailure(line="line", kind=JobOutcome.RAISED, rank=ranks[0], host=host, errors=errors, world=world)
+
+
+def test_the_exception_line_is_the_exception_not_the_last_hint():
+    assert exception_line(trace(ECC)) == "torch.AcceleratorError: CUDA error: uncorrectable ECC error encountered"
+    assert exception_line(trace("KeyError: 'w'")) == "KeyError: 'w'"
+    assert exception_line("no traceback here\nlast words") == "last words"
+
+
+def test_two_cuda_errors_on_two_hosts_are_both_restarted_each_without_its_host():
+    first = raised("nid001", ECC)
+    verdict = judge(first, [], max_restarts=3, restarts=0)
+    assert verdict.restart and verdict.exclude == {"nid001"}
+    second = raised("nid002", ILLEGAL)
+    verdict = judge(second, [first], max_restarts=3, restarts=1)
+    assert verdict.restart and verdict.exclude == {"nid002"}, verdict.why
+    # the same device error again on another host: still the machine, not the code
+    assert judge(raised("nid003", ILLEGAL), [first, second], max_restarts=3, restarts=2).restart
+
+
+def test_an_nccl_error_on_every_rank_is_restarted_blaming_no_host():
+    every = raised("nid001", NCCL, ranks=tuple(range(8)))
+    verdict = judge(every, [], max_restarts=3, restarts=0)
+    assert verdict.restart and verdict.exclude == frozenset(), verdict.why
+
+
+def test_the_code_s_own_exceptions_are_still_not_restarted():
+    every = raised("nid001", "ZeroDivisionError: division by zero", ranks=tuple(range(8)))
+    assert "every rank raised the same exception" in judge(every, [], max_restarts=3, restarts=0).why
+    once, again = raised("nid001", "KeyError: 'w'"), raised("nid002", "KeyError: 'w'")
+    assert "the same exception in two jobs" in judge(again, [once], max_restarts=3, restarts=1).why
