@@ -22,6 +22,8 @@ from trainflow.config.sources import SourceConfig
 from trainflow.config.stages import STAGES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+ROPE_SCALINGS = ("none", "llama3")
+"""model.rope_scaling's kinds: none, or Llama 3.1's frequency scaling (Hugging Face's rope_type llama3)."""
 ACTIVATION_MODES = ("keep", "recompute", "offload")
 DP_MODES = ("replicate", "shard")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
@@ -56,6 +58,19 @@ class ModelConfig:
     """The SwiGLU hidden width is Llama's: 8/3 dim, times ffn_dim_multiplier, rounded up to multiple_of."""
     rope_theta: float = checked(gt=0)
     """Base of the rotary embedding's frequencies (Llama 2: 1e4, Llama 3: 5e5)."""
+    rope_scaling: str = checked("none", one_of=ROPE_SCALINGS)
+    """`none`, or Llama 3.1's `llama3`: wavelengths over rope_original_seq_len / rope_low_freq_factor slowed by
+    rope_factor, under rope_original_seq_len / rope_high_freq_factor kept, those between interpolated (trainflow.model
+    computes it as transformers' _compute_llama3_parameters; Llama 3.1 / 3.3: 8, 1, 4, 8192; 3.2: 32, 1, 4, 8192)."""
+    rope_factor: float = checked(8.0, ge=1)
+    rope_low_freq_factor: float = checked(1.0, gt=0)
+    rope_high_freq_factor: float = checked(4.0, gt=0)
+    """Above rope_low_freq_factor (config.rules checks it), so some wavelengths lie between the two."""
+    rope_original_seq_len: int = checked(8192, ge=1)
+    """The context the frequencies were pre-trained for (Hugging Face's original_max_position_embeddings)."""
+    tie_embeddings: bool = False
+    """The output head shares the embedding's weight (Llama 3.2 1B / 3B); under pipeline parallelism the first and
+    last stage each hold a copy, their gradients summed every step (as Megatron does)."""
     seq_len: int = checked(ge=1)
     norm_eps: float = checked(1e-5, gt=0)
     init_std: float = checked(0.02, gt=0)
