@@ -7,11 +7,11 @@ Its shape (each linear's features, parameter and FLOP counts) is trainflow.confi
 torch; tests/unit/test_shape.py holds the two against each other.
 
 RMSNorm before attention and MLP, rotary position embeddings, grouped-query attention (n_kv_heads
-key/value heads, each shared by n_heads / n_kv_heads query heads), a SwiGLU MLP and an untied
-output head: the architecture of Llama 2 and 3, with Hugging Face's LlamaForCausalLM parameter
-layout up to names (trainflow.export maps them). Rotary embeddings rotate the two halves of each
-head (HF's `rotate_half`), not interleaved pairs (Meta's complex form), so an exported q/k
-projection needs no permutation.
+key/value heads, each shared by n_heads / n_kv_heads query heads), a SwiGLU MLP and an output head, untied
+or tied to the embedding (model.tie_embeddings, Llama 3.2 1B / 3B): the architecture of Llama 2 and 3, with
+Hugging Face's LlamaForCausalLM parameter layout up to names (trainflow.export maps them). Rotary embeddings
+rotate the two halves of each head (HF's `rotate_half`), not interleaved pairs (Meta's complex form), so an
+exported q/k projection needs no permutation; model.rope_scaling=llama3 rescales their frequencies as Llama 3.1 does.
 
 Parallelism is applied afterwards (trainflow.parallel): tensor parallel shards the Linear layers
 named in its plan, so attention infers its local head count from the projection width (`-1` in
@@ -33,12 +33,35 @@ from trainflow.config import ModelConfig
 from trainflow.config.shape import linear_shapes
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's rotation angles, (seq_len, head_dim), halves repeated."""
+def rope_tables(
+    head_dim: int, seq_len: int, theta: float, scaling: ModelConfig | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, (seq_len, head_dim), halves repeated; the frequencies
+    rescaled as `scaling`'s rope_scaling says (None or none: as the base theta gives them)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if scaling is not None and scaling.rope_scaling == "llama3":
+        inv_freq = llama3_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, m: ModelConfig) -> torch.Tensor:
+    """Llama 3.1's scaling, step for step as transformers' _compute_llama3_parameters: wavelengths longer than
+    original / low_freq_factor slow down by rope_factor, shorter than original / high_freq_factor stay, and those
+    between blend the two by where original / wavelength lies between the factors."""
+    factor, low, high, original = (
+        m.rope_factor,
+        m.rope_low_freq_factor,
+        m.rope_high_freq_factor,
+        m.rope_original_seq_len,
+    )
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -115,8 +138,10 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(m) for i in range(m.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(m.dim, eps=m.norm_eps)
         self.output: nn.Linear | None = nn.Linear(m.dim, m.vocab_size, bias=False)
+        if m.tie_embeddings:  # one Parameter under two names; pipeline stages hold copies (parallel.pipeline)
+            self.output.weight = self.tok_embeddings.weight
         # Derived from the config, so not saved: checkpoint keys are the parameters only.
-        cos, sin = rope_tables(m.head_dim, m.seq_len, m.rope_theta)
+        cos, sin = rope_tables(m.head_dim, m.seq_len, m.rope_theta, m)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.run_block: Callable[..., torch.Tensor] = call_block

@@ -60,7 +60,8 @@ def test_parameter_counts_are_the_models(model):
     assert total_params(m) == llama.num_params()
     assert block_params(m) == sum(p.numel() for p in llama.layers["0"].parameters())
     assert embedding_params(m) == llama.tok_embeddings.weight.numel()
-    assert head_params(m) == llama.norm.weight.numel() + llama.output.weight.numel()
+    assert head_params(m) == llama.norm.weight.numel() + (not m.tie_embeddings) * llama.output.weight.numel()
+    assert (llama.output.weight is llama.tok_embeddings.weight) == m.tie_embeddings
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -68,7 +69,8 @@ def test_pipeline_ranks_hold_their_stage(model, pp):
     m, llama = model
     stages = [split_model(llama, s, pp).num_params() for s in range(pp)]
     assert stages == [stage_params(m, pp_rank=r, pp=pp) for r in range(pp)]
-    assert sum(stages) == total_params(m)
+    # A tied head: the last stage holds a copy of the first's embedding (parallel.pipeline sums their gradients).
+    assert sum(stages) == total_params(m) + m.tie_embeddings * embedding_params(m)
 
 
 def test_flops_per_token_count_every_matmul_weight(model):

@@ -91,6 +91,11 @@ def model_errors(m: ModelConfig) -> list[str]:
             f"model.n_kv_heads({m.n_kv_heads}) does not divide model.n_heads({m.n_heads}): each key/value head serves "
             f"a whole group of query heads; choose a divisor of {m.n_heads}"
         )
+    if m.rope_scaling == "llama3" and m.rope_high_freq_factor <= m.rope_low_freq_factor:
+        errors.append(
+            f"model.rope_high_freq_factor({m.rope_high_freq_factor}) <= model.rope_low_freq_factor"
+            f"({m.rope_low_freq_factor}): llama3 scaling interpolates between the two; Llama 3.1's are 4 and 1"
+        )
     return errors
 
 

@@ -10,8 +10,8 @@ against a Llama built on the meta device, for every preset (as torchtitan keeps 
 Megatron's tensor-parallel layout: the linears into the attention heads and the SwiGLU width are column-parallel
 (each tp rank holds out_features / tp of them), the ones out of them row-parallel (in_features / tp), so a block
 runs one all-reduce after attention and one after the MLP. Embedding, norms and output head are whole on every tp
-rank. Pipeline rank r of p holds n_layers / p blocks, the embedding on rank 0, the final norm and output head on
-rank p - 1.
+rank (a tied head too: the one weight, replicated). Pipeline rank r of p holds n_layers / p blocks, the embedding
+on rank 0, the final norm and output head on rank p - 1 (a tied head: a copy of the embedding there).
 """
 
 from __future__ import annotations
@@ -60,13 +60,14 @@ def embedding_params(m: ModelConfig) -> int:
 
 
 def output_params(m: ModelConfig) -> int:
-    """The untied output head's weight: the model's one matmul outside the blocks."""
+    """The output head's weight: the model's one matmul outside the blocks (tied or not, it multiplies)."""
     return m.vocab_size * m.dim
 
 
-def head_params(m: ModelConfig) -> int:
-    """The final RMSNorm and the output head."""
-    return m.dim + output_params(m)
+def head_params(m: ModelConfig, *, pp: int = 1) -> int:
+    """The final RMSNorm and the output head; a head tied to the embedding is the embedding's own weight on one
+    stage (not counted again), a copy of it on the last of several pipeline stages."""
+    return m.dim + (not m.tie_embeddings or pp > 1) * output_params(m)
 
 
 def stage_params(m: ModelConfig, *, pp_rank: int = 0, pp: int = 1, tp: int = 1) -> int:
@@ -74,7 +75,7 @@ def stage_params(m: ModelConfig, *, pp_rank: int = 0, pp: int = 1, tp: int = 1) 
     return (
         m.n_layers // pp * block_params(m, tp=tp)
         + (pp_rank == 0) * embedding_params(m)
-        + (pp_rank == pp - 1) * head_params(m)
+        + (pp_rank == pp - 1) * head_params(m, pp=pp)
     )
 
 
