@@ -60,7 +60,7 @@ from trainflow.config.shape import block_flops_per_token
 from trainflow.model import Block, Llama, rope_tables
 from trainflow.parallel.tensor_parallel import TP_PLAN
 from trainflow.plan.build import build_plan
-from trainflow.plan.memory import checked_layout
+from trainflow.plan.setup import plan_setup
 from trainflow.plan.step import OPTIMIZER_BYTES, StepPlan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.records import read_record
@@ -95,7 +95,7 @@ def timed(fn, repeats: int) -> float:
 def matmul_flops_per_s(cfg) -> float:
     """FLOP/s of one microbatch's forward matmuls through one block and the head at the layout's shapes."""
     m, p = cfg.model, cfg.parallel
-    tokens = checked_layout(cfg)[1] * m.seq_len
+    tokens = plan_setup(cfg).microbatch_size * m.seq_len
     q, kv, f = m.n_heads * m.head_dim // p.tp, m.n_kv_heads * m.head_dim // p.tp, m.ffn_dim // p.tp
     x, wide = torch.randn(tokens, m.dim), torch.randn(tokens, max(q, f))
     shapes = [
@@ -123,7 +123,7 @@ def block_rank(rank: int, world: int, cfg, groups: int) -> float:
     (groups, tp) mesh: the block split over tp as trainflow.parallel.tensor_parallel splits it (DTensor and
     its all-reduces), the `groups` copies running at once as the layout's ranks do."""
     m, p = cfg.model, cfg.parallel
-    rows = checked_layout(cfg)[1]
+    rows = plan_setup(cfg).microbatch_size
     torch.manual_seed(0)
     block, (cos, sin) = Block(m), rope_tables(m.head_dim, m.seq_len, m.rope_theta)
     if p.tp > 1:
@@ -144,7 +144,8 @@ def block_flops_per_s(cfg, cores: int, tp_block_s: float) -> float:
     m, p = cfg.model, cfg.parallel
     groups = max(1, min(cores, p.world_size) // p.tp)
     seconds = max(run_ranks(block_rank, groups * p.tp, cfg, groups))
-    flops = checked_layout(cfg)[1] * m.seq_len * 3 * sum(block_flops_per_token(m, tp=p.tp))  # forward + backward
+    tokens = plan_setup(cfg).microbatch_size * m.seq_len
+    flops = tokens * 3 * sum(block_flops_per_token(m, tp=p.tp))  # forward + backward
     if seconds <= tp_block_s:
         raise RuntimeError(f"block probe: {seconds:.4f} s, under the plan's tp all-reduces ({tp_block_s:.4f} s)")
     return flops / (seconds - tp_block_s)

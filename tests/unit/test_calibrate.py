@@ -9,7 +9,7 @@ from trainflow.config import compose
 from trainflow.config.shape import block_flops_per_token, output_params
 from trainflow.gate.calibrate import Probe, calibrate, link_values, with_hardware
 from trainflow.gate.report import PatternRow, SweepRow
-from trainflow.plan.memory import checked_layout
+from trainflow.plan.setup import plan_setup
 from trainflow.plan.step import plan_step
 
 
@@ -38,7 +38,7 @@ def test_links_come_from_the_slowest_patterns_and_the_latency_from_the_sweep():
 def probes(cfg, flops_per_s: float, *, ends_s: float = 0.0, cores: int = 2) -> list[Probe]:
     """What every rank's probe would measure at a rate of flops_per_s (no tp: nothing to subtract), plus ends_s."""
     m, p = cfg.model, cfg.parallel
-    tokens, blocks = checked_layout(cfg)[1] * m.seq_len, m.n_layers // p.pp
+    tokens, blocks = plan_setup(cfg).microbatch_size * m.seq_len, m.n_layers // p.pp
     stages = [r // (p.world_size // p.pp) for r in range(p.world_size)]  # the mesh is (pp, dp, tp), row-major
     flops = [
         blocks * tokens * 3 * sum(block_flops_per_token(m)) + (s == p.pp - 1) * tokens * 6 * output_params(m)
@@ -51,12 +51,13 @@ def test_the_compute_rate_becomes_the_plans_and_its_stage_takes_the_probe_s_time
     cfg = compose("train_segment", [])  # tiny, dp2: 0.1 TFLOP/s x 0.6 configured
     measured = probes(cfg, 20e9, ends_s=0.01)  # the lookups, loss and autograd around the matmuls take 10 ms more
     values, cal = calibrate(cfg, probes=measured, patterns=[], sweep=[], hosts=["a", "a"])
-    planned = plan_step(with_hardware(cfg, **values))
+    calibrated = with_hardware(cfg, **values)
+    planned = plan_step(calibrated, plan_setup(calibrated))
     assert planned.split.compute == pytest.approx(cfg.parallel.microbatches * measured[0].stage_s)
     by_name = {c.name: c for c in cal.constants}
     assert by_name["matmul_efficiency"].configured == 0.6
     assert by_name["matmul_efficiency"].measured < 0.2  # below the matmuls' 20 GFLOP/s: the rest is slower
-    assert cal.configured_step_s == pytest.approx(plan_step(cfg).step_s)
+    assert cal.configured_step_s == pytest.approx(plan_step(cfg, plan_setup(cfg)).step_s)
 
 
 def test_a_rate_above_the_configured_peak_raises_it_and_oversubscribed_cpus_leave_out_the_bubble():
@@ -64,7 +65,7 @@ def test_a_rate_above_the_configured_peak_raises_it_and_oversubscribed_cpus_leav
     values, _ = calibrate(cfg, probes=probes(cfg, 2e11), patterns=[], sweep=[], hosts=["a", "a"])
     assert values["matmul_efficiency"] == 1.0 and values["peak_tflops"] == pytest.approx(0.2)
     pp = compose("train_segment", ["parallel=pp2_1f1b"])
-    bubble = plan_step(pp).bubble_fraction
+    bubble = plan_step(pp, plan_setup(pp)).bubble_fraction
     busy, _ = calibrate(pp, probes=probes(pp, 10e9), patterns=[], sweep=[], hosts=["a", "a"])
     shared, cal = calibrate(pp, probes=probes(pp, 10e9, cores=1), patterns=[], sweep=[], hosts=["a", "a"])
     assert shared["matmul_efficiency"] == pytest.approx(busy["matmul_efficiency"] / (1 - bubble))

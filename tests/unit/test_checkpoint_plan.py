@@ -8,16 +8,22 @@ import math
 import pytest
 
 from trainflow.config import compose
-from trainflow.plan.campaign import plan_campaign
+from trainflow.plan.campaign import plan_campaign as campaign_of
 from trainflow.plan.fit import plan_memory
+from trainflow.plan.setup import plan_setup
 
 SEED = ("experiment=llama70b_alps",)
+
+
+def plan_campaign(cfg, *, step_s):
+    setup = plan_setup(cfg)
+    return campaign_of(cfg, setup, step_s=step_s, memory=plan_memory(cfg, setup))
 
 
 def test_async_waste_of_the_seed_campaign_is_a_tenth_of_sync():
     cfg = compose("train_segment", [*SEED])
     plan, h = plan_campaign(cfg, step_s=10.0), cfg.cluster.hardware
-    a, memory, mtbf_s = plan.asynchronous, plan_memory(cfg), h.mtbf_hours * 3600
+    a, memory, mtbf_s = plan.asynchronous, plan_memory(cfg, plan_setup(cfg)), h.mtbf_hours * 3600
     assert plan.mode == "async" and a.refused is None
     assert a.staging_bytes == memory.parameters + memory.optimizer_state  # fp32 weights and moments of the rank
     assert a.blocking_s == pytest.approx(a.staging_bytes / (h.host_copy_gbps * 1e9))

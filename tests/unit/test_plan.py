@@ -23,8 +23,9 @@ from trainflow.plan.collectives import (
     bucketed_allreduce_seconds,
     group_link,
 )
-from trainflow.plan.fit import capacity_bytes, overflow
+from trainflow.plan.fit import capacity_bytes, overflow, plan_memory
 from trainflow.plan.memory import device_memory
+from trainflow.plan.setup import layout_setup, plan_setup
 from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, StepSplit, step_plan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
@@ -83,9 +84,8 @@ def grid(schedule: str, v: int, m: int = 4, pp: int = 4) -> ParallelDims:
 )
 def test_bubble_per_schedule(schedule, v, want):
     m = config("model=llama3_8b").model
-    plan = step_plan(
-        m, grid(schedule, v), ALPS, microbatch_size=1, precision="bf16", activations="keep", bucket_mb=25, overlap=True
-    )
+    setup = layout_setup(m, grid(schedule, v), ALPS, global_batch=4, precision="bf16", activations="keep")
+    plan = step_plan(m, setup, ALPS, bucket_mb=25, overlap=True)
     assert plan.bubble_fraction == pytest.approx(want)
     busiest = plan.split  # the last rank: it holds the output head
     per_microbatch = (busiest.compute + busiest.tp) / 4
@@ -125,6 +125,7 @@ def test_tp_all_reduces_per_block_are_what_torch_runs():
 def test_memory_capacity_and_shard_groups():
     cfg = config("parallel=dp2_tp2_pp2", "cluster=slurm_local")
     assert cfg.cluster.hardware.device_memory_gb == cfg.cluster.allocation.mem_gb  # a CPU's device memory is the host's
+    assert plan_setup(cfg).ranks_per_node == 8
     assert capacity_bytes(cfg.cluster, 8) == cfg.cluster.allocation.mem_gb * 1e9 / 8  # CPU: a rank's share of the node
     assert (
         capacity_bytes(
@@ -143,7 +144,7 @@ def test_memory_capacity_and_shard_groups():
 
 def test_young_daly_interval_from_the_predicted_write():
     cfg = config(*SEED, "checkpoint.mode=sync")  # the experiment saves asynchronously: test_checkpoint_plan.py
-    plan = plan_campaign(cfg, step_s=10.0)
+    plan = plan_campaign(cfg, plan_setup(cfg), step_s=10.0, memory=plan_memory(cfg, plan_setup(cfg)))
     save = 12 * 70_553_706_496 / (cfg.cluster.hardware.storage_write_gbps * 1e9)  # Llama 3 70B's published parameters
     assert plan.save_s == pytest.approx(save)
     want = math.sqrt(2 * save * cfg.cluster.hardware.mtbf_hours * 3600)
@@ -170,11 +171,15 @@ def test_seed_campaign_within_stated_bands():
 
 
 def test_overflow_names_the_term_and_the_fix():
-    line = overflow(config("experiment=llama70b_alps", "train.precision=fp32", "train.activations=keep"))
+    def fit(cfg):
+        setup = plan_setup(cfg)
+        return overflow(cfg, setup, plan_memory(cfg, setup))
+
+    line = fit(config("experiment=llama70b_alps", "train.precision=fp32", "train.activations=keep"))
     assert line is not None and "\n" not in line
     assert "activations take" in line and "train.activations=recompute" in line and "of 96 GB" in line
-    assert overflow(config(*SEED)) is None
-    assert overflow(config("experiment=smoke")) is None
+    assert fit(config(*SEED)) is None
+    assert fit(config("experiment=smoke")) is None
 
 
 def test_an_overflowing_plan_stops_validate_nccl_before_any_launch(monkeypatch, tmp_path):

@@ -14,13 +14,11 @@ them with their ratio.
   PROBE_SPAN_S: a shared machine's speed drifts within seconds) less the plan's tp all-reduces of those
   blocks (the plan counts them apart) is what the plan's peak_tflops x matmul_efficiency stands for: real matmuls
   with the norms, rotary embeddings, softmax, SwiGLU, lookups, loss and autograd around them. A stage longer than
-  PROBE_BLOCKS is planned at its first blocks' rate. On the tiny default (4 blocks: the whole model) a bare block, as
-  benchmarks/plan_vs_measured.py probes it (0.96-1.02x there, on a model 4x as wide), gave the plan ~0.8x of a quiet
-  step: the chain of blocks and the model around them cost ~15 % more than the blocks one by one. In the default
-  runs here the configured constants planned 0.39-0.62x of the measured step, by the load, this probe 0.82-0.87x.
-  The slowest rank's rate sets matmul_efficiency (peak_tflops is raised only where a rate exceeds it). On CPU ranks
-  that outnumber the node's cores, pipeline ranks idle through their bubble and leave the cores to the others, which
-  the probe (every rank busy) does not: the rate is divided by 1 - the bubble share there.
+  PROBE_BLOCKS is planned at its first blocks' rate. The stage is probed whole, not a bare block, because the chain of
+  blocks and the model around them cost more than the blocks one by one (benchmarks/plan_vs_measured.py measures
+  both). The slowest rank's rate sets matmul_efficiency (peak_tflops is raised only where a rate exceeds it). On CPU
+  ranks that outnumber the node's cores, pipeline ranks idle through their bubble and leave the cores to the others,
+  which the probe (every rank busy) does not: the rate is divided by 1 - the bubble share there.
 - Links: each pattern's slowest group's bus bandwidth is its link's (nccl-tests' busbw is the bottleneck link's
   bandwidth for the ring), intra_node_gbps from groups inside one node, inter_node_gbps from groups across nodes
   (divided by the group's members per node, as plan.collectives counts NICs); where the layout has no such pattern the
@@ -45,7 +43,7 @@ from trainflow.gate.report import Calibration, Constant, PatternRow, SweepRow
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import median_seconds
-from trainflow.plan.memory import checked_layout
+from trainflow.plan.setup import PlanSetup, plan_setup
 from trainflow.plan.step import plan_step
 
 PROBE_BLOCKS, PROBE_ITERS, PROBE_MAX_ITERS, PROBE_SPAN_S = 4, 9, 200, 4.0
@@ -74,7 +72,8 @@ def probe_compute(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.d
     threads = torch.get_num_threads()
     torch.set_num_threads(t.threads_per_rank)
     try:
-        run = stage_step(cfg, mesh, device, pp_rank=pp_rank, blocks=blocks)
+        rows = plan_setup(cfg).microbatch_size
+        run = stage_step(cfg, mesh, device, pp_rank=pp_rank, blocks=blocks, rows=rows)
         group = torch.distributed.group.WORLD
         first = median_seconds(run, group=group, iters=1, device=device, warmup=1)
         # Enough calls to span PROBE_SPAN_S, as many on every rank: a shared machine's speed drifts within seconds.
@@ -88,12 +87,13 @@ def probe_compute(cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.d
 
 
 def stage_step(
-    cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.device, *, pp_rank: int, blocks: int
+    cfg: TrainflowConfig, mesh: DeviceMesh | None, device: torch.device, *, pp_rank: int, blocks: int, rows: int
 ) -> Callable[[], None]:
-    """One microbatch's forward and backward through this rank's stage cut to `blocks` blocks: the embedding on the
-    first stage, the final norm, output head and cross-entropy on the last, tp as training splits it."""
+    """One microbatch (`rows` sequences) forward and backward through this rank's stage cut to `blocks` blocks: the
+    embedding on the first stage, the final norm, output head and cross-entropy on the last, tp as training splits
+    it."""
     m, p = cfg.model, cfg.parallel
-    first, last, rows = pp_rank == 0, pp_rank == p.pp - 1, checked_layout(cfg)[1]
+    first, last = pp_rank == 0, pp_rank == p.pp - 1
     torch.manual_seed(0)
     with torch.device(device):  # built where it runs: a 70B stage's head is GBs
         model = Llama(replace(m, n_layers=blocks))
@@ -143,10 +143,12 @@ def calibrate(
 ) -> tuple[dict[str, float], Calibration]:
     """The measured cluster.hardware values and their record, from every rank's probe, the judged patterns, the world
     sweep and every rank's host."""
-    hw, p = cfg.cluster.hardware, cfg.parallel
+    hw, p, setup = cfg.cluster.hardware, cfg.parallel, plan_setup(cfg)
     links = link_values(patterns, sweep, hosts)
-    first = plan_step(with_hardware(cfg, **links))
-    rate, slowest = compute_rate(cfg, probes, tp_block_s=first.per_pp_rank[0].tp / (stage_layers(cfg) * p.microbatches))
+    linked = with_hardware(cfg, **links)
+    first = plan_step(linked, plan_setup(linked))
+    tp_block_s = first.per_pp_rank[0].tp / (stage_layers(cfg) * p.microbatches)
+    rate, slowest = compute_rate(cfg, setup, probes, tp_block_s=tp_block_s)
     ranks_per_node = max(1, len(hosts) // len(set(hosts)))
     cores = min(probe.cores for probe in probes)
     oversubscribed = cfg.cluster.runtime.device == "cpu" and ranks_per_node * cfg.train.threads_per_rank > cores
@@ -158,7 +160,7 @@ def calibrate(
         values["peak_tflops"] = rate / 1e12
     probe = (
         f"compute probe: the stage's forward and backward with {slowest.blocks} of its {stage_layers(cfg)} blocks, "
-        f"{checked_layout(cfg)[1]} x {cfg.model.seq_len} tokens at tp{p.tp}, {cfg.train.precision}; slowest of "
+        f"{setup.microbatch_size} x {cfg.model.seq_len} tokens at tp{p.tp}, {cfg.train.precision}; slowest of "
         f"{len(probes)} ranks (pipeline rank {slowest.pp_rank}: {slowest.stage_s * 1e3:.2f} ms, median over "
         f"{PROBE_SPAN_S:g} s)" + (", bubble-corrected" if oversubscribed else "")
     )
@@ -171,18 +173,20 @@ def calibrate(
         "inter_node_latency_us": "world all_reduce sweep, smallest and largest message",
     }
     constants = [Constant(k, float(getattr(hw, k)), float(v), sources[k]) for k, v in values.items()]
-    return values, Calibration(constants, configured_step_s=plan_step(cfg).step_s)
+    return values, Calibration(constants, configured_step_s=plan_step(cfg, setup).step_s)
 
 
 def stage_layers(cfg: TrainflowConfig) -> int:
     return cfg.model.n_layers // cfg.parallel.pp
 
 
-def compute_rate(cfg: TrainflowConfig, probes: list[Probe], *, tp_block_s: float) -> tuple[float, Probe]:
+def compute_rate(
+    cfg: TrainflowConfig, setup: PlanSetup, probes: list[Probe], *, tp_block_s: float
+) -> tuple[float, Probe]:
     """The slowest rank's model FLOP/s over its probed stage (its blocks, and the head on the last stage), its tp
     all-reduces left out, and that rank."""
     m, p = cfg.model, cfg.parallel
-    tokens = checked_layout(cfg)[1] * m.seq_len
+    tokens = setup.microbatch_size * m.seq_len
     block_flops = tokens * 3 * sum(block_flops_per_token(m, tp=p.tp))
 
     def rate(probe: Probe) -> float:

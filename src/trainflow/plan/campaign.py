@@ -33,7 +33,8 @@ from trainflow.checkpoint.interval import async_interval_steps, young_daly_steps
 from trainflow.config.schema import TrainflowConfig
 from trainflow.config.shape import total_params
 from trainflow.energy.accounting import campaign_gwh
-from trainflow.plan.fit import plan_memory
+from trainflow.plan.memory import MemoryEstimate
+from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -85,16 +86,17 @@ class CampaignPlan(Record):
     tokens_per_joule: float
 
 
-def plan_async(cfg: TrainflowConfig, *, step_s: float, write_s: float) -> AsyncCheckpoint:
+def plan_async(
+    cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, write_s: float, memory: MemoryEstimate
+) -> AsyncCheckpoint:
     """The async mode's blocking copy, interval, waste and host-memory fit for a write of `write_s` seconds."""
     c, mtbf_s = cfg.cluster, cfg.cluster.hardware.mtbf_hours * 3600
-    memory = plan_memory(cfg)
     staging = memory.parameters + memory.optimizer_state
     blocking_s = staging / (c.hardware.host_copy_gbps * GB)
     steps = async_interval_steps(blocking_s=blocking_s, background_s=write_s, mtbf_s=mtbf_s, step_s=step_s)
     steps = cfg.checkpoint.interval_steps or min(cfg.checkpoint.max_interval_steps, steps)
     interval_s = steps * step_s
-    ranks = c.allocation.gpus_per_node if c.runtime.device == "cuda" else cfg.parallel.world_size // c.allocation.nodes
+    ranks = setup.ranks_per_node
     per_node = ranks * (staging + (memory.total if c.runtime.device == "cpu" else 0))
     capacity = c.allocation.mem_gb * GB
     refused = None
@@ -118,8 +120,8 @@ def plan_async(cfg: TrainflowConfig, *, step_s: float, write_s: float) -> AsyncC
     )
 
 
-def plan_campaign(cfg: TrainflowConfig, *, step_s: float) -> CampaignPlan:
-    """The campaign of train.total_steps steps of step_s seconds each."""
+def plan_campaign(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, memory: MemoryEstimate) -> CampaignPlan:
+    """The campaign of train.total_steps steps of step_s seconds each; memory is the step's (plan.fit)."""
     c, t = cfg.cluster, cfg.train
     n = total_params(cfg.model)
     checkpoint_bytes = CHECKPOINT_BYTES_PER_PARAM * n
@@ -131,13 +133,13 @@ def plan_campaign(cfg: TrainflowConfig, *, step_s: float) -> CampaignPlan:
     if cfg.checkpoint.interval_steps:
         interval_steps = cfg.checkpoint.interval_steps
     interval_s = interval_steps * step_s
-    asynchronous = plan_async(cfg, step_s=step_s, write_s=save_s)
+    asynchronous = plan_async(cfg, setup, step_s=step_s, write_s=save_s, memory=memory)
     steps = t.total_steps
     if cfg.checkpoint.mode == "async" and asynchronous.refused is None:
         seconds = steps * step_s + steps // asynchronous.interval_steps * asynchronous.blocking_s
     else:
         seconds = steps * step_s + steps // interval_steps * save_s
-    world = cfg.parallel.world_size
+    world = setup.layout.world_size
     watts = (
         cfg.energy.gpu_watts
         if c.runtime.device == "cuda"

@@ -30,12 +30,14 @@ import math
 from dataclasses import dataclass
 
 from trainflow.config.cluster import HardwareConfig
+from trainflow.config.layout import ParallelDims
+from trainflow.records import Record
 
 ALGORITHMS = ("ring", "tree")
 
 
 @dataclass(frozen=True)
-class Link:
+class Link(Record):
     """The slowest link a group's collective crosses: bandwidth per direction and one hop's latency."""
 
     gbps: float
@@ -53,6 +55,36 @@ def group_link(hw: HardwareConfig, *, size: int, stride: int, ranks_per_node: in
         return Link(gbps=hw.intra_node_gbps, latency_us=hw.intra_node_latency_us)
     gbps = min(hw.intra_node_gbps, per_node * hw.inter_node_gbps)
     return Link(gbps=gbps, latency_us=hw.inter_node_latency_us)
+
+
+@dataclass(frozen=True)
+class GroupLinks(Record):
+    """The link each of the layout's groups is limited by."""
+
+    tp: Link
+    dp: Link
+    pp: Link
+    shard: Link
+    """An FSDP / HSDP shard group (dp_mode=shard; the dp group itself under FSDP)."""
+    replica: Link
+    """HSDP's group of the shards' replicas."""
+
+
+def group_links(hw: HardwareConfig, dims: ParallelDims, *, ranks_per_node: int) -> GroupLinks:
+    """Every group's link. Strides from the mesh's (pp, dp, tp) row-major order; dp's shard groups are tp apart, their
+    replicas tp x shard apart."""
+    shard = dims.shard_size
+
+    def link(size: int, stride: int) -> Link:
+        return group_link(hw, size=size, stride=stride, ranks_per_node=ranks_per_node)
+
+    return GroupLinks(
+        tp=link(dims.tp, 1),
+        dp=link(dims.dp, dims.tp),
+        pp=link(dims.pp, dims.dp * dims.tp),
+        shard=link(shard, dims.tp),
+        replica=link(dims.dp // shard, dims.tp * shard),
+    )
 
 
 def allreduce_bytes(nbytes: float, n: int, algorithm: str) -> float:

@@ -12,37 +12,35 @@ for that term.
 from __future__ import annotations
 
 from trainflow.config.schema import ClusterConfig, TrainflowConfig
-from trainflow.plan.memory import MemoryEstimate, checked_layout, device_memory
+from trainflow.plan.memory import MemoryEstimate, device_memory
+from trainflow.plan.setup import PlanSetup
 
 GB = 1e9
 
 
-def capacity_bytes(cluster: ClusterConfig, world_size: int) -> float:
+def capacity_bytes(cluster: ClusterConfig, ranks_per_node: int) -> float:
     """Bytes one rank may hold (module docstring)."""
     if cluster.runtime.device == "cpu":
-        return cluster.hardware.device_memory_gb * GB / max(1, world_size // cluster.allocation.nodes)
+        return cluster.hardware.device_memory_gb * GB / ranks_per_node
     return cluster.hardware.device_memory_gb * GB
 
 
-def plan_memory(cfg: TrainflowConfig) -> MemoryEstimate:
+def plan_memory(cfg: TrainflowConfig, setup: PlanSetup) -> MemoryEstimate:
     """The memory estimate of a composed config's training step."""
-    t = cfg.train
-    dims, microbatch_size = checked_layout(cfg)
     return device_memory(
         cfg.model,
-        dims,
-        microbatch_size=microbatch_size,
-        precision=t.precision,
-        activations=t.activations,
-        offload_to_disk=bool(t.offload_dir),
+        setup.layout,
+        microbatch_size=setup.microbatch_size,
+        precision=setup.precision,
+        activations=setup.activations,
+        offload_to_disk=bool(cfg.train.offload_dir),
         device=cfg.cluster.runtime.device,
     )
 
 
-def overflow(cfg: TrainflowConfig, memory: MemoryEstimate | None = None) -> str | None:
+def overflow(cfg: TrainflowConfig, setup: PlanSetup, memory: MemoryEstimate) -> str | None:
     """One line naming the term that overflows and its fix; None when the plan fits."""
-    memory = memory or plan_memory(cfg)
-    capacity = capacity_bytes(cfg.cluster, cfg.parallel.world_size)
+    capacity = capacity_bytes(cfg.cluster, setup.ranks_per_node)
     if memory.total <= capacity:
         return None
     terms = {

@@ -50,6 +50,7 @@ from trainflow.config.cluster import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
+from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
 GOAL = 0.95
@@ -143,8 +144,9 @@ def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
     return min(rt.failure_detect_s, timeout), min(hang_threshold_s(rt, step_s), timeout)
 
 
-def plan_goodput(cfg: TrainflowConfig, *, step_s: float, campaign: CampaignPlan, replicas: int) -> GoodputPlan:
-    """Every scenario's goodput for cfg's campaign; replicas: the dp replicas that each load their copy of the state."""
+def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> GoodputPlan:
+    """Every scenario's goodput for cfg's campaign."""
+    replicas = setup.layout.dp // setup.layout.shard_size  # each loads its own copy of the state
     h, rt = cfg.cluster.hardware, cfg.cluster.runtime
     mtbf_s, work_s = h.mtbf_hours * 3600, cfg.train.total_steps * step_s
     load_s = campaign.checkpoint_bytes / (h.checkpoint_read_gbps * 1e9)

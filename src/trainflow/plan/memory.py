@@ -99,7 +99,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainflow.config.layout import ParallelDims
-from trainflow.config.schema import PRECISIONS, ModelConfig, TrainflowConfig
+from trainflow.config.schema import PRECISIONS, ModelConfig
 from trainflow.config.shape import (
     block_params,
     embedding_params,
@@ -217,15 +217,6 @@ def chunks_in_flight(dims: ParallelDims, pp_rank: int) -> int:
     per_round = m // max(1, m // pp)
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), v * m)
     return min(warmup + 1, v * m)
-
-
-def checked_layout(cfg: TrainflowConfig) -> tuple[ParallelDims, int]:
-    """A composed config's layout, checked as training checks it, and its sequences per microbatch."""
-    t = cfg.train
-    dims = ParallelDims.from_config(
-        cfg.parallel, cfg.model, world_size=cfg.parallel.world_size, global_batch=t.global_batch
-    )
-    return dims, dims.microbatch_size(t.global_batch)
 
 
 def device_memory(

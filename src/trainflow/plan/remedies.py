@@ -18,11 +18,12 @@ from trainflow.config.checks import validate
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
 from trainflow.plan.fit import capacity_bytes, plan_memory
+from trainflow.plan.setup import PlanSetup, plan_setup
 from trainflow.plan.step import StepPlan, plan_step
 from trainflow.records import Record
 
 
-def changes(cfg: TrainflowConfig) -> list[tuple[str, dict[str, object], bool]]:
+def changes(cfg: TrainflowConfig, setup: PlanSetup) -> list[tuple[str, dict[str, object], bool]]:
     """(name, overrides, fp8) of every remedy that applies to this config."""
     p, t, c = cfg.parallel, cfg.train, cfg.cluster
     other = "ring" if c.hardware.allreduce_algorithm == "tree" else "tree"
@@ -42,7 +43,7 @@ def changes(cfg: TrainflowConfig) -> list[tuple[str, dict[str, object], bool]]:
     # FP8 is switched on as training would run it (validated: fp8_errors refuses a linear whose share on one tp
     # rank breaks the 16-multiple rule, or fp32 training); one already on is the plan again at fp8's speed.
     out.append(("FP8 matmuls", {} if t.fp8 != "none" else {"train.fp8": "delayed"}, True))
-    per_node = p.world_size // c.allocation.nodes
+    per_node = setup.ranks_per_node
     if p.tp > per_node > 1 and p.tp % per_node == 0:
         dp = p.dp * p.tp // per_node
         m = max(p.pp, t.global_batch // dp) if p.pp > 1 else 1
@@ -81,10 +82,10 @@ class Remedy(Record):
     fits: bool | None = None
 
 
-def remedies(cfg: TrainflowConfig) -> list[Remedy]:
-    """Each remedy's step, throughput and memory beside the plan's."""
+def remedies(cfg: TrainflowConfig, setup: PlanSetup) -> list[Remedy]:
+    """Each remedy's step, throughput and memory beside the plan's (setup: cfg's)."""
     rows = []
-    for name, overrides, fp8 in changes(cfg):
+    for name, overrides, fp8 in changes(cfg, setup):
         label = " ".join(f"{k}={v}" for k, v in overrides.items())
         if fp8:
             label = f"{label} (cluster.hardware.fp8_speedup on the block linears)".lstrip()
@@ -93,7 +94,9 @@ def remedies(cfg: TrainflowConfig) -> list[Remedy]:
         except ConfigError as err:
             rows.append(Remedy(name=name, overrides=label, refused=str(err)))
             continue
-        memory = plan_memory(changed)
-        fits = memory.total <= capacity_bytes(changed.cluster, changed.parallel.world_size)
-        rows.append(Remedy(name, label, step=plan_step(changed, fp8=fp8), memory_bytes=memory.total, fits=fits))
+        resolved = plan_setup(changed)
+        memory = plan_memory(changed, resolved)
+        fits = memory.total <= capacity_bytes(changed.cluster, resolved.ranks_per_node)
+        step = plan_step(changed, resolved, fp8=fp8)
+        rows.append(Remedy(name, label, step=step, memory_bytes=memory.total, fits=fits))
     return rows

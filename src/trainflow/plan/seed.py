@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from trainflow.config.schema import TrainflowConfig
 from trainflow.energy.estimate import SEED_TABLE
+from trainflow.plan.setup import PlanSetup
 from trainflow.plan.step import StepPlan
 from trainflow.records import Record
 
@@ -51,7 +52,7 @@ class SeedComparison(Record):
     """Which of the seed's figures cannot hold together, and why, with this config's numbers."""
 
 
-def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> SeedComparison:
+def seed_comparison(cfg: TrainflowConfig, setup: PlanSetup, step: StepPlan) -> SeedComparison:
     """The seed's figures, the plan's, and what the seed's figures imply under this config (module docstring)."""
     p, t, m = cfg.parallel, cfg.train, cfg.model
     shares = step.split.shares()
@@ -65,7 +66,7 @@ def seed_comparison(cfg: TrainflowConfig, step: StepPlan) -> SeedComparison:
     )
     chunk_microbatches = (p.pp - 1) * (1 - SEED_SHARES["bubble"]) / SEED_SHARES["bubble"]
     one_f_one_b = (p.pp - 1) / (p.microbatches + p.pp - 1)
-    per_node = p.world_size // cfg.cluster.allocation.nodes
+    per_node = setup.ranks_per_node
     notes = [
         f"580 tokens/s/GPU at global_batch {t.global_batch} x {m.seq_len} tokens on {p.world_size} devices is a "
         f"{step_at_seed:.2f} s step; the seed's 35 + 20 + 15 % leave {compute_share:.0%} of it for compute, which "

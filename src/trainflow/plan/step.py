@@ -42,17 +42,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from trainflow.config.layout import ParallelDims
 from trainflow.config.schema import PRECISIONS, ClusterConfig, ModelConfig, TrainflowConfig
 from trainflow.config.shape import block_flops_per_token, flops_per_token, mfu, output_params, stage_params
-from trainflow.plan.collectives import (
-    Link,
-    allreduce_seconds,
-    bucketed_allreduce_seconds,
-    group_link,
-    shard_seconds,
-)
-from trainflow.plan.memory import FP32, checked_layout
+from trainflow.plan.collectives import Link, allreduce_seconds, bucketed_allreduce_seconds, shard_seconds
+from trainflow.plan.memory import FP32
+from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
 OPTIMIZER_BYTES = 40
@@ -99,51 +93,30 @@ class StepPlan(Record):
     """(p-1)/(v m + p-1): the schedule's idle share on its busiest rank."""
 
 
-def plan_step(cfg: TrainflowConfig, *, fp8: bool = False) -> StepPlan:
-    """The step of a composed config (its layout checked as training checks it), its block linears at
-    cluster.hardware.fp8_speedup where train.fp8 is on (or `fp8`: the planner's FP8 remedy)."""
-    t = cfg.train
-    dims, microbatch_size = checked_layout(cfg)
-    return step_plan(
-        cfg.model,
-        dims,
-        cfg.cluster,
-        microbatch_size=microbatch_size,
-        precision=t.precision,
-        activations=t.activations,
-        bucket_mb=cfg.parallel.bucket_mb,
-        overlap=cfg.parallel.overlap,
-        fp8=fp8 or t.fp8 != "none",
-    )
+def plan_step(cfg: TrainflowConfig, setup: PlanSetup, *, fp8: bool = False) -> StepPlan:
+    """The step of a composed config's setup, its block linears at cluster.hardware.fp8_speedup where train.fp8 is on
+    (or `fp8`: the planner's FP8 remedy)."""
+    p = cfg.parallel
+    fp8 = fp8 or cfg.train.fp8 != "none"
+    return step_plan(cfg.model, setup, cfg.cluster, bucket_mb=p.bucket_mb, overlap=p.overlap, fp8=fp8)
 
 
 def step_plan(
-    m: ModelConfig,
-    dims: ParallelDims,
-    cluster: ClusterConfig,
-    *,
-    microbatch_size: int,
-    precision: str,
-    activations: str,
-    bucket_mb: float,
-    overlap: bool,
-    fp8: bool = False,
+    m: ModelConfig, setup: PlanSetup, cluster: ClusterConfig, *, bucket_mb: float, overlap: bool, fp8: bool = False
 ) -> StepPlan:
-    """The step split of every pipeline rank (module docstring); microbatch_size is sequences per microbatch."""
-    p, v, mb, tp, dp = dims.pp, dims.virtual_stages, dims.microbatches, dims.tp, dims.dp
-    tokens = microbatch_size * m.seq_len
-    compute_bytes = PRECISIONS[precision].bytes
-    recompute = activations == "recompute"
-    ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
-    pp_link = group_link(cluster.hardware, size=p, stride=dp * tp, ranks_per_node=ranks_per_node)
-    works = _microbatch_work(m, dims, cluster, tokens=tokens, compute_bytes=compute_bytes, recompute=recompute, fp8=fp8)
+    """The step split of every pipeline rank (module docstring)."""
+    dims = setup.layout
+    p, v, mb = dims.pp, dims.virtual_stages, dims.microbatches
+    tokens = setup.microbatch_size * m.seq_len
+    compute_bytes = PRECISIONS[setup.precision].bytes
+    works = _microbatch_work(m, setup, cluster, tokens=tokens, compute_bytes=compute_bytes, fp8=fp8)
     w_max = max(c + x for c, x, _ in works)
     exchanges = 2 * v * mb if p > 1 else 0
-    activation = exchanges * pp_link.seconds(tokens * m.dim * FP32)
+    activation = exchanges * setup.links.pp.seconds(tokens * m.dim * FP32)
     schedule = (mb + (p - 1) / v) * w_max + activation
     splits, dp_totals = _rank_splits(
         m,
-        dims,
+        setup,
         cluster,
         works,
         schedule=schedule,
@@ -170,7 +143,7 @@ def step_plan(
 
 def _rank_splits(
     m: ModelConfig,
-    dims: ParallelDims,
+    setup: PlanSetup,
     cluster: ClusterConfig,
     works: list[tuple[float, float, float]],
     *,
@@ -181,27 +154,22 @@ def _rank_splits(
     overlap: bool,
 ) -> tuple[list[StepSplit], list[float]]:
     """Each pipeline rank's split of the step, and its whole dp communication before overlap."""
+    dims = setup.layout
     p, mb, tp, dp = dims.pp, dims.microbatches, dims.tp, dims.dp
-    ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
-    dp_link = group_link(cluster.hardware, size=dp, stride=tp, ranks_per_node=ranks_per_node)
     algorithm = cluster.hardware.allreduce_algorithm
     splits, dp_totals = [], []
     for rank, (compute, tp_comm, backward) in enumerate(works):
         params = stage_params(m, pp_rank=rank, pp=p, tp=tp)
         if dims.dp_mode == "shard":
             dp_total, dp_exposed = _sharded_dp(
-                params,
-                dims,
-                cluster,
-                compute_bytes,
-                ranks_per_node,
-                window=mb * (compute + tp_comm),
-                algorithm=algorithm,
+                params, setup, cluster, compute_bytes, window=mb * (compute + tp_comm), algorithm=algorithm
             )
             held = -(-params // dims.shard_size)
         else:
             hidden = cluster.hardware.overlap_fraction * backward if p == 1 and overlap and dp > 1 else None
-            dp_total, dp_exposed = _replicated_dp(params, dp, dp_link, algorithm, bucket_mb=bucket_mb, hidden=hidden)
+            dp_total, dp_exposed = _replicated_dp(
+                params, dp, setup.links.dp, algorithm, bucket_mb=bucket_mb, hidden=hidden
+            )
             held = params
         splits.append(
             StepSplit(
@@ -218,21 +186,13 @@ def _rank_splits(
 
 
 def _microbatch_work(
-    m: ModelConfig,
-    dims: ParallelDims,
-    cluster: ClusterConfig,
-    *,
-    tokens: int,
-    compute_bytes: int,
-    recompute: bool,
-    fp8: bool,
+    m: ModelConfig, setup: PlanSetup, cluster: ClusterConfig, *, tokens: int, compute_bytes: int, fp8: bool
 ) -> list[tuple[float, float, float]]:
     """Per pipeline rank, one microbatch's compute, tp all-reduces, and the backward's share (compute + tp) of them."""
-    hw, p, tp = cluster.hardware, dims.pp, dims.tp
+    hw, p, tp, tp_link = cluster.hardware, setup.layout.pp, setup.layout.tp, setup.links.tp
+    recompute = setup.activations == "recompute"
     flops_s = hw.peak_tflops * 1e12 * hw.matmul_efficiency
     linear_s = flops_s * (hw.fp8_speedup if fp8 else 1.0)
-    ranks_per_node = max(1, dims.world_size // cluster.allocation.nodes)
-    tp_link = group_link(hw, size=tp, stride=1, ranks_per_node=ranks_per_node)
     algorithm = hw.allreduce_algorithm
     layers = m.n_layers // p
     linear_flops, attention_flops = block_flops_per_token(m, tp=tp)
@@ -271,27 +231,17 @@ def _replicated_dp(
 
 
 def _sharded_dp(
-    params: int,
-    dims: ParallelDims,
-    cluster: ClusterConfig,
-    compute_bytes: int,
-    ranks_per_node: int,
-    *,
-    window: float,
-    algorithm: str,
+    params: int, setup: PlanSetup, cluster: ClusterConfig, compute_bytes: int, *, window: float, algorithm: str
 ) -> tuple[float, float]:
     """FSDP / HSDP's communication of one step, in total and exposed (module docstring)."""
+    dims, shard_link = setup.layout, setup.links.shard
     shard = dims.shard_size
     replicas = dims.dp // shard
-    shard_link = group_link(cluster.hardware, size=shard, stride=dims.tp, ranks_per_node=ranks_per_node)
     gathers = 1 if dims.pp > 1 else 2
     total = shard_seconds(params * FP32, shard, shard_link) + gathers * shard_seconds(
         params * compute_bytes, shard, shard_link
     )
     if replicas > 1:
-        replica_link: Link = group_link(
-            cluster.hardware, size=replicas, stride=dims.tp * shard, ranks_per_node=ranks_per_node
-        )
-        total += allreduce_seconds(params * FP32 / shard, replicas, replica_link, algorithm)
+        total += allreduce_seconds(params * FP32 / shard, replicas, setup.links.replica, algorithm)
     exposed = total if dims.pp > 1 else max(0.0, total - cluster.hardware.overlap_fraction * window)
     return total, exposed
