@@ -19,12 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import submitit
 
 from tests.conftest import make_config
 from tests.slurm.conftest import RUNNING, final_states
 from trainflow.checkpoint.manager import list_steps
 from trainflow.config import TrainflowConfig
-from trainflow.launch import LaunchError
+from trainflow.launch import LaunchError, wait_job
 from trainflow.stages import train_segment
 
 pytestmark = pytest.mark.slurm
@@ -184,3 +185,25 @@ def test_cancelled_job_ends_its_stage_and_is_not_requeued(tmp_path, tokens):
     assert "Requeued job" not in job_log(cfg, job)
     assert_cancelled_line(line, job, root)
     assert ended_at - end_time(job) <= ENDED_WITHIN_S, line
+
+
+def test_a_job_pending_past_max_pending_s_is_cancelled_in_one_line(tmp_path):
+    # A job Slurm will not start for an hour (--begin): the wait gives up after cluster.allocation.max_pending_s with
+    # Slurm's reason, and cancels the job, instead of waiting on it for ever.
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
+    executor.update_parameters(
+        timeout_min=2, nodes=1, tasks_per_node=1, cpus_per_task=1, slurm_additional_parameters={"begin": "now+3600"}
+    )
+    job = executor.submit(int)
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        wait_job(job, max_pending_s=6)
+    line = str(err.value)
+    assert "\n" not in line
+    assert re.fullmatch(
+        rf"slurm job {job.job_id} stayed pending for \d+ s \(Reason=BeginTime\), past cluster\.allocation\."
+        r"max_pending_s \(6 s\), and was cancelled; .*",
+        line,
+    ), line
+    assert time.monotonic() - start < 30
+    assert final_states([job.job_id])[job.job_id] == "CANCELLED"

@@ -45,17 +45,18 @@ class LaunchError(TrainflowError):
         self.failure = failure
 
 
-def run_job(executor: submitit.Executor, fn: object) -> list:
+def run_job(executor: submitit.Executor, fn: object, *, max_pending_s: float = 0.0) -> list:
     """Submit `fn`, wait, and return every task's result; a failure becomes one LaunchError line."""
-    return wait_job(executor.submit(fn))
+    return wait_job(executor.submit(fn), max_pending_s=max_pending_s)
 
 
-def wait_job(job: submitit.Job) -> list:
-    """Wait for a submitted job and return every task's result; a failure becomes one LaunchError line."""
+def wait_job(job: submitit.Job, *, max_pending_s: float = 0.0) -> list:
+    """Wait for a submitted job and return every task's result; a failure becomes one LaunchError line, and so does a
+    Slurm job left pending for longer than `max_pending_s` (0: however long), which is cancelled."""
     kind = "local" if isinstance(job, LocalJob) else "slurm"
     log.info("Submitted %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
     with cancel_on_interrupt(job, kind):
-        end = wait_for_end(job, kind)
+        end = wait_for_end(job, kind, max_pending_s)
     outcomes = [
         pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None for k in range(job.num_tasks)
     ]
@@ -65,41 +66,53 @@ def wait_job(job: submitit.Job) -> list:
     raise LaunchError(failure.line, failure)
 
 
-def wait_for_end(job: submitit.Job, kind: str) -> tuple[str, int] | None:
+def wait_for_end(job: submitit.Job, kind: str, max_pending_s: float = 0.0) -> tuple[str, int] | None:
     """Wait until every task's result file exists (None) or the job has ended without them: then its final
-    Slurm state and requeue count (a local job has neither: ("", 0))."""
+    Slurm state and requeue count (a local job has neither: ("", 0)). A job pending past `max_pending_s` is
+    cancelled, and one LaunchError says so."""
     results = [job.task(k).paths.result_pickle for k in range(job.num_tasks)]
-    checked_at, ended_at, end = -math.inf, None, None
+    checked_at, ended_at, end, pending_since = -math.inf, None, None, None
     while not all(path.exists() for path in results):
         now = time.monotonic()
         if now - checked_at >= STATE_EVERY_S[kind]:
-            end, checked_at = ended_state(job, kind), now
+            (end, pending), checked_at = job_state(job, kind), now
             ended_at = (ended_at or now) if end else None
+            pending_since = (pending_since or now) if pending else None
+            if max_pending_s and pending_since is not None and now - pending_since > max_pending_s:
+                job.cancel(check=False)
+                raise LaunchError(
+                    f"slurm job {job.job_id} stayed pending for {now - pending_since:.0f} s ({pending}), past "
+                    f"cluster.allocation.max_pending_s ({max_pending_s:.0f} s), and was cancelled; free or grow the "
+                    "partition, ask for fewer nodes, or raise the limit"
+                )
         if ended_at is not None and now - ended_at >= SETTLE_S[kind]:
             return end
         time.sleep(1.0)
     return None
 
 
-def ended_state(job: submitit.Job, kind: str) -> tuple[str, int] | None:
-    """The final state and requeue count of a job that has ended; None while it runs or may run again."""
+def job_state(job: submitit.Job, kind: str) -> tuple[tuple[str, int] | None, str]:
+    """The final state and requeue count of a job that has ended (None while it runs or may run again), and why it
+    is pending where it is (scontrol's reason, e.g. 'Reason=Resources'; '' otherwise)."""
     if kind == "local":
-        return None if job.state == "RUNNING" else ("", 0)  # its controller process has exited
+        return (None if job.state == "RUNNING" else ("", 0)), ""  # its controller process has exited
     out = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True)
     if state := re.search(r"\bJobState=(\S+)", out.stdout):
         restarts = re.search(r"\bRestarts=(\d+)", out.stdout)
-        return (state[1], int(restarts[1]) if restarts else 0) if state[1] in ENDED else None
+        reason = re.search(r"\bReason=(\S+)", out.stdout)
+        pending = f"Reason={reason[1] if reason else 'None'}" if state[1] == "PENDING" else ""
+        return ((state[1], int(restarts[1]) if restarts else 0) if state[1] in ENDED else None), pending
     if "Invalid job id" not in out.stderr:
         log.warning(
             "Could not read the state of slurm job %s (scontrol: %s); kept waiting",
             job.job_id,
             out.stderr.strip() or f"exit status {out.returncode}",
         )
-        return None
+        return None, ""
     # slurmctld forgets a job MinJobAge after its end; then only accounting, where there is any, knows its state.
     acct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job.job_id], capture_output=True, text=True)
     words = acct.stdout.split() if acct.returncode == 0 else []
-    return (words[0] if words else "UNKNOWN"), 0  # "CANCELLED by 0": the state is the first word
+    return ((words[0] if words else "UNKNOWN"), 0), ""  # "CANCELLED by 0": the state is the first word
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -122,7 +122,7 @@ def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
         job = executor.submit(TrainSegment(cfg, attempt))
         run = functools.partial(job_run, cfg, job, attempt, submitted, exclude)
         try:
-            results = wait_job(job)
+            results = wait_job(job, max_pending_s=a.max_pending_s)
         except LaunchError as err:
             if err.failure is None:
                 raise
