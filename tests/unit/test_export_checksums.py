@@ -3,12 +3,21 @@ previous one, the export does not (it said it did), and tells the user to give i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.unit.test_checksums import dcp_folder
-from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, verify
+from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, verify, write_manifest
 from trainflow.config import compose
 from trainflow.export.source import NO_FALLBACK, checked_shapes, choose_model
+
+
+def dcp_folder(folder) -> None:
+    """A checkpoint folder as DCP writes one for two ranks (random bytes for contents), with its manifest."""
+    for name in ("__0_0.distcp", "__1_0.distcp", ".metadata"):
+        (folder / name).write_bytes(os.urandom(5000))
+    write_manifest(folder, step=3)
+
 
 DAMAGE = {
     "a corrupt shard": lambda folder: (folder / "__1_0.distcp").write_bytes(b"x" * 5000),
@@ -19,7 +28,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
 def test_the_export_does_not_claim_to_fall_back(tmp_path, damage):
-    dcp_folder(tmp_path, step=3)
+    dcp_folder(tmp_path)
     DAMAGE[damage](tmp_path)
     with pytest.raises(ChecksumError) as err:
         verify(tmp_path)
