@@ -4,94 +4,40 @@
         print(device_memory(compose('train_segment', ['model=llama3_8b']).model, ParallelDims(1, 8, 4, 32, \
         microbatches=8), microbatch_size=1, precision='bf16', activations='recompute'))"
 
-Design note. The state is fp32 in both precisions: master weights, gradients and AdamW's two moments
-(bf16 is autocast: compute in bf16, nothing stored in it but what autograd saves). Replicated data
-parallel keeps all of it on every rank, sharded 1/dp of it (below). Tensor parallel splits the block
-linears (Megatron's column/row plan) and nothing else; pipeline parallel gives each rank n_layers / pp
-layers, the embedding to the first rank, the final norm and output head to the last, and the estimate
-is the worst rank's.
+The state is fp32 in both precisions: master weights, gradients and AdamW's two moments (bf16 is autocast:
+nothing is stored in it but what autograd saves). Replicated data parallel keeps all of it on every rank, sharded
+(FSDP2, parallel.dp_mode=shard) a 1/shard of it, padded to whole rows. Tensor parallel splits the block linears and
+nothing else; pipeline parallel gives each rank n_layers / pp layers, the embedding to the first rank, the final norm
+and output head to the last. The estimate is the worst rank's.
 
-Sharded data parallel (FSDP2, parallel.dp_mode=shard, trainflow.parallel.data_parallel.apply_fsdp):
-each rank keeps a 1/dp shard of every parameter (FSDP pads each to whole rows of dim 0; rounded here
-on the total), its gradients and its AdamW state. `gathered` is what FSDP holds unsharded beside that,
-in the compute dtype unless said otherwise (read from torch 2.13's fully_shard and PipelineStage, and
-measured on CPU with a fake process group of 2 and 4 ranks, where no collective runs on another thread):
-- Without a pipeline every block and the root unit (embedding, final norm, output head) are resharded
-  after forward. The root is gathered through forward and again through backward, where its gradients
-  gather beside it. At the peak, either the root's all-gather output is still there beside it (as
-  backward begins: the root twice), or, in a block's backward, the running block's parameters and
-  gradients, the next block's all-gather output, the previous block's fp32 reduce-scatter input and
-  the output head's gradient: root + max(root, 3 blocks + 1 fp32 block + head).
-- Under a pipeline nothing is resharded until the schedule's last backward (apply_fsdp's `pipelined`;
-  torch's PipelineStage turns gradient sync off until then): the whole stage stays unsharded, its
-  gradients accumulate unsharded in fp32 (the reduce dtype) over the microbatches, and the final
-  reduce-scatter adds the largest unit's fp32 input.
-FSDP's mixed precision replaces autocast (Parallelized runs the chunks without it), so there are no
-weight copies. The activations are still autocast's below, although under FSDP the whole model computes
-in bf16, residual stream and norms included, which saves fewer bytes: an overestimate.
+`gathered` is what FSDP holds unsharded beside its shards, in the compute dtype (fsdp_gathered), as torch's
+fully_shard and PipelineStage keep it: without a pipeline the blocks and the root unit (embedding, final norm, head)
+are resharded after forward, and the peak is the root beside a block's backward working set; under a pipeline
+nothing is resharded until the schedule's last backward, so the whole stage stays gathered and its gradients
+accumulate unsharded in fp32. FSDP's mixed precision replaces autocast, so there are no weight copies then.
 
-Activations are the tensors autograd saves for backward, per token, as THIS model saves them: listed
-with saved_tensors_hooks on the tiny model (torch 2.13, CPU; tests/unit/test_memory.py compares the
-step's peak with torch's profiler). Per block, under fp32 (bytes per token, d = dim, q = the query width
-n_heads * head_dim / tp, f = ffn_dim / tp, h = n_heads / tp):
+Activations are the tensors autograd saves for backward, per token, as this model saves them (block_saved: the
+norms' inputs and 1 / rms, the linears' inputs, SDPA's q, k, v, output and logsumexp, SwiGLU's four tensors; under
+bf16 the norms and residual stream stay fp32 and each matmul saves its own bf16 cast of its input), plus the
+transients at the step's peak (block_transient, head_transient). tests/unit/test_memory.py holds the estimate
+against the step's peak measured with torch's profiler. `weight_copies` are the bf16 casts of the matmul weights
+that autocast caches for as long as its context lasts (a pipeline's whole schedule). Without sequence parallelism the
+norms' and residual stream's tensors are whole on every tp rank: that, not attention or the MLP, is what tp leaves
+to recompute or offload.
 
-    each RMSNorm     input x, x / rms (before the weight), 1 / rms       2 * (2d + 1) * 4
-    wq / wk / wv     their input, the norm's output (one tensor)         d * 4
-    attention        SDPA's q, k, v (k, v after repeat_interleave, so     4 * q * 4 + h * 4
-                     full query width), output (= wo's input), logsumexp
-    w1 / w3          their input, the MLP norm's output                   d * 4
-    SwiGLU           w1 x, silu(w1 x), w3 x, their product (w2's input)   4 * f * 4
+Activation modes (trainflow.train.activations, block_kept_and_live): keep, every layer's saved tensors; recompute,
+each layer keeps its input and one block is rebuilt during its backward; offload (to a folder, or to host memory
+from a CUDA device), next to nothing kept and the running block's working set live; offload to host memory on a CPU
+device is keep's (host memory is the device's memory).
 
-RoPE's multiplications save only the cos / sin tables (buffers); repeat_interleave and the residual
-adds save nothing. Under bf16 autocast the norms, the residual stream and logsumexp stay fp32; the
-attention and SwiGLU tensors are bf16; and each matmul saves its own bf16 cast of its input, because
-autocast caches casts of weights only: 3 copies of the attention norm's output, 2 of the MLP norm's.
-Each matmul also saves the bf16 cast of its weight, which autocast keeps in its cache anyway for as long
-as its context lasts (the whole forward; a pipeline's whole schedule): `weight_copies`, 2 bytes per
-matmul weight of the rank, in every activation mode.
+A pipeline multiplies the stored activations by the chunk-microbatches a rank holds at once (chunks_in_flight, per
+torch's schedules; Narayanan et al. 2021, Korthikanti et al. 2022 section 4.2.3): GPipe all m, 1F1B min(m, pp - r)
+on rank r, interleaved 1F1B its warm-up forwards plus one. The last rank's head holds m microbatches under GPipe, one
+otherwise.
 
-The ends: the first stage's embedding saves the token ids (int64); the last stage's final norm saves
-as a block's norm does, the output head its input, and cross_entropy the log-softmax of the logits
-(fp32, it upcasts them) and the targets. Beyond what is saved, the step's peak holds transients: at the
-loss, cross-entropy's backward holds the gradients of the log-softmax and of the logits (2 x vocab fp32
-per token) beside the saved log-softmax; in a block, the backward of SwiGLU's product holds the
-incoming gradient and both operands' gradients (the product's own input already freed: 2 f net) and
-the residual stream's gradient (d fp32). Attention's backward (at most 4 q) comes after the MLP's 4 f
-are freed, so it never tops that for Llama's widths.
-
-Without sequence parallelism (trainflow has none) the norms' and residual stream's tensors are whole on
-every tensor-parallel rank: 26 d of a bf16 block's 26 d + 8 q + 8 f bytes per token, ~85 % of it for
-Llama 3 70B at tp = 8. That, not attention or the MLP, is what tp leaves to recompute or offload.
-
-Activation modes (trainflow.train.activations):
-- keep: every layer's saved tensors.
-- recompute: each layer keeps its input (d fp32 per token); during its backward one block's saved
-  tensors are rebuilt and live beside the transients.
-- offload to a folder (or to host memory from a CUDA device): the layers keep next to nothing in device
-  memory (tensors under 64 KiB stay, ignored here); the running block's working set is live.
-- offload to host memory on a CPU device: host memory is the device's memory, so nothing falls:
-  save_on_cpu's `tensor.cpu()` returns a CPU tensor itself, and the estimate is keep's.
-
-Pipeline parallel multiplies the stored activations by the microbatches a rank holds at once, per
-torch's schedules (torch.distributed.pipelining; Narayanan et al. 2021, "Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM", and Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models", section 4.2.3):
-- GPipe: all m microbatches' forwards run before any backward: m.
-- 1F1B: rank r runs min(m, pp - r) warm-up forwards, then each backward before the next forward:
-  the first rank holds min(m, pp), i.e. n_layers layers' worth of one microbatch.
-- interleaved 1F1B: rank r runs w = (v - 1) * k + 2 * (pp - 1 - r) warm-up chunk forwards (k =
-  microbatches per round, m // max(1, m // pp)), then a forward before each backward: min(w + 1, v * m)
-  chunks of n_layers / (pp * v) layers. For rank 0 and m a multiple of pp that is n_layers * (1 +
-  (pp - 1) / (pp * v)) layers' worth, Korthikanti et al.'s formula.
-The last rank's output head holds m microbatches under GPipe, one otherwise.
-
-Not counted: buffers (RoPE tables); allocator fragmentation; the optimizer step's temporaries (none in
-CUDA's fused AdamW; on a CPU, foreach AdamW's one fp32 copy of the rank's parameters, which sets the
-peak when the activations are smaller than that); and torch's DDP's buckets (a pure-dp mesh), which
-apply_ddp keeps beside the gradients: one more fp32 copy of them (trainflow's GradReducer makes the
-gradients views of its buckets). Gradients are counted whole although the step frees them between
-steps (zero_grad(set_to_none=True)): with a pipeline's later microbatches they do coexist with
-activations.
+Not counted: buffers (RoPE tables), allocator fragmentation, the optimizer step's temporaries (on a CPU, foreach
+AdamW's fp32 copy of the rank's parameters) and torch's DDP buckets on a pure-dp mesh. Gradients are counted whole
+although zero_grad frees them between steps: under a pipeline they coexist with later microbatches' activations.
 """
 
 from __future__ import annotations
@@ -148,7 +94,17 @@ class MemoryEstimate(Record):
 
 
 def block_saved(m: ModelConfig, *, tp: int, compute: int) -> int:
-    """Bytes per token that autograd saves in one block (the table in the module docstring)."""
+    """Bytes per token that autograd saves in one block. Under fp32 (d = dim, q = n_heads * head_dim / tp,
+    f = ffn_dim / tp, h = n_heads / tp):
+
+        each RMSNorm     input x, x / rms (before the weight), 1 / rms       2 * (2d + 1) * 4
+        wq / wk / wv     their input, the norm's output (one tensor)         d * 4
+        attention        SDPA's q, k, v (full query width), output, lse     4 * q * 4 + h * 4
+        w1 / w3          their input, the MLP norm's output                   d * 4
+        SwiGLU           w1 x, silu(w1 x), w3 x, their product               4 * f * 4
+
+    Under bf16 the attention and SwiGLU tensors are bf16 and each matmul saves its own cast of its input (autocast
+    caches casts of weights only): 3 copies of the attention norm's output, 2 of the MLP norm's."""
     d, q, f, heads = m.dim, m.n_heads * m.head_dim // tp, m.ffn_dim // tp, m.n_heads // tp
     norms = 2 * (2 * d + 1) * FP32
     norm_outputs = 2 * d * FP32 if compute == FP32 else 5 * d * compute  # bf16: one cast per matmul
@@ -163,7 +119,7 @@ def block_transient(m: ModelConfig, *, tp: int, compute: int) -> int:
 
 
 def offloaded_block_live(m: ModelConfig, *, tp: int, compute: int) -> int:
-    """Bytes per token a block holds while it runs with its saved tensors offloaded (measured on the tiny model).
+    """Bytes per token a block holds while it runs with its saved tensors offloaded.
 
     Forward, at SwiGLU's product: the block's input, the residual and the MLP norm's output (fp32) beside
     silu(w1 x), w3 x and the product; backward unpacks a node's tensors only when it runs, and holds at
@@ -198,7 +154,7 @@ def block_kept_and_live(
 
 
 def fsdp_gathered(m: ModelConfig, dims: ParallelDims, rank: int, *, compute: int) -> int:
-    """What FSDP holds unsharded on pipeline rank `rank` at the step's peak (the docstring's paragraph on it)."""
+    """What FSDP holds unsharded on pipeline rank `rank` at the step's peak (the module docstring)."""
     params, block = stage_params(m, pp_rank=rank, pp=dims.pp, tp=dims.tp), block_params(m, tp=dims.tp)
     ends = (rank == 0) * embedding_params(m) + (rank == dims.pp - 1) * head_params(m, pp=dims.pp)
     if dims.pp > 1:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
