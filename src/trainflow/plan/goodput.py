@@ -179,20 +179,8 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
         f" without: the collective timeout, {rt.collective_timeout_s} s",
         f"{jobs} jobs (train.segments {cfg.train.segments}, {cfg.cluster.allocation.time_min} min at most each) cost "
         f"{jobs_s / 3600:.3g} h of allocation waits, start-ups, saves and loads in every scenario",
+        *caveats(scenarios, refused=a.refused, replicas=replicas, load_s=load_s),
     ]
-    if expected_only := [s for s in scenarios if s.method is Method.EXPECTED]:
-        notes.append(
-            f"{names(expected_only, scenarios)}: the same model's exact expectation and normal band, not sampled: a "
-            f"campaign expects {min(s.failures for s in expected_only):.3g} failures or more, past the {MAX_FAILURES} "
-            f"a simulated trial may expect (or its slowest the {MAX_PASSES} passes) (trainflow.plan.failures)"
-        )
-    if a.refused:
-        notes.append(f"the async scenarios checkpoint synchronously: {a.refused}")
-    if replicas > 1:
-        notes.append(
-            f"the load reads the checkpoint once ({load_s:.4g} s), but each of the {replicas} dp replicas reads its "
-            f"own copy: {replicas * load_s:.4g} s unless the file servers' caches serve the repeats (not measured)"
-        )
     configured = scenarios[1] if cfg.checkpoint.mode == "async" and not a.refused else scenarios[0]
     return GoodputPlan(
         goal=GOAL,
@@ -207,6 +195,25 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
         notes=notes,
         cannot_finish=cannot_finish(configured, scenarios[-1], mtbf_s),
     )
+
+
+def caveats(scenarios: list[GoodputScenario], *, refused: str | None, replicas: int, load_s: float) -> list[str]:
+    """The notes that hold only for some plans: scenarios not sampled, async refused, each replica's own load."""
+    notes = []
+    if expected_only := [s for s in scenarios if s.method is Method.EXPECTED]:
+        notes.append(
+            f"{names(expected_only, scenarios)}: the same model's exact expectation and normal band, not sampled: a "
+            f"campaign expects {min(s.failures for s in expected_only):.3g} failures or more, past the {MAX_FAILURES} "
+            f"a simulated trial may expect (or its slowest the {MAX_PASSES} passes) (trainflow.plan.failures)"
+        )
+    if refused:
+        notes.append(f"the async scenarios checkpoint synchronously: {refused}")
+    if replicas > 1:
+        notes.append(
+            f"the load reads the checkpoint once ({load_s:.4g} s), but each of the {replicas} dp replicas reads its "
+            f"own copy: {replicas * load_s:.4g} s unless the file servers' caches serve the repeats (not measured)"
+        )
+    return notes
 
 
 def scenario(name: str, t: Timeline, *, interval_steps: int) -> GoodputScenario:
