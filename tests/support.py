@@ -53,3 +53,40 @@ def job_metrics(**fields: object) -> JobMetrics:
 def marks(*rows: dict) -> list[SimpleNamespace]:
     """Step or save records with only the fields a test gives (the energy accounting reads them by name)."""
     return [SimpleNamespace(**row) for row in rows]
+
+
+def wandb_history(folder: Path) -> dict[int, dict]:
+    """Every offline W&B run's logged rows under `folder` (WANDB_DIR), by step."""
+    import json
+
+    rows: dict[int, dict] = {}
+    for record in wandb_records(folder, "history"):
+        row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+        rows.setdefault(row["_step"], {}).update(row)
+    return rows
+
+
+def wandb_records(folder: Path, kind: str) -> list:
+    """The records of `kind` (history, run, ...) of every offline W&B run under `folder`, read from its .wandb files
+    with W&B's own record type (wandb 0.31 ships no reader in Python): a LevelDB log of 32 KiB blocks after a 7-byte
+    header, each chunk a CRC, a length, a type (1 whole, 2 first, 3 middle, 4 last) and part of one Record."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    found = []
+    for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, payload = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            if (left := 32768 - pos % 32768) < 7:
+                pos += left
+                continue
+            _crc, length, chunk = struct.unpack("<IHB", data[pos : pos + 7])
+            payload, pos = payload + data[pos + 7 : pos + 7 + length], pos + 7 + length
+            if chunk in (1, 4):
+                record = wandb_internal_pb2.Record.FromString(payload)
+                payload = b""
+                if record.WhichOneof("record_type") == kind:
+                    found.append(record)
+    return found

@@ -4,7 +4,6 @@ top operators, and memory per step (observe.*)."""
 from __future__ import annotations
 
 import json
-import struct
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import make_config, run_segment
+from tests.support import wandb_history, wandb_records
 from trainflow.status.read import State, read_status
 
 TRACKERS = ("observe.wandb.enabled=true", "observe.mlflow.enabled=true")
@@ -80,7 +80,10 @@ def test_status_and_trackers_follow_the_default_campaign(tmp_path, tokens):
     assert done.goodput == pytest.approx(sum(productive) / sum(walls))
 
     losses = {r["step"]: r["loss"] for s in (first, second) for r in s["steps"]}
-    history = wandb_history(tmp_path / "train" / done.train_hash / "wandb")
+    folder = tmp_path / "train" / done.train_hash / "wandb"
+    assert len(list(folder.glob("wandb/offline-run-*"))) == 2  # one per segment's job ...
+    assert {r.run.run_id for r in wandb_records(folder, "run")} == {done.train_hash}  # ... of one run
+    history = wandb_history(folder)
     assert {step: row["train/loss"] for step, row in history.items() if "train/loss" in row} == losses
     assert {step for step, row in history.items() if "eval/val_loss" in row} == {0, 3, 6}
 
@@ -91,32 +94,3 @@ def test_status_and_trackers_follow_the_default_campaign(tmp_path, tokens):
     assert found.data.tags["trainflow.train_hash"] == done.train_hash and found.info.status == "FINISHED"
     assert {m.step: m.value for m in client.get_metric_history(found.info.run_id, "train/loss")} == losses
     assert len([a for a in client.list_artifacts(found.info.run_id) if a.path.startswith("config-segment-")]) == 2
-
-
-def wandb_history(folder: Path) -> dict[int, dict]:
-    """Every offline W&B run's logged rows under `folder` (WANDB_DIR), by step, read from its .wandb files with
-    W&B's own record type (wandb 0.31 ships no reader in Python): a LevelDB log of 32 KiB blocks after a 7-byte
-    header, each chunk a CRC, a length, a type (1 whole, 2 first, 3 middle, 4 last) and part of one Record."""
-    from wandb.proto import wandb_internal_pb2
-
-    rows: dict[int, dict] = {}
-    files = sorted(folder.glob("wandb/offline-run-*/run-*.wandb"))
-    assert len(files) == 2, files  # one per segment's job, of one run id
-    for path in files:
-        data, pos, payload = path.read_bytes(), 7, b""
-        assert data[:4] == b":W&B"
-        while pos + 7 <= len(data):
-            if (left := 32768 - pos % 32768) < 7:
-                pos += left
-                continue
-            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-            payload, pos = payload + data[pos + 7 : pos + 7 + length], pos + 7 + length
-            if kind in (1, 4):
-                record = wandb_internal_pb2.Record.FromString(payload)
-                payload = b""
-                if record.WhichOneof("record_type") == "run":
-                    assert record.run.run_id == path.stem.removeprefix("run-")
-                if record.WhichOneof("record_type") == "history":
-                    row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                    rows.setdefault(row["_step"], {}).update(row)
-    return rows

@@ -3,6 +3,7 @@ local tracking server (started here, stopped by its process id) holds two segmen
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -93,3 +94,58 @@ def test_mlflow_runs_of_two_segments_are_one_run_on_a_tracking_server(tmp_path):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+
+
+REPORT = """# Campaign report
+
+## Goodput
+
+| term | seconds | share |
+|---|---|---|
+| productive | 12.5 | 80 % |
+| checkpoint | 3.1 | 20 % |
+
+## Checkpoints
+
+| segment | step | save_s |
+|---|---|---|
+| 0 | 3 | 0.4 |
+"""
+
+
+def test_the_report_tables_go_to_the_campaigns_wandb_and_mlflow_runs(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tests.support import wandb_records
+    from trainflow.train.report_log import log_report
+    from trainflow.train.trackers import markdown_tables
+
+    goodput, saves = markdown_tables(REPORT)
+    assert (goodput.name, goodput.columns, goodput.rows[1]) == (
+        "goodput",
+        ["term", "seconds", "share"],
+        ["checkpoint", "3.1", "20 %"],
+    )
+    assert (saves.name, saves.rows) == ("checkpoints", [["0", "3", "0.4"]])
+
+    on = ("observe.wandb.enabled=true", "observe.mlflow.enabled=true")
+    cfg = compose("report", [f"storage.root={tmp_path}", *on])
+    assert log_report(cfg, REPORT) == 2
+    run = RunFolder.of(cfg)
+    logged = {
+        i.nested_key[0]
+        for r in wandb_records(Path(run.wandb), "history")
+        for i in r.history.item
+        if i.nested_key[:1] and i.nested_key[0].startswith("report/")
+    }
+    assert logged == {"report/goodput", "report/checkpoints"}
+    (table,) = Path(run.wandb).glob("wandb/offline-run-*/files/media/table/report/goodput_*.table.json")
+    assert json.loads(table.read_text()) == {"columns": goodput.columns, "data": goodput.rows}
+
+    client = MlflowClient(f"sqlite:///{run.mlflow_store}")
+    experiment = client.get_experiment_by_name("trainflow").experiment_id
+    (found,) = client.search_runs([experiment])
+    assert found.data.tags["trainflow.train_hash"] == run.train_hash and found.info.status == "FINISHED"
+    table = json.loads(Path(client.download_artifacts(found.info.run_id, "report/goodput.json", tmp_path)).read_text())
+    assert table == {"columns": goodput.columns, "data": goodput.rows}
+    assert "report/report.md" in {a.path for a in client.list_artifacts(found.info.run_id, "report")}

@@ -27,6 +27,7 @@ from trainflow.report.mixture import mixture_section
 from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
 from trainflow.report.stack import stack_section
 from trainflow.stage import StageError, stage_log, stage_main
+from trainflow.train.report_log import log_report
 from trainflow.train.summary import SegmentSummary
 
 log = stage_log(__file__)
@@ -72,6 +73,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         *sections.outputs(cfg, here),
     ]
     write_text_atomic(out, "\n".join(lines))
+    log_report(cfg, "\n".join(lines))  # to the campaign's W&B and MLflow runs, when observe.* keeps them
     log.info("Wrote %s (validation loss %.4f -> %.4f)", out, evals[0].val_loss, evals[-1].val_loss)
     return StageFigures()
 

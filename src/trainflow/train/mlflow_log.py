@@ -3,8 +3,9 @@
     mlflow ui --backend-store-uri sqlite:///runs/default/mlflow.db     # the local store (observe.mlflow.uri empty)
 
 One MLflow run per campaign in observe.mlflow.experiment, tagged with the hash of what training reads and found
-again by that tag, so every segment and restart resumes it. Each job adds its resolved config as the artifact
-config-segment-<i>-<time>.json (a run's params cannot change, and a segment's config names its segment).
+again by that tag, so every segment and restart resumes it, and the report stage, which adds the report and its
+tables. Each training job adds its resolved config as the artifact config-segment-<i>-<time>.json (a run's params
+cannot change, and a segment's config names its segment).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from mlflow.tracking import MlflowClient
 
 from trainflow.config.observe import MlflowConfig
 from trainflow.config.run_folder import RunFolder
-from trainflow.train.trackers import Tracker
+from trainflow.train.trackers import RunTracker, Table
 
 TAG = "trainflow.train_hash"
 
 
-class MlflowLog(Tracker):
-    def __init__(self, m: MlflowConfig, *, run: RunFolder, name: str, id: str, config: dict[str, Any]) -> None:  # noqa: A002
+class MlflowLog(RunTracker):
+    def __init__(self, m: MlflowConfig, *, run: RunFolder, name: str, id: str, config: dict[str, Any] | None) -> None:  # noqa: A002
         local = f"sqlite:///{os.path.abspath(run.mlflow_store)}"
         if not m.uri:
             Path(run.mlflow_store).parent.mkdir(parents=True, exist_ok=True)
@@ -39,11 +40,19 @@ class MlflowLog(Tracker):
             self.client.update_run(self.run_id, status="RUNNING")
         else:
             self.run_id = self.client.create_run(exp, run_name=name, tags={TAG: id}).info.run_id
-        self.client.log_dict(self.run_id, config, f"config-segment-{config['segment']}-{time.time():.0f}.json")
+        if config is not None:
+            self.client.log_dict(self.run_id, config, f"config-segment-{config['segment']}-{time.time():.0f}.json")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
+
+    def report(self, text: str, tables: list[Table]) -> None:
+        """The report as report/report.md and each table as report/<name>.json (columns and data)."""
+        self.client.log_text(self.run_id, text, "report/report.md")
+        for t in tables:
+            columns = {c: [row[i] for row in t.rows] for i, c in enumerate(t.columns)}
+            self.client.log_table(self.run_id, data=columns, artifact_file=f"report/{t.name}.json")
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)

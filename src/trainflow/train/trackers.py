@@ -8,15 +8,21 @@ Every tracker logs the same scalars at the step they describe: every number of a
 lr, grad_norm, tokens_per_s, mfu, the step split in seconds, memory), `train/applied` (0 for a step the loss guard
 skipped), and each evaluation as `eval/val_loss` (a mixture's sources as `eval/val_loss/<source>`). W&B and MLflow
 also take the resolved config, and name their run after the campaign: one run per campaign (the hash of what
-training reads), resumed by each segment and restart. The W&B and MLflow clients are imported only when enabled.
+training reads), resumed by each segment and restart, and by the report stage, which adds the report's tables
+(train.report_log). The W&B and MLflow clients are imported only when enabled.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from trainflow.train.step_log import StepRecord
 
+SEPARATOR = re.compile(r"\|\s*:?-{3,}")
+"""The row under a Markdown table's header: |---|---| or | --- | --- |."""
 NOT_SCALARS = ("step", "started", "skipped")
 """A step record's fields that are no metric: the step (the x axis), a wall-clock time, the guard's reason."""
 
@@ -46,3 +52,40 @@ class Tracker(ABC):
 
     def evaluation(self, step: int, val_loss: float, sources: dict[str, float]) -> None:
         self.log(eval_scalars(val_loss, sources), step)
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of the campaign report, named after the section it lies in."""
+
+    name: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+class RunTracker(Tracker):
+    """A tracker that keeps a run of the campaign (W&B, MLflow), which also takes the report when it is written."""
+
+    @abstractmethod
+    def report(self, text: str, tables: list[Table]) -> None: ...
+
+
+def markdown_tables(text: str) -> list[Table]:
+    """The tables of a Markdown report (trainflow.report.sections.table's form: a header row, a separator, rows),
+    each named after the heading above it (goodput, goodput-2 for a second one in that section)."""
+    tables, heading, seen = [], "report", {}
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        if line.startswith("#"):
+            heading = re.sub(r"[^a-z0-9]+", "-", line.lstrip("#").strip().lower()).strip("-") or "report"
+        elif line.startswith("| ") and n + 1 < len(lines) and SEPARATOR.match(lines[n + 1]):
+            body = [cells(row) for row in itertools.takewhile(lambda r: r.startswith("| "), lines[n + 2 :])]
+            seen[heading] = seen.get(heading, 0) + 1
+            name = heading if seen[heading] == 1 else f"{heading}-{seen[heading]}"
+            width = len(header := cells(line))
+            tables.append(Table(name, header, [(row + [""] * width)[:width] for row in body]))
+    return tables
+
+
+def cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().removeprefix("|").removesuffix("|").split(" | ")]

@@ -3,8 +3,9 @@
     wandb sync runs/default/train/<hash>/wandb/wandb/offline-run-*    # upload an offline campaign later
 
 One W&B run per campaign: its id is the hash of what training reads, so every segment and restart resumes it
-(offline, each job writes its own offline-run folder of the same id; `wandb sync` joins them). Its files lie under
-the run's train folder (RunFolder.wandb, as WANDB_DIR); its config is the resolved config.
+(offline, each job writes its own offline-run folder of the same id; `wandb sync` joins them), and so does the
+report stage, adding the report's tables. Its files lie under the run's train folder (RunFolder.wandb, as WANDB_DIR);
+its config is the training job's resolved config.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Any
 import wandb
 
 from trainflow.config.observe import WandbConfig
-from trainflow.train.trackers import Tracker
+from trainflow.train.trackers import RunTracker, Table
 
 
-class WandbLog(Tracker):
-    def __init__(self, w: WandbConfig, *, folder: str, name: str, id: str, config: dict[str, Any]) -> None:  # noqa: A002
+class WandbLog(RunTracker):
+    def __init__(self, w: WandbConfig, *, folder: str, name: str, id: str, config: dict[str, Any] | None) -> None:  # noqa: A002
         Path(folder).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=w.project,
@@ -35,6 +36,10 @@ class WandbLog(Tracker):
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)
+
+    def report(self, text: str, tables: list[Table]) -> None:
+        """Each table as report/<name> (a W&B table; its step the run's last)."""
+        self.run.log({f"report/{t.name}": wandb.Table(columns=t.columns, data=t.rows) for t in tables})
 
     def close(self) -> None:
         self.run.finish()
