@@ -63,7 +63,7 @@ class Verdict:
     why: str
     """Why (not): one clause, for the log and the failure line."""
     exclude: frozenset[str] = frozenset()
-    """The hosts to leave out of the new job."""
+    """The hosts the failure blames: every later job of the run leaves them out (JobRun.left_out)."""
 
 
 def judge(
@@ -99,14 +99,16 @@ def judge(
 
 
 def restart(failure: JobFailure, *, max_restarts: int, restarts: int, slow: frozenset[str]) -> Verdict:
-    """A machine's fault: a new job without the blamed hosts, unless the budget is used up."""
+    """A machine's fault: a new job without the blamed hosts, unless the budget is used up (the hosts stay blamed:
+    a rerun leaves them out)."""
+    exclude = blamed_hosts(failure) | slow
     if restarts >= max_restarts:
         return Verdict(
             False,
             f"not restarted: cluster.allocation.max_restarts({max_restarts}) used up (that many restarts in a row "
             "saved no newer checkpoint)",
+            exclude,
         )
-    exclude = blamed_hosts(failure) | slow
     left_out = f", leaving out {', '.join(sorted(exclude))}" if exclude else ""
     return Verdict(True, f"restart {restarts + 1} of {max_restarts}{left_out}", exclude)
 

@@ -29,8 +29,9 @@ from trainflow.energy.node import actions_taken, node_window, sum_nodes
 from trainflow.host import hostname
 from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
 from trainflow.launch.failure import JobFailure, read_markers
+from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.heartbeat import Heartbeat
-from trainflow.launch.restart import blamed_hosts, gate_exclusions, judge, over_cap, standing, straggler_hosts
+from trainflow.launch.restart import gate_exclusions, judge, over_cap, standing, straggler_hosts
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.goodput import JobOutcome, JobRun, measure_goodput, segment_jobs
@@ -127,10 +128,16 @@ def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
             if err.failure is None:
                 raise
             slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
-            history.append(run(err.failure, "", blamed_hosts(err.failure) | slow))
+            history.append(run(err.failure, "", frozenset()))  # its newest checkpoint: whether it made progress
             restarts = standing(history).without_progress
             verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
-            history[-1] = dataclasses.replace(history[-1], verdict=verdict.why)
+            if verdict.restart and err.failure.kind == JobOutcome.HANG and err.failure.rank is None:
+                found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
+                slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
+                verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+                said = f"found {', '.join(found)} slow" if found else "found no slow host"
+                verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
+            history[-1] = dataclasses.replace(history[-1], verdict=verdict.why, left_out=sorted(verdict.exclude))
             ledger.append(history[-1])
             if not verdict.restart:
                 raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err

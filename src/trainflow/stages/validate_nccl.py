@@ -16,52 +16,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch.distributed as dist
-
 from trainflow.atomic import write_text_atomic
-from trainflow.config import ParallelDims, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
-from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.metrics import StageFigures
-from trainflow.gate.calibrate import calibrate, probe_compute, with_hardware
+from trainflow.gate.calibrate import calibrate, with_hardware
 from trainflow.gate.env import audit_env
-from trainflow.gate.nodes import node_facts, stripe_count
-from trainflow.gate.patterns import judge, sweep, time_patterns
-from trainflow.gate.report import Calibration, HostFacts, NcclReport, Stripes
+from trainflow.gate.nodes import stripe_count
+from trainflow.gate.patterns import judge
+from trainflow.gate.report import Calibration, NcclReport, Stripes
 from trainflow.gate.verdict import problems
-from trainflow.host import hostname
-from trainflow.launch import LaunchError, build_executor, distributed_task, run_job
+from trainflow.launch import LaunchError, build_executor, run_job
+from trainflow.launch.gate_job import BandwidthJob
 from trainflow.plan.build import Plan, build_plan
-from trainflow.stack import versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 
 log = stage_log(__file__)
-
-
-class BandwidthJob:
-    """The submitit task: every rank sweeps the world, times the layout's patterns on its groups and its devices'
-    compute rate (gate.calibrate); rank 0 returns every rank's patterns, node facts, CPU time and compute probe."""
-
-    def __init__(self, cfg: TrainflowConfig) -> None:
-        self.cfg = cfg
-
-    def __call__(self) -> dict:
-        c, t = self.cfg.cluster, self.cfg.train
-        with distributed_task(c.runtime) as (_, world, device, _):
-            rows, patterns, mesh = [], [], None
-            if world > 1:
-                rows = sweep(c.gate.sweep_mb, iters=c.gate.sweep_iters, device=device)
-                dims = ParallelDims.from_config(
-                    self.cfg.parallel, self.cfg.model, world_size=world, global_batch=t.global_batch
-                )
-                nbytes = int(max(c.gate.sweep_mb) * 2**20)
-                mesh = dims.build_mesh(device.type)
-                patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=c.gate.sweep_iters, device=device)
-            probe = probe_compute(self.cfg, mesh, device)
-            ranks = [None] * world
-            host = HostFacts(host=hostname(), node=node_facts(), versions=versions())
-            dist.all_gather_object(ranks, (host, patterns, cpu_seconds(), probe))  # CPU time: the stage's energy
-        return {"world_size": world, "sweep": rows, "ranks": ranks}
 
 
 def run(cfg: TrainflowConfig) -> StageFigures:
