@@ -29,7 +29,7 @@ from trainflow.config.layout import ParallelDims
 from trainflow.fp8 import apply_fp8, sync_amax_history
 from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
 from trainflow.parallel.grad_reducer import GradReducer
-from trainflow.parallel.pipeline import build_schedule, pipeline_model
+from trainflow.parallel.pipeline import TiedEmbedding, build_schedule, pipeline_model, tie_embeddings
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
 from trainflow.tensors import local
@@ -54,6 +54,8 @@ class Parallelized:
     """bf16: forward under autocast (parameters, gradients and their reduction stay fp32); None: none."""
     fp8_backend: str | None = None
     """Where the blocks' fp8 GEMMs run (trainflow.fp8.load_backend: reference, kernel, scaled_mm); None: no fp8."""
+    tied: TiedEmbedding | None = None
+    """A tied embedding / head split over the pipeline, whose copies' gradients each step sums; None: none here."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -72,6 +74,8 @@ class Parallelized:
         mid = time.perf_counter()
         if self.reducer is not None:
             self.reducer.finish()
+        if self.tied is not None:
+            self.tied.sum_grads()
         if self.fp8_backend is not None:  # delayed scaling: the step's amaxes MAX all-reduced over dp, then over tp
             groups = [
                 self.mesh[name].get_group() for name, size in (("dp", self.dims.dp), ("tp", self.dims.tp)) if size > 1
@@ -129,12 +133,13 @@ class Parallelized:
         Hand-written: torch's clip_grad_norm_ cannot mix gradients of different meshes (FSDP's dp x tp, TP's
         tp, plain replicated ones) in one call, nor sum over pipeline stages. Each gradient's squared local
         norm is summed over the mesh dimensions it is sharded on (Shard placements) and counted once over
-        those it is replicated on; every stage's share is then summed over pp.
+        those it is replicated on; every stage's share is then summed over pp, a tied head's copy not counted again.
         """
         grads = [p.grad for p in self.parameters() if p.grad is not None]
+        copy = self.tied.head if self.tied is not None else None
         device = grads[0].device if grads else None  # where the gradients are: the norms stay on the GPU
         by_sharding: dict[tuple[str, ...], torch.Tensor] = {}
-        for g in grads:
+        for g in (g for g in grads if copy is None or g is not copy.grad):
             dims = sharded_dims(g)
             square = torch.linalg.vector_norm(local(g), dtype=torch.float64) ** 2
             by_sharding[dims] = by_sharding.get(dims, torch.zeros((), dtype=torch.float64, device=device)) + square
@@ -182,6 +187,7 @@ def parallelize_model(
     activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
     """
     autocast = compute_dtype if compute_dtype != torch.float32 else None
+    tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
     result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn, autocast=autocast)
     if dims.pp > 1:
         exchange_s = probe_exchange_seconds(mesh["pp"], activation_shape, device=device)
@@ -203,4 +209,6 @@ def parallelize_model(
         result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)
     if dims.pp > 1:
         result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)
+        if tied:
+            result.tied = tie_embeddings(result.named_parts(), mesh)
     return result
