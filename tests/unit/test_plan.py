@@ -192,6 +192,18 @@ def test_an_overflowing_plan_stops_validate_nccl_before_any_launch(monkeypatch, 
         validate_nccl.run(cfg)
 
 
+def test_a_campaign_that_cannot_finish_stops_validate_nccl_before_any_launch(monkeypatch, tmp_path):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("validate_nccl launched a job for a campaign that cannot finish")
+
+    monkeypatch.setattr(validate_nccl, "build_executor", no_launch)
+    mtbf = "cluster.hardware.mtbf_hours=0.001"  # 3.6 s: less than a restart takes
+    cfg = compose("validate_nccl", ["experiment=smoke", f"storage.root={tmp_path}", mtbf])
+    with pytest.raises(StageError, match=r"stopped before launching: .*MTBF") as err:
+        validate_nccl.run(cfg)
+    assert "\n" not in str(err.value)
+
+
 def test_the_command_prints_the_plan_as_json():
     out = subprocess.run(
         [sys.executable, "-m", "trainflow.plan", "experiment=llama70b_alps", "--json"],

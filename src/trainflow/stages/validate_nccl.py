@@ -36,8 +36,8 @@ log = stage_log(__file__)
 
 def run(cfg: TrainflowConfig) -> StageFigures:
     plan = build_plan(cfg, with_remedies=False)
-    if plan.overflow:
-        raise StageError(f"validate_nccl stopped before launching: {plan.overflow}")
+    if why := plan.overflow or (plan.goodput and plan.goodput.cannot_finish):
+        raise StageError(f"validate_nccl stopped before launching: {why}")
     log.info(
         "Planned %.3f s per step, %.1f tokens/s/device, %.2f GB of %.2f GB per device",
         plan.step.step_s,
