@@ -37,6 +37,7 @@ LAYERS = {
     "launch": 7,
     "stage": 7,
     "stages": 8,
+    "status": 8,
 }
 MODULES = sorted(p for p in SRC.rglob("*.py"))
 FORBIDDEN = {
