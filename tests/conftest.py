@@ -4,9 +4,11 @@ config composition, "train a segment and return its summary", and the golden-los
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from trainflow.config import TrainflowConfig, compose
 from trainflow.data.tokens import write_shard  # noqa: F401  (imported early: h5py before torch.distributed)
@@ -25,6 +27,31 @@ def tokens(tmp_path_factory) -> Path:
     cfg = compose("prepare_data", ["experiment=smoke", f"io.tokens={out}"])
     prepare_data.run(cfg)
     return out
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 256 kB file system: a checkpoint larger than that fails with ENOSPC."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    mounting = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]
+    done = subprocess.run(mounting, capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"mounting a 256 kB tmpfs failed ({done.stderr.strip()}); the test needs root (CI runs as root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-process gloo group for a module's tests (`pytestmark = pytest.mark.usefixtures("one_rank_group")`)."""
+    from tests.support import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 def make_config(stage: str, root: Path, *overrides: str, tokens: Path | None = None) -> TrainflowConfig:

@@ -1,5 +1,7 @@
-"""What several test folders share that is no fixture: the workflow's command line and its job table, a free port
-for a one-process group, and records made in a test (a step, a save, a job's metrics)."""
+"""What several test modules share that is no fixture (the fixtures are conftest's): the workflow's command line and
+its job table, a free port for a one-process group, records made in a test (a step, a save, a job's metrics), the
+package's layers, and the runs, states and folders more than one test module builds. No test module imports another
+(tests/unit/test_layers.py checks it): what two share lives here."""
 
 from __future__ import annotations
 
@@ -10,10 +12,51 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
+from torch import nn
 
-from tests.conftest import REPO
+from tests.conftest import REPO, make_config, run_segment
+from trainflow.checkpoint.folders import list_steps, step_dir
+from trainflow.config import ModelConfig, TrainflowConfig
+from trainflow.config.run_folder import RunFolder
 from trainflow.energy.metrics import JobMetrics
+from trainflow.stages import prepare_data
+from trainflow.train.goodput import JobRun
+from trainflow.train.step_log import Span, StepLog
+
+LAYERS = {
+    "errors": 0,
+    "torch_compat": 0,
+    "atomic": 1,
+    "crc": 1,
+    "progress": 1,
+    "records": 1,
+    "tensors": 1,
+    "host": 1,
+    "config": 2,
+    "fp8": 2,
+    "hf": 3,
+    "data": 4,
+    "model": 4,
+    "checkpoint": 4,
+    "parallel": 4,
+    "energy": 4,
+    "stack": 4,
+    "preflight": 4,
+    "plan": 5,
+    "export": 5,
+    "train": 6,
+    "gate": 6,
+    "report": 7,
+    "launch": 7,
+    "stage": 7,
+    "stages": 8,
+    "status": 8,
+}
+"""The package's layers (docs/architecture.md, "Layers"): top-level module or package -> layer; each may import only
+what lies below it (or itself). tests/unit/test_layers.py checks the imports, tests/workflow/test_docs.py the page."""
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
 
@@ -53,6 +96,155 @@ def job_metrics(**fields: object) -> JobMetrics:
 def marks(*rows: dict) -> list[SimpleNamespace]:
     """Step or save records with only the fields a test gives (the energy accounting reads them by name)."""
     return [SimpleNamespace(**row) for row in rows]
+
+
+# A one-process checkpoint state (tests/unit/test_checkpoint_*.py).
+def sample_state() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model": {
+            "w": torch.randn(64, 32, generator=g),
+            "w_t": torch.randn(16, 48, generator=g).t(),  # non-contiguous, storage exactly its size
+            "half": torch.randn(40, generator=g).to(torch.bfloat16),
+            "scalar": torch.tensor(3.5),
+        },
+        "step": torch.tensor(7),
+    }
+
+
+def blank_like(state: dict) -> dict:
+    return {k: blank_like(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in state.items()}
+
+
+def flat(state: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in state.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def grads(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """y, dx and dW of one forward and backward (gradients of earlier calls dropped); the fp8 tests'."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    y = layer(x)
+    y.backward(dy)
+    return y, x.grad, layer.weight.grad
+
+
+EXPORT_RUN = ("train.segments=1", "train.segment_steps=2", "checkpoint.interval_steps=100", "model.init_std=0.3")
+"""Two steps, one checkpoint; init_std 0.3 (not 0.02) so attention is far from uniform and a wrong q/k layout or
+rotary convention would show in the logits of an export or an import."""
+
+
+def trained(root: Path, tokens: Path, *overrides: str) -> TrainflowConfig:
+    """A run of EXPORT_RUN trained under `root`; its config."""
+    run_segment(root, tokens, *EXPORT_RUN, *overrides)
+    return make_config("train_segment", root, *EXPORT_RUN, *overrides, tokens=tokens)
+
+
+def newest(cfg: TrainflowConfig) -> Path:
+    """The run's newest checkpoint."""
+    return step_dir(cfg.io.checkpoints, list_steps(cfg.io.checkpoints)[-1])
+
+
+def hf_folder(out: Path, m: ModelConfig, *, dtype=torch.bfloat16, shard="600KB"):
+    """transformers' own LlamaForCausalLM of the model `m`, saved to `out` as Meta's published ones are (bf16, in
+    shards with an index); returned as transformers reads that folder in fp32."""
+    import transformers  # only the Hugging Face tests load it
+
+    config = transformers.LlamaConfig(
+        vocab_size=m.vocab_size,
+        hidden_size=m.dim,
+        intermediate_size=m.ffn_dim,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.n_kv_heads,
+        max_position_embeddings=m.seq_len,
+        rope_theta=m.rope_theta,
+        rms_norm_eps=m.norm_eps,
+        tie_word_embeddings=False,
+        initializer_range=m.init_std,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(out, max_shard_size=shard)
+    return transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)  # as a user would read it
+
+
+# A mixture of two corpora whose bytes tell them apart (tests/unit/test_mixture.py, tests/distributed/test_mixture.py).
+WEIGHTS = {"letters": 0.25, "digits": 0.75}
+
+
+def mixture(corpora: dict[str, str], weights: dict[str, float] = WEIGHTS, shards: dict[str, int] | None = None) -> str:
+    """The data.sources override of named globs, weights (and shards)."""
+    shards = shards or dict.fromkeys(weights, 1)
+    items = ",".join(f"{{name:{n},corpus:'{corpora[n]}',weight:{w},shards:{shards[n]}}}" for n, w in weights.items())
+    return f"data.sources=[{items}]"
+
+
+def write_corpora(root: Path) -> dict[str, str]:
+    """A folder of letter documents and one of digit documents, 30 of ~2 kB each."""
+    rng, globs = np.random.default_rng(0), {}
+    for name, alphabet in (("letters", "abcdefghijklm "), ("digits", "0123456789 ")):
+        folder = root / name
+        folder.mkdir(parents=True)
+        for i in range(30):
+            (folder / f"{i}.txt").write_text("".join(rng.choice(list(alphabet), size=2000)))
+        globs[name] = f"{folder}/*.txt"
+    return globs
+
+
+def prepare_mixture(root: Path) -> tuple[Path, str]:
+    """The index of the two sources' tokens (byte tokens, one shard each) and their data.sources override."""
+    out, sources = root / "tokens/index.json", mixture(write_corpora(root))
+    prepare_data.run(make_config("prepare_data", root, sources, f"io.tokens={out}"))
+    return out, sources
+
+
+# The layouts whose losses must match one process's (tests/distributed/test_parity.py, test_numerics.py).
+STEPS = 10
+# (preset, segments): the 3-D layout trains 2 segments of 5 steps, so its second half resumes
+# from a checkpoint it wrote itself (DCP shards of 8 ranks).
+LAYOUTS = [
+    ("single", 1),
+    ("dp2", 1),
+    ("tp2", 1),
+    ("pp2_gpipe", 1),
+    ("pp2_1f1b", 1),
+    ("pp2_interleaved", 1),
+    ("tp2_pp2", 1),
+    ("dp2_tp2", 1),  # GradReducer overlapped with backward, on DTensor gradients
+    ("dp2_tp2_pp2", 2),
+    # Sharded data parallel (FSDP2): alone, with TP, with PP, and all three resuming from its own checkpoint.
+    ("dp2_shard", 1),
+    pytest.param("dp2_shard_tp2", 1, marks=pytest.mark.slow),
+    pytest.param("dp2_shard_pp2", 1, marks=pytest.mark.slow),
+    ("dp2_shard_tp2_pp2", 2),
+    # HSDP with TP (8 ranks); HSDP alone is checked below, with its placement of the state.
+    pytest.param("dp4_hsdp2_tp2", 1, marks=pytest.mark.slow),
+]
+
+
+def layout_name(entry) -> str:
+    return getattr(entry, "values", entry)[0]  # a pytest.param or a plain (name, segments)
+
+
+# The restart drills' run (tests/integration/test_restarts.py, tests/slurm/test_restarts_on_slurm.py).
+RESTART_RUN = (
+    "parallel=dp2",
+    "train.segments=1",
+    "train.segment_steps=6",
+    "checkpoint.interval_steps=2",
+    "cluster.runtime.collective_timeout_s=60",
+    "cluster.runtime.heartbeat_s=1",
+)
+
+
+def ledgers(root: Path, *extra: str) -> tuple[list[JobRun], list[Span]]:
+    """The jobs ledger and the spans of a RESTART_RUN run under `root`."""
+    folder = make_config("train_segment", root, *RESTART_RUN, *extra).io.checkpoints
+    return StepLog(RunFolder.jobs_log(folder), JobRun).read(), StepLog(RunFolder.spans_log(folder), Span).read()
 
 
 def wandb_history(folder: Path) -> dict[int, dict]:

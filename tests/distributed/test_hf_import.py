@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import make_config, run_segment
-from tests.unit.test_hf_import import hf_folder
+from tests.support import hf_folder
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.data.sampler import TokenSampler
 from trainflow.export import export

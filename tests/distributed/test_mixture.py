@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import GOLDEN_RTOL, assert_resumes_bitwise, run_segment, step_losses
-from tests.unit.test_mixture import WEIGHTS, prepare_mixture
+from tests.support import WEIGHTS, prepare_mixture
 
 
 @pytest.fixture(scope="module")

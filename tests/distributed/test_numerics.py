@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import assert_matches_golden, assert_resumes_bitwise, run_segment, step_losses
-from tests.distributed.test_parity import LAYOUTS, STEPS, layout_name
+from tests.support import LAYOUTS, STEPS, layout_name
 
 GOLDEN_RUN = (
     "train.global_batch=8",

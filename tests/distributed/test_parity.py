@@ -13,32 +13,7 @@ import os
 import pytest
 
 from tests.conftest import GOLDEN, assert_matches_golden, assert_resumes_bitwise, run_segment, step_losses
-
-STEPS = 10
-# (preset, segments): the 3-D layout trains 2 segments of 5 steps, so its second half resumes
-# from a checkpoint it wrote itself (DCP shards of 8 ranks).
-LAYOUTS = [
-    ("single", 1),
-    ("dp2", 1),
-    ("tp2", 1),
-    ("pp2_gpipe", 1),
-    ("pp2_1f1b", 1),
-    ("pp2_interleaved", 1),
-    ("tp2_pp2", 1),
-    ("dp2_tp2", 1),  # GradReducer overlapped with backward, on DTensor gradients
-    ("dp2_tp2_pp2", 2),
-    # Sharded data parallel (FSDP2): alone, with TP, with PP, and all three resuming from its own checkpoint.
-    ("dp2_shard", 1),
-    pytest.param("dp2_shard_tp2", 1, marks=pytest.mark.slow),
-    pytest.param("dp2_shard_pp2", 1, marks=pytest.mark.slow),
-    ("dp2_shard_tp2_pp2", 2),
-    # HSDP with TP (8 ranks); HSDP alone is checked below, with its placement of the state.
-    pytest.param("dp4_hsdp2_tp2", 1, marks=pytest.mark.slow),
-]
-
-
-def layout_name(entry) -> str:
-    return getattr(entry, "values", entry)[0]  # a pytest.param or a plain (name, segments)
+from tests.support import LAYOUTS, STEPS, layout_name
 
 
 @pytest.mark.parametrize(("layout", "segments"), LAYOUTS, ids=[layout_name(e) for e in LAYOUTS])

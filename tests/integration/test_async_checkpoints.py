@@ -2,10 +2,9 @@
 where an uninterrupted one does, and a rank SIGKILLed while its save is written in the background leaves the previous
 checkpoint the newest valid one, which the rerun resumes from bitwise.
 
-Slow (`-m slow`): the death one boundary later; test_fault_tolerance.py's pre-timeout, corrupt-checkpoint and
-crash-mid-commit drills in async mode, against its sync reference (the mode changes when bytes reach the disk, never
-a number; its dead-rank drill expects sync's newest checkpoint, which the drill above replaces); a writer process
-SIGKILLed during a background write; a full disk during one.
+Slow (`-m slow`): the death one boundary later; a writer process SIGKILLed during a background write; a full disk
+during one. test_fault_tolerance.py runs its pre-timeout, corrupt-checkpoint and crash-mid-commit drills in async
+mode too.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_resumes_bitwise, make_config, run_segment, step_losses
-from tests.integration import test_fault_tolerance as sync_drills
-from tests.integration.test_fault_tolerance import reference  # noqa: F401 (a fixture: the sync runs' ends)
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import verify
 from trainflow.launch import LaunchError
@@ -191,18 +188,3 @@ def test_a_full_disk_during_a_background_write_fails_in_one_line_and_the_rerun_r
     subprocess.run(["mount", "-o", "remount,size=48m", str(small_tmpfs)], check=True)  # the line's fix: free space
     finished = run_segment(tmp_path, tokens, *RUN, ckpt)
     assert_bitwise(finished, uninterrupted)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "drill",
-    [
-        sync_drills.test_pre_timeout_signal_checkpoints_requeues_and_resumes_bitwise,
-        sync_drills.test_corrupt_newest_checkpoint_is_detected_and_the_previous_one_used,
-        sync_drills.test_crash_while_writing_a_checkpoint_leaves_the_previous_one_intact,
-    ],
-    ids=lambda drill: drill.__name__.removeprefix("test_"),
-)
-def test_fault_tolerance_drills_in_async_mode(drill, tmp_path, tokens, reference, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(sync_drills, "BASE", (*sync_drills.BASE, ASYNC))
-    drill(tmp_path, tokens, reference)

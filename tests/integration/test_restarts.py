@@ -17,31 +17,17 @@ import pytest
 from submitit.core.utils import JobPaths
 
 from tests.conftest import make_config, run_segment, step_losses
-from trainflow.config.run_folder import RunFolder
+from tests.support import RESTART_RUN, ledgers
 from trainflow.launch import LaunchError
 from trainflow.launch.hang import HANG_EXIT
 from trainflow.launch.restart import straggler_hosts
-from trainflow.train.goodput import JobRun
-from trainflow.train.step_log import Span, StepLog
 from trainflow.train.summary import RankTiming, stragglers
 
-BASE = (
-    "parallel=dp2",
-    "train.segments=1",
-    "train.segment_steps=6",
-    "checkpoint.interval_steps=2",
-    "cluster.runtime.collective_timeout_s=60",
-    "cluster.runtime.heartbeat_s=1",
-)
+BASE = RESTART_RUN
 
 
 def segment(root: Path, tokens: Path, *extra: str) -> dict:
     return run_segment(root, tokens, *BASE, *extra)
-
-
-def ledgers(root: Path, *extra: str) -> tuple[list[JobRun], list[Span]]:
-    folder = make_config("train_segment", root, *BASE, *extra).io.checkpoints
-    return StepLog(RunFolder.jobs_log(folder), JobRun).read(), StepLog(RunFolder.spans_log(folder), Span).read()
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import pytest
 import submitit
 
 from tests.conftest import make_config, run_segment
-from tests.integration.test_restarts import BASE, ledgers
 from tests.slurm.conftest import idle_nodes
+from tests.support import RESTART_RUN as BASE
+from tests.support import ledgers
 from trainflow.launch import LaunchError
 from trainflow.launch.failure import read_markers
 

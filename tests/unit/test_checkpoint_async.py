@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from tests.unit.test_checkpoint_attacks import tiny_tmpfs  # noqa: F401 (a fixture)
-from tests.unit.test_checkpoint_io import blank_like, flat, one_rank_group  # noqa: F401 (a fixture)
+from tests.support import blank_like, flat
 from trainflow.checkpoint.manager import CheckpointManager, CheckpointWriteError, list_steps, step_dir
 from trainflow.checkpoint.manifest import verify
 from trainflow.checkpoint.staging import StagingError
 from trainflow.checkpoint.state import build_state, state_bytes
+
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def trained(width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

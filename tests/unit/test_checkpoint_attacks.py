@@ -9,7 +9,6 @@ import errno
 import json
 import os
 import pickle
-import subprocess
 import threading
 
 import pytest
@@ -17,12 +16,14 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
-from tests.unit.test_checkpoint_io import blank_like, one_rank_group, sample_state  # noqa: F401 (a fixture)
+from tests.support import blank_like, sample_state
 from trainflow.checkpoint.manager import CheckpointManager, CheckpointWriteError, list_steps, step_dir
 from trainflow.checkpoint.manifest import MANIFEST, ChecksumError
 from trainflow.checkpoint.verify import VerifyError, verify_all
 from trainflow.checkpoint.writer import ChecksummedFile
 from trainflow.crc import file_crc
+
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 class CreatesFile:
@@ -114,21 +115,6 @@ def test_an_unlisted_file_makes_the_loader_fall_back_and_the_stage_report_it(tmp
     manager.close()
     with pytest.raises(VerifyError, match=r"holds '__0_9\.distcp', which manifest\.json does not list"):
         verify_all(tmp_path)
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    """A real 256 kB file system: a checkpoint larger than that fails with ENOSPC."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    mounting = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]
-    done = subprocess.run(mounting, capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"mounting a 256 kB tmpfs failed ({done.stderr.strip()}); the test needs root (CI runs as root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_full_disk_fails_the_save_in_one_line_and_leaves_no_checkpoint(tiny_tmpfs):

@@ -9,47 +9,16 @@ import pickle
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.utils.serialization import config as serialization_config
 
 from tests.conftest import REPO
-from tests.support import free_port
+from tests.support import blank_like, flat, sample_state
 from trainflow.checkpoint.manager import CheckpointManager, list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify, write_manifest
 from trainflow.checkpoint.reader import InPlaceReader
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group():
-    port = free_port()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def sample_state() -> dict:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "model": {
-            "w": torch.randn(64, 32, generator=g),
-            "w_t": torch.randn(16, 48, generator=g).t(),  # non-contiguous, storage exactly its size
-            "half": torch.randn(40, generator=g).to(torch.bfloat16),
-            "scalar": torch.tensor(3.5),
-        },
-        "step": torch.tensor(7),
-    }
-
-
-def blank_like(state: dict) -> dict:
-    return {k: blank_like(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in state.items()}
-
-
-def flat(state: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in state.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def test_save_checksums_match_a_reread_and_load_reads_in_place(tmp_path, monkeypatch):

@@ -16,9 +16,8 @@ import torch
 import transformers
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.conftest import REPO, make_config, run_segment
-from tests.unit.test_checkpoint_attacks import tiny_tmpfs  # noqa: F401 (a fixture)
-from trainflow.checkpoint.folders import list_steps, step_dir
+from tests.conftest import REPO, make_config
+from tests.support import newest, trained
 from trainflow.checkpoint.manifest import MANIFEST
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
@@ -28,14 +27,6 @@ from trainflow.model import Llama
 from trainflow.stages import prepare_data
 
 TOLERANCE = 1e-4  # max abs logit difference, fp32
-# Two steps, one checkpoint; init_std 0.3 (not 0.02) so attention is far from uniform and a wrong q/k
-# layout or rotary convention would show in the logits.
-RUN = ("train.segments=1", "train.segment_steps=2", "checkpoint.interval_steps=100", "model.init_std=0.3")
-
-
-def trained(root: Path, tokens: Path, *overrides: str) -> TrainflowConfig:
-    run_segment(root, tokens, *RUN, *overrides)
-    return make_config("train_segment", root, *RUN, *overrides, tokens=tokens)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +48,6 @@ def tp2_run(tmp_path_factory, fixed_tokens) -> TrainflowConfig:
     cfg = trained(root, fixed_tokens, "parallel=tp2")
     shutil.copytree(fixed_tokens.parent, Path(RunFolder.of(cfg).tokens).parent)  # the index, shards, records
     return cfg
-
-
-def newest(cfg: TrainflowConfig) -> Path:
-    return step_dir(cfg.io.checkpoints, list_steps(cfg.io.checkpoints)[-1])
 
 
 def logits_both_ways(cfg: TrainflowConfig, out: Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import make_config
+from tests.support import grads
 from trainflow.config.shape import linear_shapes
 from trainflow.errors import ConfigError
 from trainflow.fp8 import Float8Linear, apply_fp8, load_backend, sync_amax_history
@@ -161,15 +162,6 @@ def dequantised_linear(x: torch.Tensor, w: torch.Tensor, x_amax=None, w_amax=Non
         return t + (dequantise(quantise(t, s, E4M3), s) - t).detach()
 
     return _GradToE5M2.apply(F.linear(e4m3(x.float(), x_amax), e4m3(w.float(), w_amax)), g_amax)
-
-
-def grads(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """y, dx and dW of one forward and backward (gradients of earlier calls dropped)."""
-    layer.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_()
-    y = layer(x)
-    y.backward(dy)
-    return y, x.grad, layer.weight.grad
 
 
 def test_float8_linear_gradients_match_autograd_of_the_dequantised_computation():

@@ -16,8 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from tests.conftest import make_config
-from tests.support import free_port
-from tests.unit.test_fp8 import grads
+from tests.support import free_port, grads
 from trainflow.fp8 import Float8Linear, apply_fp8, sync_amax_history
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.tensor_parallel import apply_tp

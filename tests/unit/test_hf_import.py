@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from tests.conftest import make_config
-from tests.unit.test_export import newest, trained
+from tests.support import hf_folder, newest, trained
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.config import ConfigError, ModelConfig, compose
 from trainflow.data.sampler import TokenSampler
@@ -34,28 +34,6 @@ DEEP = 100_000  # nesting of a hostile JSON file: past Python's recursion limit
 
 def model_config(tmp_path: Path, *overrides: str) -> ModelConfig:
     return make_config("train_segment", tmp_path, *OVERRIDES, *overrides).model
-
-
-def hf_folder(out: Path, m: ModelConfig, *, dtype=torch.bfloat16, shard="600KB") -> transformers.LlamaForCausalLM:
-    """transformers' own LlamaForCausalLM of the model `m`, saved to `out` as Meta's published ones are (bf16, in
-    shards with an index); returned as transformers reads that folder in fp32."""
-    config = transformers.LlamaConfig(
-        vocab_size=m.vocab_size,
-        hidden_size=m.dim,
-        intermediate_size=m.ffn_dim,
-        num_hidden_layers=m.n_layers,
-        num_attention_heads=m.n_heads,
-        num_key_value_heads=m.n_kv_heads,
-        max_position_embeddings=m.seq_len,
-        rope_theta=m.rope_theta,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=False,
-        initializer_range=m.init_std,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(dtype)
-    model.save_pretrained(out, max_shard_size=shard)
-    return transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)  # as a user would read it
 
 
 @pytest.fixture(scope="module")

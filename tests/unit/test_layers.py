@@ -7,38 +7,9 @@ import ast
 import sys
 
 from tests.conftest import REPO
+from tests.support import LAYERS
 
 SRC = REPO / "src/trainflow"
-# Top-level module or package -> layer; each may import only what lies below it (or itself).
-LAYERS = {
-    "errors": 0,
-    "torch_compat": 0,
-    "atomic": 1,
-    "crc": 1,
-    "progress": 1,
-    "records": 1,
-    "tensors": 1,
-    "host": 1,
-    "config": 2,
-    "fp8": 2,
-    "hf": 3,
-    "data": 4,
-    "model": 4,
-    "checkpoint": 4,
-    "parallel": 4,
-    "energy": 4,
-    "stack": 4,
-    "preflight": 4,
-    "plan": 5,
-    "export": 5,
-    "train": 6,
-    "gate": 6,
-    "report": 7,
-    "launch": 7,
-    "stage": 7,
-    "stages": 8,
-    "status": 8,
-}
 MODULES = sorted(p for p in SRC.rglob("*.py"))
 FORBIDDEN = {
     ("launch", "train"): "the launcher starts and judges jobs from what ranks write (records below both), never from "
@@ -164,3 +135,22 @@ def test_no_forbidden_arrow():
             if (top, to) in FORBIDDEN and (file, to) not in BEING_FIXED:
                 found[f"{file} -> {to}"] = FORBIDDEN[top, to]
     assert not found, f"forbidden imports: {found}"
+
+
+def test_no_test_module_imports_another():
+    """What two test modules share lives in tests/support.py (or, a fixture, in a conftest.py): a test module that
+    imports another runs, and reruns, the other's module-level code and tests wherever it is imported."""
+    found = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        names |= {
+            f"{n.module}.{a.name}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module
+            for a in n.names
+        }
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        if bad := sorted(n for n in names if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")):
+            found[str(path.relative_to(REPO))] = bad
+    assert not found, f"test modules importing test modules (move what they share to tests/support.py): {found}"

@@ -9,11 +9,11 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from tests.conftest import make_config
+from tests.support import WEIGHTS, mixture, prepare_mixture, write_corpora
 from trainflow.config import ConfigError, stage_hash
 from trainflow.config.run_folder import shard_name
 from trainflow.data.index import write_index
@@ -22,35 +22,8 @@ from trainflow.data.record import DataError
 from trainflow.data.sampler import TokenSampler
 from trainflow.stages import prepare_data
 
-WEIGHTS = {"letters": 0.25, "digits": 0.75}
 LETTERS, DIGITS = set(b"abcdefghijklm"), set(b"0123456789")
 SEQ = 32
-
-
-def mixture(corpora: dict[str, str], weights: dict[str, float] = WEIGHTS, shards: dict[str, int] | None = None) -> str:
-    """The data.sources override of named globs, weights (and shards)."""
-    shards = shards or dict.fromkeys(weights, 1)
-    items = ",".join(f"{{name:{n},corpus:'{corpora[n]}',weight:{w},shards:{shards[n]}}}" for n, w in weights.items())
-    return f"data.sources=[{items}]"
-
-
-def write_corpora(root: Path) -> dict[str, str]:
-    """A folder of letter documents and one of digit documents, 30 of ~2 kB each."""
-    rng, globs = np.random.default_rng(0), {}
-    for name, alphabet in (("letters", "abcdefghijklm "), ("digits", "0123456789 ")):
-        folder = root / name
-        folder.mkdir(parents=True)
-        for i in range(30):
-            (folder / f"{i}.txt").write_text("".join(rng.choice(list(alphabet), size=2000)))
-        globs[name] = f"{folder}/*.txt"
-    return globs
-
-
-def prepare_mixture(root: Path) -> tuple[Path, str]:
-    """The index of the two sources' tokens (byte tokens, one shard each) and their data.sources override."""
-    out, sources = root / "tokens/index.json", mixture(write_corpora(root))
-    prepare_data.run(make_config("prepare_data", root, sources, f"io.tokens={out}"))
-    return out, sources
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.doc_commands import COMMANDS, DRY_RUN, RUN, Ran
-from tests.support import snakemake
-from tests.unit.test_layers import LAYERS
+from tests.support import LAYERS, snakemake
 
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
