@@ -41,6 +41,10 @@ def test_tensorboard_profile_and_memory_are_recorded(tmp_path, tokens):
 
     assert all(r["memory_mb"] > 10 for r in summary["steps"])  # a resident torch process holds 100s of MB
 
+    status = read_status(tmp_path)  # the finished one-segment campaign, as trainflow.status reads it
+    assert (status.state, status.done, status.step, status.total_steps) == (State.FINISHED, [0], 5, 5)
+    assert status.loss == summary["steps"][-1]["loss"] and status.checkpoint.step == 5 and status.failures == []
+
 
 @pytest.mark.slow  # two segments with W&B and MLflow: 74 s at load 9
 def test_status_and_trackers_follow_the_default_campaign(tmp_path, tokens):
