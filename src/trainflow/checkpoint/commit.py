@@ -133,6 +133,19 @@ class Committer:
         for leftover in [*self.root.glob("step-*.pruned"), *self.root.glob("step-*.tmp")]:
             shutil.rmtree(leftover)
 
+    def discard_after(self, step: int) -> list[int]:
+        """Rank 0: remove every checkpoint newer than `step` (a rollback's: saved inside the bad run, which a resume
+        would otherwise pick as the newest), renamed out of the way first as a prune does; the steps removed."""
+        if self.rank != 0:
+            return []
+        self.wait()
+        newer = [s for s in list_steps(self.root) if s > step]
+        for s in newer:
+            step_dir(self.root, s).rename(step_dir(self.root, s, "pruned"))
+            shutil.rmtree(step_dir(self.root, s, "pruned"))
+        fsync_path(self.root)
+        return newer
+
     def wait(self) -> None:
         """Finish the pending prune, raising what it raised."""
         if self.pruning is not None:

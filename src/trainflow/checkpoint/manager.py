@@ -105,6 +105,12 @@ class CheckpointManager:
         """Where training stops (a stop signal, the segment's end): wait for the save in flight, if any."""
         return self.saves.finish()
 
+    def discard_after(self, step: int) -> tuple[list[SaveDone], list[int]]:
+        """A rollback to `step`: wait for the save in flight (it may be of a step inside the bad run), then remove
+        every checkpoint newer than `step` (rank 0); the saves that became durable and the steps removed."""
+        done = self.saves.finish()
+        return done, self.committer.discard_after(step)
+
     def wait(self) -> None:
         """Finish the pending prune, raising what it raised."""
         self.committer.wait()

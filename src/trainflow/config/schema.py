@@ -174,6 +174,9 @@ class SpikeConfig:
     factor: float = checked(4.0, gt=0)
     rollback_after: int = checked(3, ge=1)
     """This many bad steps in a row reload the last verified checkpoint and skip the data windows that caused them."""
+    max_rollbacks: int = checked(3, ge=0)
+    """Rollbacks one job of a segment may make; the next ends it in one line (the loss diverges), naming each one's
+    steps: a run that keeps diverging needs a lower learning rate or other data, not more rollbacks."""
 
 
 @dataclass

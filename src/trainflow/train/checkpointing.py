@@ -28,7 +28,7 @@ from trainflow.config import TrainflowConfig
 from trainflow.errors import TrainflowError
 from trainflow.parallel import Parallelized
 from trainflow.train.faults import maybe_inject_fault
-from trainflow.train.guard import DivergenceError, GuardState, LossGuard, read_guard_state
+from trainflow.train.guard import DivergenceError, GuardEvent, GuardState, LossGuard, read_guard_state
 from trainflow.train.recorder import StepRecorder
 from trainflow.train.summary import SaveRecord
 
@@ -68,6 +68,8 @@ class SegmentCheckpoints:
             mtbf_s=cfg.cluster.hardware.mtbf_hours * 3600, fixed_steps=c.interval_steps, max_steps=c.max_interval_steps
         )
         self.saves: list[SaveRecord] = []
+        self.rollbacks: list[GuardEvent] = []
+        """This job's rollbacks (train.spike.max_rollbacks bounds them)."""
         self.init_from: str | None = None
         """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
 
@@ -124,6 +126,13 @@ class SegmentCheckpoints:
         """After train.spike.rollback_after bad steps in a row: reload the newest verified checkpoint from before the
         first of them and leave their data windows out of the stream (train.guard); the step to go on from."""
         first, bad = self.guard.first_bad, self.guard.bad
+        if len(self.rollbacks) >= (limit := self.cfg.train.spike.max_rollbacks):
+            done = ", ".join(f"{e.from_step} to {e.step}" for e in self.rollbacks)
+            raise DivergenceError(
+                f"the loss diverges: {len(bad)} bad steps in a row from step {first} (the last: {bad[-1][2]}) after "
+                f"{len(self.rollbacks)} rollback(s) (from steps {done or 'none'}), past train.spike.max_rollbacks "
+                f"({limit}); lower optim.lr, raise train.spike.factor, or check the data"
+            )
         step, restored = self.load(at_most=first, why="Rolled back to")
         if step < 0:
             raise DivergenceError(
@@ -132,6 +141,11 @@ class SegmentCheckpoints:
                 "train.spike.rollback_after, or check the data"
             )
         event = self.guard.rolled_back(step, restored)
+        self.rollbacks.append(event)
+        done, removed = self.manager.discard_after(step)
+        self.saved(done)
+        if removed and self.is_logger:
+            log.info("Removed the checkpoints of steps %s, saved inside the bad run", ", ".join(map(str, removed)))
         self.recorder.resume(step)
         self.recorder.guard(event)
         return step
