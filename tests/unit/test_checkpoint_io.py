@@ -17,6 +17,7 @@ from tests.support import blank_like, flat, sample_state
 from trainflow.checkpoint.manager import CheckpointManager, list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify, write_manifest
 from trainflow.checkpoint.reader import InPlaceReader
+from trainflow.checkpoint.reading import ShortReadError, read_into
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
@@ -89,6 +90,19 @@ def test_prune_keeps_the_newest_and_the_pinned_and_clears_leftovers(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004"]
 
 
+def test_a_rollback_discards_every_checkpoint_newer_than_its_step(tmp_path):
+    # Saved at steps 2, 4 and 6, the loss went bad at step 3: a rollback to 2 removes 4 and 6, which a resume would
+    # otherwise pick as the newest and train on from inside the bad run.
+    manager = CheckpointManager(tmp_path, keep=5, pinned={6})
+    state = sample_state()
+    for step in (2, 4, 6):
+        manager.save(step, state)
+    done, removed = manager.discard_after(2)
+    manager.close()
+    assert removed == [4, 6] and list_steps(tmp_path) == [2] and done == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002"]
+
+
 def test_the_checkpoint_package_has_no_import_circle():
     """Every import between checkpoint's modules, TYPE_CHECKING ones included, points one way: the save paths call
     the committer, never back into the manager."""
@@ -113,3 +127,20 @@ def test_the_checkpoint_package_has_no_import_circle():
     for module in imports:
         visit(module, ())
     assert {"commit", "saves"} <= imports["async_saves"] and "manager" not in imports["async_saves"]
+
+
+def test_read_into_fills_a_tensor_and_names_a_file_that_ends_early(tmp_path):
+    data = torch.arange(6, dtype=torch.float32)
+    path = tmp_path / "blob"
+    path.write_bytes(b"\0" * 8 + data.numpy().tobytes())
+    into = torch.empty(2, 3)
+    with open(path, "rb") as f:
+        f.seek(8)
+        read_into(f, into, name="'model.w'")
+    assert torch.equal(into.reshape(-1), data)
+    with open(path, "rb") as f, pytest.raises(ShortReadError) as err:
+        f.seek(16)
+        read_into(f, into, name="'model.w'")
+    assert str(err.value) == (
+        f"{path} ends inside 'model.w' (16 of 24 bytes read): it was truncated or changed while it was read"
+    )
