@@ -211,3 +211,22 @@ def test_a_stage_refuses_a_folder_damaged_after_the_dag_was_built(published, tmp
         run_stage(OmegaConf.structured(cfg), lambda cfg: pytest.fail("the stage ran"))
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert re.search(f"^ConfigError: config cannot run here: .*{match}", line) and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        (
+            "model.rope_scaling=llama3",
+            r"model\.rope_scaling\(llama3\) but rope_scaling none; model=tiny matches it",
+        ),
+        (
+            "model.tie_embeddings=true",
+            r"model\.tie_embeddings\(True\) but tie_word_embeddings False; model=tiny matches it",
+        ),
+    ],
+)
+def test_a_model_configured_to_scale_rope_or_tie_its_head_is_not_a_plain_folders(published, tmp_path, override, match):
+    """config.json without rotary scaling and with a head of its own describes neither, whatever the shapes say."""
+    with pytest.raises(ConfigError, match=match):
+        make_config("train_segment", tmp_path, *OVERRIDES, override, f"io.init_from={published[0]}")

@@ -14,11 +14,14 @@ modelled).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import yaml
+from omegaconf import MISSING
 
 from trainflow.config.compose import CONF_DIR
 from trainflow.config.schema import ModelConfig
@@ -53,6 +56,9 @@ FIELDS = {
 }
 """ModelConfig's field (or property: ffn_dim) -> the config.json key that must equal it. seq_len is free:
 continued pre-training may train shorter or longer windows than max_position_embeddings."""
+READ_AS = {"rope_scaling": ("rope_scaling", "none"), "tie_embeddings": ("tie_word_embeddings", False)}
+"""ModelConfig's fields a config.json trainflow reads (`unsupported` refuses the others) gives one value only: no
+rotary scaling, an output head of its own; a model configured otherwise is another model."""
 
 
 class HfFolderError(TrainflowError):
@@ -172,23 +178,26 @@ def check_config(folder: Path, m: ModelConfig) -> None:
     c = read_config(folder)
     if why := unsupported(path, c):
         raise HfFolderError(why)
-    want = config_values(path, c)
-    wrong = [f for f in FIELDS if getattr(m, f) != want[f]]
+    want = config_values(path, c) | {f: value for f, (_, value) in READ_AS.items()}
+    keys = FIELDS | {f: key for f, (key, _) in READ_AS.items()}
+    wrong = [f for f in keys if getattr(m, f) != want[f]]
     if not wrong:
         return
-    diff = ", ".join(f"model.{f}({getattr(m, f)}) but {FIELDS[f]} {want[f]}" for f in wrong)
+    diff = ", ".join(f"model.{f}({getattr(m, f)}) but {keys[f]} {want[f]}" for f in wrong)
     raise HfFolderError(f"{path} describes another model: {diff}; {matching(want, m)}")
 
 
 def matching(want: dict, m: ModelConfig) -> str:
     """The preset that gives config.json's model, else the overrides that do (ffn_dim through multiple_of)."""
+    defaults = {f.name: f.default for f in fields(ModelConfig) if f.default not in (MISSING, dataclasses.MISSING)}
     for preset in sorted((CONF_DIR / "model").glob("*.yaml")):
         values = {k: v for k, v in yaml.safe_load(preset.read_text()).items() if not str(v).startswith("${")}
-        candidate = ModelConfig(**{**vars(m), **values})
-        if all(getattr(candidate, f) == want[f] for f in FIELDS):
+        candidate = ModelConfig(**{**vars(m), **defaults, **values})  # what the preset leaves out is the schema's
+        if all(getattr(candidate, f) == want[f] for f in want):
             return f"model={preset.stem} matches it"
-    sets = {f: want[f] for f in FIELDS if f != "ffn_dim"}
+    sets = {f: want[f] for f in want if f != "ffn_dim"}
     if m.ffn_dim != want["ffn_dim"]:  # Llama's width rounds up to multiple_of: a multiple of the width itself gives it
         base = int(2 * 4 * want["dim"] / 3)
         sets |= {"ffn_dim_multiplier": min(1.0, want["ffn_dim"] / base), "multiple_of": want["ffn_dim"]}
-    return "set " + " ".join(f"model.{k}={v}" for k, v in sets.items() if getattr(m, k) != v) + " to match it"
+    words = [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sets.items() if getattr(m, k) != v]
+    return "set " + " ".join(words) + " to match it"
