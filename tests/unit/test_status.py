@@ -142,3 +142,19 @@ def test_watch_refreshes_until_interrupted_and_refuses_a_bad_period(tmp_path, ca
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--watch", "nan"])
     assert "--watch(nan) must be a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_a_segment_whose_last_job_failed_is_between_jobs_and_one_never_started_waits(tmp_path):
+    ckpts = write_folder(tmp_path)
+    jobs = Path(RunFolder.jobs_log(str(ckpts)))
+    gave_up = JobRun(0, 1, "18", T0 + 3, T0 + 3, T0 + 9, "raised", "ValueError on every rank", "not restarted: ...")
+    jobs.write_text(jobs.read_text() + lines([gave_up]))
+    status = read_status(tmp_path, now=T0 + 20)
+    assert status.state is State.BETWEEN_JOBS and status.restarts == 1 and len(status.failures) == 2
+    assert status.eta_s == pytest.approx(2.0) and status.wall_s == pytest.approx(
+        19.0
+    )  # first submission (-10 s) to last end (9 s)
+
+    for log in ckpts.iterdir():
+        log.unlink()
+    assert read_status(tmp_path).state is State.WAITING
