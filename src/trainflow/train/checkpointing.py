@@ -159,7 +159,12 @@ class SegmentCheckpoints:
             optimizers=self.optimizers,  # async: their next step waits for the background copy of their tensors
             step_s=self.planner.step_s,
             before_commit=lambda: maybe_inject_fault(self.cfg.fault, step, during_save=True, attempt=self.attempt),
-            provenance=Provenance(self.cfg.parallel.name, self.cfg.model, self.guard.state(), self.init_from),
+            provenance=Provenance(
+                layout=self.cfg.parallel.name,
+                model=self.cfg.model,  # what trainflow.export rebuilds the model from
+                guard=self.guard.state(),  # what a resume from it judges and draws with (train.guard)
+                init_from=self.init_from,  # where step 0 came from (io.init_from)
+            ),
         )
         self.recorder.span("save", step, started, time.time() - started)  # the time the loop was blocked
         self.saved(done)
