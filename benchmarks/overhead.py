@@ -33,6 +33,7 @@ from trainflow.config import OptimConfig
 from trainflow.config.layout import ParallelDims
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import parallelize_model
+from trainflow.parallel.mesh import build_mesh
 from trainflow.train.controls import build_optimizer
 
 LLAMA = dict(vocab_size=256, n_heads=4, n_kv_heads=2, seq_len=128)
@@ -58,7 +59,7 @@ def compare(cfg: dict, *, batch: int, steps: int, repeats: int) -> dict:
     par = parallelize_model(
         copy.deepcopy(base),
         dims,
-        dims.build_mesh("cpu"),
+        build_mesh(dims, "cpu"),
         loss_fn=cross_entropy,
         device=torch.device("cpu"),
         bucket_mb=25.0,

@@ -47,6 +47,7 @@ from torch import nn
 from trainflow.config.layout import ParallelDims
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel import parallelize_model
+from trainflow.parallel.mesh import build_mesh
 
 V = [2]  # virtual stages under interleaved 1F1B (--virtual-stages); every rank holds V blocks under every schedule
 MATMULS = 8  # --cost matmul: 256x256 fp32 matmuls per block forward (backward: twice as many)
@@ -138,7 +139,7 @@ def rank_fn(rank: int, world: int, configs: list[tuple[str, int]], repeats: int,
     COST.update(cost)
     V[0] = cost["v"]
     p = world
-    mesh = ParallelDims(dp=1, tp=1, pp=p, world_size=p).build_mesh("cpu")
+    mesh = build_mesh(ParallelDims(dp=1, tp=1, pp=p, world_size=p), "cpu")
     out = {}
     for schedule, m in configs:
         v = chunks(schedule)

@@ -1,5 +1,5 @@
 """The layout rules of hybrid parallelism, checked when a config is composed, and ParallelDims, the
-validated layout the ranks build their mesh from (torch is imported only there).
+validated layout the ranks build their mesh from (trainflow.parallel.mesh: this module imports no torch).
 
     python -c "from trainflow.config.layout import ParallelDims as P; P(dp=64, tp=8, pp=8, world_size=4096)"
 """
@@ -155,22 +155,3 @@ class ParallelDims(Record):
     def hsdp(self) -> bool:
         """Hybrid sharded data parallel: dp / shard_size replicas of groups that each shard shard_size ways."""
         return 1 < self.shard_size < self.dp
-
-    def build_mesh(self, device_type: str):
-        """One named mesh, outermost first: pp (slowest links), dp, tp (inside a node's NVLink).
-
-        Under HSDP dp is split into dp_replicate (outer) x dp_shard (inner), and "dp" names the two flattened:
-        data-parallel rank r * dp_shard + s is the same process as under plain dp, so batches do not move.
-        """
-        from torch.distributed.device_mesh import init_device_mesh
-
-        if not self.hsdp:
-            return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp"))
-        shape = (self.pp, self.dp // self.shard_size, self.shard_size, self.tp)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-        mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private but torchtitan's way to name the product
-        return mesh
-
-    def fsdp_mesh(self, mesh):
-        """The mesh FSDP2 shards over: 1-D dp, or 2-D (dp_replicate, dp_shard), which fully_shard takes as HSDP."""
-        return mesh["dp_replicate", "dp_shard"] if self.hsdp else mesh["dp"]

@@ -21,6 +21,7 @@ from trainflow.host import hostname
 from trainflow.launch.executors import build_executor
 from trainflow.launch.job_end import run_job
 from trainflow.launch.task import distributed_task
+from trainflow.parallel.mesh import build_mesh
 from trainflow.stack import versions
 
 
@@ -41,7 +42,7 @@ class BandwidthJob:
                     self.cfg.parallel, self.cfg.model, world_size=world, global_batch=t.global_batch
                 )
                 nbytes = int(max(c.gate.sweep_mb) * 2**20)
-                mesh = dims.build_mesh(device.type)
+                mesh = build_mesh(dims, device.type)
                 patterns = time_patterns(dims, mesh, nbytes=nbytes, iters=c.gate.sweep_iters, device=device)
             probe = probe_compute(self.cfg, mesh, device)
             ranks = [None] * world

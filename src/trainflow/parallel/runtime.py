@@ -29,6 +29,7 @@ from trainflow.config.layout import ParallelDims
 from trainflow.fp8 import apply_fp8, sync_amax_history
 from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
 from trainflow.parallel.grad_reducer import GradReducer
+from trainflow.parallel.mesh import fsdp_mesh
 from trainflow.parallel.pipeline import TiedEmbedding, build_schedule, pipeline_model, tie_embeddings
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
@@ -203,7 +204,7 @@ def parallelize_model(
         for part in result.parts:
             apply_tp(part, mesh["tp"])
     if dims.dp > 1 and dims.dp_mode == "shard":
-        apply_fsdp(result.parts, dims.fsdp_mesh(mesh), compute_dtype=compute_dtype, pipelined=dims.pp > 1)
+        apply_fsdp(result.parts, fsdp_mesh(dims, mesh), compute_dtype=compute_dtype, pipelined=dims.pp > 1)
         result.autocast = None  # FSDP gathers the parameters in the compute dtype
     elif dims.dp > 1:
         result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)

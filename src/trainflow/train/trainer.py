@@ -31,6 +31,7 @@ from trainflow.data.mixture import SourceShare, realised
 from trainflow.data.sampler import TokenSampler
 from trainflow.fp8 import backend_reason
 from trainflow.parallel import Parallelized
+from trainflow.parallel.mesh import build_mesh
 from trainflow.train.build import build_model
 from trainflow.train.checkpointing import SegmentCheckpoints
 from trainflow.train.clock import ForwardClock
@@ -65,7 +66,7 @@ class Trainer:
         self.dims = ParallelDims.from_config(
             cfg.parallel, cfg.model, world_size=dist.get_world_size(), global_batch=t.global_batch
         )
-        self.mesh = self.dims.build_mesh(self.device.type)
+        self.mesh = build_mesh(self.dims, self.device.type)
         self.rank, self.is_logger = dist.get_rank(), dist.get_rank() == 0
         self.model, self.parameters, self.offloader = build_model(cfg, self.device, self.dims, self.mesh, self.rank)
         self.clock = ForwardClock(self.model.named_parts(), self.device)
