@@ -154,3 +154,18 @@ def test_no_test_module_imports_another():
         if bad := sorted(n for n in names if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")):
             found[str(path.relative_to(REPO))] = bad
     assert not found, f"test modules importing test modules (move what they share to tests/support.py): {found}"
+
+
+def test_configuration_and_its_pre_flight_checks_import_no_torch():
+    """config/, hf/ and preflight.py run where the DAG is built and in every stage, the torch-free ones too: no import
+    of torch anywhere in their files (in a function either), so none creeps in behind a lazy import. hf/write.py names
+    torch's Tensor for its annotations alone, under TYPE_CHECKING."""
+    files = [*(SRC / "config").glob("*.py"), SRC / "preflight.py", *(SRC / "hf").glob("*.py")]
+    found = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if bad := [n for n in names if n.split(".")[0] == "torch"]:
+                found.setdefault(str(path.relative_to(SRC)), []).extend(bad)
+    assert found == {"hf/write.py": ["torch"]}, f"torch imported: {found}"
