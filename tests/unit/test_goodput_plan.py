@@ -13,7 +13,8 @@ from trainflow.config import compose
 from trainflow.plan.__main__ import main
 from trainflow.plan.build import build_plan
 from trainflow.plan.failures import Timeline, closed_form, simulate
-from trainflow.plan.goodput import GOAL, SCENARIOS, GoodputPlan
+from trainflow.plan.goodput import GOAL, GoodputPlan
+from trainflow.plan.scenarios import SCENARIOS
 
 SEED = ("experiment=llama70b_alps",)
 CASES = [SEED, (), (*SEED, "cluster.hardware.mtbf_hours=2"), (*SEED, "cluster.hardware.mtbf_hours=16")]
@@ -30,26 +31,34 @@ def by_name(plan: GoodputPlan) -> dict:
     return {s.name: s for s in plan.scenarios}
 
 
-def test_the_seeds_campaign_with_sync_checkpoints_and_with_every_remedy():
-    """The seed's 70B campaign at MTBF 4 h: about 80 % with the configured synchronous checkpoints (121 s saves
-    every 151 steps, the 300 s collective timeout, a new job's 711 s restart), about 95 % with every remedy, held
-    to the goal only by a tenth of a point under the presets' assumptions; the job starts cost 2.3 % in both."""
+def test_the_seeds_campaign_as_configured_and_with_every_remedy():
+    """The seed's 70B campaign at MTBF 4 h. As configured (async checkpoints, trainflow's detection, a new job per
+    restart whose load each of the 64 dp replicas reads for itself: 7130 s) about 49 %; with the single read (not
+    built) 87 %; with every remedy 90 %, short of the goal by the job starts (2.3 %) and evaluation (5.3 %) alone."""
     s = by_name(goodput(*SEED))
-    base, best = s["baseline (sync checkpoints)"], s["all remedies"]
+    base, configured, best = s["baseline (sync, timeout)"], s["as configured"], s["all remedies"]
     assert base.blocking_s == pytest.approx(121, abs=1) and base.interval_steps == 151
-    assert base.detect_s == 300 and base.restart_s == pytest.approx(711, abs=2)
-    assert base.simulated == pytest.approx(0.802, abs=0.01) and not base.meets_goal
-    assert best.blocking_s < 1 and best.interval_s >= best.write_s == base.blocking_s  # never shorter than the write
-    assert best.detect_s == pytest.approx(0.78 * 30 + 0.22 * 124, abs=1) and best.restart_s == pytest.approx(171, abs=2)
-    assert best.simulated == pytest.approx(0.951, abs=0.005) and best.meets_goal
-    assert best.terms["job starts"] == pytest.approx(0.023, abs=0.002)
+    assert base.detect_s == 300 and base.restart_s == pytest.approx(7730, abs=5) and base.built
+    assert configured.blocking_s < 1 and configured.interval_s >= configured.write_s == base.blocking_s
+    assert configured.detect_s == pytest.approx(0.78 * 30 + 0.22 * 124, abs=1) and configured.built
+    assert configured.restart_s == base.restart_s and configured.simulated == pytest.approx(0.488, abs=0.01)
+    single = s["+ single read"]
+    assert single.restart_s == pytest.approx(711, abs=2) and single.simulated == pytest.approx(0.871, abs=0.01)
+    assert not single.built and not s["+ hot restart"].built and "+ async checkpoints" not in s  # configured: async
+    assert best.restart_s == pytest.approx(171, abs=2) and best.simulated == pytest.approx(0.903, abs=0.005)
+    assert not best.meets_goal and not best.built
+    assert best.terms["evaluation"] == pytest.approx(8 / 150) and best.terms["job starts"] == pytest.approx(
+        0.023, abs=0.002
+    )
     assert best.simulated_low < best.simulated < best.simulated_high
+    assert "+ async checkpoints" in by_name(goodput())  # the default checkpoints synchronously
 
 
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: " ".join(o) or "default")
-def test_the_simulation_and_the_closed_form_agree_within_3_percent(overrides):
+def test_the_simulation_and_the_closed_form_agree_within_3_percent_while_failures_cost_up_to_30(overrides):
     for s in goodput(*overrides).scenarios:
-        assert abs(s.simulated - s.closed_form) <= 0.03, s
+        if s.terms["lost work"] + s.terms["detection"] + s.terms["restart"] <= 0.3:  # first order holds
+            assert abs(s.simulated - s.closed_form) <= 0.03, s
 
 
 @pytest.mark.parametrize(
@@ -58,8 +67,8 @@ def test_the_simulation_and_the_closed_form_agree_within_3_percent(overrides):
 def test_a_remedy_never_lowers_goodput(overrides):
     """Strictly in the closed form; in the simulation within its noise (the scenarios share their seed)."""
     s = by_name(goodput(*overrides))
-    base, best = s[SCENARIOS[0][0]], s["all remedies"]
-    for name, *_ in SCENARIOS[1:]:
+    base, best = s[SCENARIOS[0].name], s["all remedies"]
+    for name in list(s)[1:]:
         assert base.closed_form <= s[name].closed_form <= best.closed_form, name
         assert base.simulated <= s[name].simulated + 0.002 and s[name].simulated <= best.simulated + 0.002, name
 
@@ -112,7 +121,8 @@ def test_the_command_prints_the_goodput_section_and_its_json(capsys):
     assert main(list(SEED)) == 0
     table = capsys.readouterr().out
     assert "Goodput under failures (MTBF 4 h" in table
-    assert all(name in table for name, *_ in SCENARIOS) and f"meets {GOAL:.0%}" in table
+    assert all(s.name in table for s in goodput(*SEED).scenarios) and f"misses {GOAL:.0%}" in table
+    assert table.count("(not built)") == 3 and "evaluation 5.3% in every scenario" in table
     assert main(["--json", *SEED]) == 0
     carried = json.loads(capsys.readouterr().out)["goodput"]
     assert GoodputPlan.from_json(carried) == goodput(*SEED) and carried["goal"] == GOAL

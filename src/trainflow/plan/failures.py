@@ -4,8 +4,9 @@ issue's first-order closed form. trainflow.plan.goodput runs them for each of it
     python -c "from trainflow.plan.failures import Timeline, expected; print(expected(Timeline(work_s=3.6e6, \
         interval_s=1800, blocking_s=120, write_s=0, detect_s=300, wait_s=300, held_s=400, mtbf_s=14400, jobs_s=0)))"
 
-The model: failures arrive with exponential gaps of mean M while the job holds its nodes. A run trains interval_s,
-blocks blocking_s, again and again; a checkpoint is durable write_s after its block. A failure loses the work since
+The model: failures arrive with exponential gaps of mean M while the job holds its nodes. A run trains interval_s
+(and evaluates eval_share of it on top: the stretch), blocks blocking_s, again and again; a checkpoint is durable
+write_s after its block. A failure loses the work since
 the newest durable checkpoint, then costs detect_s and wait_s (no nodes held: no failure strikes) and held_s of
 start-up and load (nodes held: a failure may strike). Every job start and planned boundary costs jobs_s in all.
 
@@ -18,7 +19,8 @@ start-up and load (nodes held: a failure may strike). Every job start and planne
   geometric one; the campaign's wall time is the sum of its legs, normal by the central limit theorem over the
   thousands of failures where this is used, and the goodput's band follows from it.
 - closed_form: waste ~ C/tau + (tau/2 + D + R)/M (Young, Daly), taken as time:
-  wall = (work (1 + C/tau) + job starts) / (1 - (tau/2 + D + R)/M); 0 where failures cost all the time.
+  wall = (work (1 + C/tau + e) + job starts) / (1 - (tau (1 + e)/2 + D + R)/M), e the evaluation's share; 0 where
+  failures cost all the time.
 """
 
 from __future__ import annotations
@@ -50,14 +52,26 @@ class Timeline:
     held_s: float
     mtbf_s: float
     jobs_s: float
+    eval_share: float = 0.0
+    """Evaluation's seconds per second of training (held nodes, no kept steps)."""
 
     @property
     def restart_s(self) -> float:
         return self.wait_s + self.held_s
 
     @property
+    def run_s(self) -> float:
+        """The campaign's training and evaluation, failures aside."""
+        return self.work_s * (1 + self.eval_share)
+
+    @property
+    def stretch_s(self) -> float:
+        """One interval's training and its evaluations."""
+        return self.interval_s * (1 + self.eval_share)
+
+    @property
     def period_s(self) -> float:
-        return self.interval_s + self.blocking_s
+        return self.stretch_s + self.blocking_s
 
 
 def simulate(t: Timeline, *, trials: int, seed: int, max_passes: int = MAX_PASSES) -> np.ndarray | None:
@@ -72,12 +86,12 @@ def simulate(t: Timeline, *, trials: int, seed: int, max_passes: int = MAX_PASSE
             return t.work_s / (wall + t.jobs_s)
         x = rng.exponential(t.mtbf_s, active.size)  # time to the next failure
         run = x - restart  # < 0: it struck during the start-up or the load
-        remaining = t.work_s - done[active]
-        pieces = np.ceil(remaining / t.interval_s)
+        remaining = t.run_s - done[active]
+        pieces = np.ceil(remaining / t.stretch_s)
         finish = remaining + (pieces - 1) * t.blocking_s
         ends = run >= finish
         durable = np.floor(np.clip(run - t.write_s, 0, None) / t.period_s)  # checkpoints durable before the failure
-        done[active] += np.where(ends, remaining, np.minimum(durable, pieces - 1) * t.interval_s)
+        done[active] += np.where(ends, remaining, np.minimum(durable, pieces - 1) * t.stretch_s)
         wall[active] += np.where(ends, restart + finish, x + t.detect_s + t.wait_s)
         active, restart = active[~ends], t.held_s
     return None if active.size else t.work_s / (wall + t.jobs_s)
@@ -86,8 +100,8 @@ def simulate(t: Timeline, *, trials: int, seed: int, max_passes: int = MAX_PASSE
 def legs(t: Timeline) -> list[tuple[float, float, float]]:
     """(count, a, b) of the campaign's legs from one durable checkpoint to the next (or to the end): a, the seconds
     the run must pass without a failure; b, what a restart must (held_s and the leg's work from its checkpoint)."""
-    pieces = max(1, math.ceil(t.work_s / t.interval_s))
-    last = t.work_s - (pieces - 1) * t.interval_s
+    pieces = max(1, math.ceil(t.run_s / t.stretch_s))
+    last = t.run_s - (pieces - 1) * t.stretch_s
     finish = (pieces - 1) * t.period_s + last
     # Checkpoints 1 .. k are durable before the end: k period + write < finish.
     k = min(pieces - 1, max(0, math.ceil((finish - t.write_s) / t.period_s) - 1))
@@ -155,10 +169,11 @@ def closed_form(t: Timeline) -> tuple[float, dict[str, float]]:
     """The goodput the issue's first-order waste gives, and the waste by term."""
     terms = {
         "checkpoint": t.blocking_s / t.interval_s,
-        "lost work": t.interval_s / 2 / t.mtbf_s,
+        "lost work": t.stretch_s / 2 / t.mtbf_s,
         "detection": t.detect_s / t.mtbf_s,
         "restart": t.restart_s / t.mtbf_s,
         "job starts": t.jobs_s / t.work_s,
+        "evaluation": t.eval_share,
     }
     lost = terms["lost work"] + terms["detection"] + terms["restart"]
-    return max(0.0, 1 - lost) / (1 + terms["checkpoint"] + terms["job starts"]), terms
+    return max(0.0, 1 - lost) / (1 + terms["checkpoint"] + terms["job starts"] + terms["evaluation"]), terms

@@ -10,24 +10,11 @@ the newest durable checkpoint (the steps since it and the partial step), then co
 failures, every job start costs its allocation wait and start-up, and every planned job boundary (a segment's end, a
 job's time limit) a blocking save and a load: the job-start term, the same in every scenario.
 
-The scenarios, each with its own C, tau, D and R:
-- baseline: C is the synchronous save (plan.campaign), tau its Young/Daly interval; D is the collective timeout,
-  which the survivors of a dead or hung rank wait out without trainflow's heartbeat and srun's kill-on-bad-exit
-  (over NCCL on RDMA a dead peer is as silent as a hung one); R is a new job: requeue_wait_s + startup_s + the load.
-- async checkpoints: C, tau and the write as plan.campaign's async mode gives them (C the copy of the fullest rank's
-  state to host memory at host_copy_gbps, at most: a copy run beside the next step blocks less; tau Young/Daly on
-  that, never shorter than the write, capped); a checkpoint is durable once its background write ends, and a fixed
-  interval shorter than the write adds its wait for the last one to C. Where campaign refuses async (host memory),
-  these scenarios checkpoint synchronously, and a note says why.
-- fast detection: a dead rank ends the job within runtime.failure_detect_s, a hung one within the heartbeat's
-  threshold (config.cluster.hang_threshold_s), each at most the collective timeout, mixed by hardware.hang_share.
-- hot restart: an in-job restart onto spare nodes the job holds: R = hot_restart_s + the load. trainflow's own
-  restart (launch.restart) submits a new job, so this is what such a restart would give, not what it does; the
-  spares' idle node-hours are not in a goodput of time.
-The load reads the checkpoint once at hardware.checkpoint_read_gbps. trainflow's loader (DCP) has every rank read
-its own state, so each dp replica reads its copy: unless the file servers' caches serve the repeats the load is that
-many times longer, which a note of the plan states in seconds (not modelled: not measured either way).
-
+The scenarios (trainflow.plan.scenarios), each with its own C, tau, D and R, and whether trainflow builds what it
+assumes: the baseline without trainflow's remedies, the campaign as configured, and each remedy on top of it, the
+built ones (async checkpoints, where the experiment checkpoints synchronously) and those not built yet, marked so
+(hot restart, the single read). Every scenario pays the same evaluation (train.eval_batches forward passes of a
+global batch every train.eval_every steps, a forward a third of a step) and the same job starts.
 Three models (trainflow.plan.failures): a Monte Carlo of TRIALS campaigns (numpy, seeded, so the plan is
 deterministic), its mean and 5-95 % band over trials, where a trial expects at most failures.MAX_FAILURES failures;
 beyond that the same model's exact expectation and band (a note names the scenarios); and the closed form of the
@@ -46,10 +33,10 @@ from enum import StrEnum
 
 import numpy as np
 
-from trainflow.config.cluster import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
+from trainflow.plan.scenarios import SCENARIOS, Remedies, detection_s, eval_share, load_s, scenario_times
 from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
@@ -61,14 +48,6 @@ TRIALS = 400
 SEED = 24
 BAND = (5.0, 95.0)
 """The percentiles over trials the simulated goodput's band spans."""
-SCENARIOS = (
-    ("baseline (sync checkpoints)", False, False, False),
-    ("async checkpoints", True, False, False),
-    ("fast detection", False, True, False),
-    ("hot restart", False, False, True),
-    ("all remedies", True, True, True),
-)
-"""(name, async checkpoints, fast detection, hot restart)."""
 
 
 class Method(StrEnum):
@@ -83,6 +62,8 @@ class Method(StrEnum):
 @dataclass(frozen=True)
 class GoodputScenario(Record):
     name: str
+    built: bool
+    """Whether trainflow builds every remedy the scenario assumes (False: what it would give)."""
     blocking_s: float
     """C: how long training stops for one checkpoint."""
     write_s: float
@@ -137,57 +118,33 @@ def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> in
     return t.segments * math.ceil(t.segment_steps / per_job)
 
 
-def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
-    """(dead, hung): how long the job runs on after a rank dies or hangs, with trainflow's detection."""
-    rt = cfg.cluster.runtime
-    timeout = rt.collective_timeout_s
-    return min(rt.failure_detect_s, timeout), min(hang_threshold_s(rt, step_s), timeout)
-
-
 def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> GoodputPlan:
     """Every scenario's goodput for cfg's campaign."""
     replicas = setup.layout.dp // setup.layout.shard_size  # each loads its own copy of the state
     h, rt = cfg.cluster.hardware, cfg.cluster.runtime
-    mtbf_s, work_s = h.mtbf_hours * 3600, cfg.train.total_steps * step_s
-    load_s = campaign.checkpoint_bytes / (h.checkpoint_read_gbps * 1e9)
+    mtbf_s = h.mtbf_hours * 3600
     jobs = job_count(cfg, campaign, step_s)
-    jobs_s = jobs * (h.requeue_wait_s + h.startup_s) + (jobs - 1) * (campaign.save_s + load_s)
+    scenarios = [
+        scenario(r, scenario_times(cfg, r, step_s=step_s, campaign=campaign, replicas=replicas, jobs=jobs), steps)
+        for r, steps in ((r, r.interval_steps(cfg, campaign)) for r in SCENARIOS if r.listed(cfg))
+    ]
     dead, hung = detection_s(cfg, step_s)
-    a = campaign.asynchronous
-    sync = (campaign.save_s, 0.0, campaign.interval_steps)
-    waits_s = max(0.0, a.background_s - a.interval_s)  # a save due before the last one's write ends waits for it
-    asynchronous = sync if a.refused else (a.blocking_s + waits_s, a.background_s, a.interval_steps)
-    scenarios = []
-    for name, use_async, fast, hot in SCENARIOS:
-        blocking_s, write_s, steps = asynchronous if use_async else sync
-        wait_s, held_s = (0.0, h.hot_restart_s + load_s) if hot else (h.requeue_wait_s, h.startup_s + load_s)
-        detect_s = (1 - h.hang_share) * dead + h.hang_share * hung if fast else rt.collective_timeout_s
-        times = Timeline(
-            work_s=work_s,
-            interval_s=steps * step_s,
-            blocking_s=blocking_s,
-            write_s=write_s,
-            detect_s=detect_s,
-            wait_s=wait_s,
-            held_s=held_s,
-            mtbf_s=mtbf_s,
-            jobs_s=jobs_s,
-        )
-        scenarios.append(scenario(name, times, interval_steps=steps))
+    configured = next(s for s in scenarios if s.name == "as configured")
     notes = [
         f"detection with trainflow's: a dead rank {dead:.0f} s, a hung one {hung:.0f} s, hang_share {h.hang_share:.0%};"
         f" without: the collective timeout, {rt.collective_timeout_s} s",
         f"{jobs} jobs (train.segments {cfg.train.segments}, {cfg.cluster.allocation.time_min} min at most each) cost "
-        f"{jobs_s / 3600:.3g} h of allocation waits, start-ups, saves and loads in every scenario",
-        *caveats(scenarios, refused=a.refused, replicas=replicas, load_s=load_s),
+        f"{configured.terms['job starts']:.1%} of the steps' time as configured in allocation waits, start-ups, saves "
+        f"and loads; evaluation {eval_share(cfg):.1%} in every scenario (train.eval_batches {cfg.train.eval_batches} "
+        f"every train.eval_every {cfg.train.eval_every} steps)",
+        *caveats(scenarios, refused=campaign.asynchronous.refused, replicas=replicas, load_s=load_s(cfg, campaign)),
     ]
-    configured = scenarios[1] if cfg.checkpoint.mode == "async" and not a.refused else scenarios[0]
     return GoodputPlan(
         goal=GOAL,
         mtbf_s=mtbf_s,
-        productive_s=work_s,
+        productive_s=cfg.train.total_steps * step_s,
         jobs=jobs,
-        load_s=load_s,
+        load_s=load_s(cfg, campaign),
         trials=TRIALS,
         seed=SEED,
         scenarios=scenarios,
@@ -210,13 +167,14 @@ def caveats(scenarios: list[GoodputScenario], *, refused: str | None, replicas: 
         notes.append(f"the async scenarios checkpoint synchronously: {refused}")
     if replicas > 1:
         notes.append(
-            f"the load reads the checkpoint once ({load_s:.4g} s), but each of the {replicas} dp replicas reads its "
-            f"own copy: {replicas * load_s:.4g} s unless the file servers' caches serve the repeats (not measured)"
+            f"each of the {replicas} dp replicas reads its own copy of the checkpoint: a load takes "
+            f"{replicas * load_s:.4g} s unless the file servers' caches serve the repeats (not measured), "
+            f"{load_s:.4g} s read once (the single read, not built)"
         )
     return notes
 
 
-def scenario(name: str, t: Timeline, *, interval_steps: int) -> GoodputScenario:
+def scenario(remedies: Remedies, t: Timeline, interval_steps: int) -> GoodputScenario:
     """One scenario, simulated (or past MAX_FAILURES a trial, its expectation) and in closed form."""
     expects = failures(t)
     sim = simulate(t, trials=TRIALS, seed=SEED) if expects <= MAX_FAILURES else None
@@ -226,7 +184,8 @@ def scenario(name: str, t: Timeline, *, interval_steps: int) -> GoodputScenario:
         (mean, low, high), method = expected(t), Method.EXPECTED
     closed, terms = closed_form(t)
     return GoodputScenario(
-        name=name,
+        name=remedies.name,
+        built=remedies.built,
         blocking_s=t.blocking_s,
         write_s=t.write_s,
         interval_steps=interval_steps,
@@ -249,13 +208,17 @@ def needed(best: GoodputScenario, mtbf_s: float) -> str | None:
     if best.meets_goal:
         return None
     t = best.terms
-    allowed = 1 - GOAL * (1 + t["checkpoint"] + t["job starts"])  # the share failures may cost
-    per_failure = best.interval_s / 2 + best.detect_s + best.restart_s
+    allowed = 1 - GOAL * (1 + t["checkpoint"] + t["job starts"] + t["evaluation"])  # the share failures may cost
+    lost_s = t["lost work"] * mtbf_s  # tau/2 of training and its evaluations
+    per_failure = lost_s + best.detect_s + best.restart_s
     if allowed <= 0:
-        return f"{GOAL:.0%} is out of reach before any failure: the job starts alone cost {t['job starts']:.1%}"
+        return (
+            f"{GOAL:.0%} is out of reach before any failure: the job starts and evaluation alone cost "
+            f"{t['job starts'] + t['evaluation']:.1%}"
+        )
     return (
         f"all remedies reach {best.simulated:.1%}; {GOAL:.0%} needs at most {allowed * mtbf_s:.0f} s lost per failure "
-        f"(now tau/2 {best.interval_s / 2:.0f} + D {best.detect_s:.0f} + R {best.restart_s:.0f} = {per_failure:.0f} s"
+        f"(now tau/2 {lost_s:.0f} + D {best.detect_s:.0f} + R {best.restart_s:.0f} = {per_failure:.0f} s"
         f") or an MTBF of {per_failure / allowed / 3600:.3g} h"
     )
 

@@ -102,7 +102,8 @@ def goodput_lines(g: GoodputPlan | None) -> list[str]:
         )
         band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%}){MARKS[s.method]}"
         verdict = f"{'meets' if s.meets_goal else 'misses'} {g.goal:.0%}"
-        lines.append(f"  {s.name:<27} {times}  {band:<24} {s.closed_form:6.1%}  {verdict}")
+        built = "" if s.built else "  (not built)"
+        lines.append(f"  {s.name:<27} {times}  {band:<24} {s.closed_form:6.1%}  {verdict}{built}")
     lines += [f"  - {note}" for note in [*g.notes, *([g.needed] if g.needed else [])]]
     return [*lines, *([f"CANNOT FINISH: {g.cannot_finish}"] if g.cannot_finish else []), ""]
 

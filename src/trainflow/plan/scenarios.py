@@ -1,0 +1,123 @@
+"""The goodput plan's scenarios: which remedies each assumes, whether trainflow builds them, and the times of a
+campaign under failures (trainflow.plan.failures.Timeline) that follow.
+
+    python -m trainflow.plan experiment=llama70b_alps      # the goodput section
+
+- baseline: synchronous checkpoints, and D the collective timeout, which the survivors of a dead or hung rank wait
+  out without trainflow's heartbeat and srun's kill-on-bad-exit (over NCCL on RDMA a dead peer is as silent as a
+  hung one); R a new job: requeue_wait_s + startup_s + the load.
+- as configured: the experiment's checkpoint.mode and trainflow's detection (built, always on): a dead rank ends the
+  job within runtime.failure_detect_s, a hung one within the heartbeat's threshold (config.cluster.hang_threshold_s),
+  each at most the collective timeout, mixed by hardware.hang_share; R a new job (launch.restart).
+- + async checkpoints (built; listed where the experiment checkpoints synchronously): C, tau and the write as
+  plan.campaign's async mode gives them; a checkpoint is durable once its background write ends, and a fixed
+  interval shorter than the write adds its wait for the last one to C. Where campaign refuses async (host memory),
+  the scenario checkpoints synchronously, and a note says why.
+- + hot restart (not built): an in-job restart onto spare nodes the job holds: R = hot_restart_s + the load (the
+  spares' idle node-hours are not in a goodput of time).
+- + single read (not built): the load reads the checkpoint once at hardware.checkpoint_read_gbps. trainflow's loader
+  (DCP) has every rank read its own state, so each dp replica reads its copy: unless the file servers' caches serve
+  the repeats a load takes replicas x as long, which every other scenario pays (not measured either way).
+- all remedies: every one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainflow.config.cluster import hang_threshold_s
+from trainflow.config.schema import TrainflowConfig
+from trainflow.plan.campaign import CampaignPlan
+from trainflow.plan.failures import Timeline
+
+HOT_RESTART_BUILT = False
+"""An in-job restart onto spare nodes: trainflow's restart (launch.restart) submits a new job."""
+SINGLE_READ_BUILT = False
+"""Replicated state read once per job start and exchanged over the dp group: each replica reads its own copy."""
+
+
+@dataclass(frozen=True)
+class Remedies:
+    """What a scenario assumes: async checkpoints (None: checkpoint.mode as configured), trainflow's fast detection, a
+    hot restart, the single read."""
+
+    name: str
+    asynchronous: bool | None
+    fast_detection: bool
+    hot_restart: bool
+    single_read: bool
+    only_if_sync: bool = False
+    """Listed only where the experiment checkpoints synchronously (else it is what "as configured" does)."""
+
+    @property
+    def built(self) -> bool:
+        return (HOT_RESTART_BUILT or not self.hot_restart) and (SINGLE_READ_BUILT or not self.single_read)
+
+    def listed(self, cfg: TrainflowConfig) -> bool:
+        return not self.only_if_sync or cfg.checkpoint.mode != "async"
+
+    def uses_async(self, cfg: TrainflowConfig, campaign: CampaignPlan) -> bool:
+        wanted = cfg.checkpoint.mode == "async" if self.asynchronous is None else self.asynchronous
+        return wanted and not campaign.asynchronous.refused
+
+    def interval_steps(self, cfg: TrainflowConfig, campaign: CampaignPlan) -> int:
+        return campaign.asynchronous.interval_steps if self.uses_async(cfg, campaign) else campaign.interval_steps
+
+
+SCENARIOS = (
+    Remedies("baseline (sync, timeout)", False, False, False, False),
+    Remedies("as configured", None, True, False, False),
+    Remedies("+ async checkpoints", True, True, False, False, only_if_sync=True),
+    Remedies("+ hot restart", None, True, True, False),
+    Remedies("+ single read", None, True, False, True),
+    Remedies("all remedies", True, True, True, True),
+)
+
+
+def eval_share(cfg: TrainflowConfig) -> float:
+    """Evaluation's seconds per second of training: train.eval_batches forward passes of a global batch every
+    train.eval_every steps, a forward a third of a step (forward and backward: three forwards' work)."""
+    return cfg.train.eval_batches / (3 * cfg.train.eval_every)
+
+
+def load_s(cfg: TrainflowConfig, campaign: CampaignPlan) -> float:
+    """The checkpoint read once at hardware.checkpoint_read_gbps."""
+    return campaign.checkpoint_bytes / (cfg.cluster.hardware.checkpoint_read_gbps * 1e9)
+
+
+def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
+    """(dead, hung): how long the job runs on after a rank dies or hangs, with trainflow's detection."""
+    rt = cfg.cluster.runtime
+    timeout = rt.collective_timeout_s
+    return min(rt.failure_detect_s, timeout), min(hang_threshold_s(rt, step_s), timeout)
+
+
+def scenario_times(
+    cfg: TrainflowConfig, r: Remedies, *, step_s: float, campaign: CampaignPlan, replicas: int, jobs: int
+) -> Timeline:
+    """The campaign's times under scenario `r` (module docstring)."""
+    h, a = cfg.cluster.hardware, campaign.asynchronous
+    load = load_s(cfg, campaign) * (1 if r.single_read else replicas)
+    if r.uses_async(cfg, campaign):  # a save due before the last one's write ends waits for it
+        blocking_s, write_s, steps = (
+            a.blocking_s + max(0.0, a.background_s - a.interval_s),
+            a.background_s,
+            a.interval_steps,
+        )
+    else:
+        blocking_s, write_s, steps = campaign.save_s, 0.0, campaign.interval_steps
+    wait_s, held_s = (0.0, h.hot_restart_s + load) if r.hot_restart else (h.requeue_wait_s, h.startup_s + load)
+    dead, hung = detection_s(cfg, step_s)
+    fast = (1 - h.hang_share) * dead + h.hang_share * hung
+    return Timeline(
+        work_s=cfg.train.total_steps * step_s,
+        interval_s=steps * step_s,
+        blocking_s=blocking_s,
+        write_s=write_s,
+        detect_s=fast if r.fast_detection else cfg.cluster.runtime.collective_timeout_s,
+        wait_s=wait_s,
+        held_s=held_s,
+        mtbf_s=h.mtbf_hours * 3600,
+        jobs_s=jobs * (h.requeue_wait_s + h.startup_s) + (jobs - 1) * (campaign.save_s + load),
+        eval_share=eval_share(cfg),
+    )
