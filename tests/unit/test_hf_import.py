@@ -171,10 +171,13 @@ BAD = {
         r"model\.norm_eps=1e-06 to match it",
     ),
     "rope scaling": (
-        edit_config(rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0}),
-        r"describes rotary scaling 'llama3' \(e\.g\. Llama 3\.1's\), which trainflow's Llama does not compute",
+        edit_config(rope_parameters={"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0}),
+        r"describes rotary scaling 'yarn' \(.*llama3\), which trainflow's Llama does not compute",
     ),
-    "tied": (edit_config(tie_word_embeddings=True), r"an output head tied to the embedding"),
+    "tied": (
+        edit_config(tie_word_embeddings=True),
+        r"model\.tie_embeddings\(False\) but tie_word_embeddings True; set model\.tie_embeddings=true to match it",
+    ),
     "truncated": (truncate, r"model-00002-of-\d+\.safetensors cannot be read as safetensors \(.*\): it is truncated"),
     "renamed tensors": (rename_tensor, r"holds transformer\.embed_tokens\.weight, which a LlamaForCausalLM of 4"),
     "a wrong shape": (

@@ -138,7 +138,10 @@ def load_hf(folder: Path, parts: list[nn.Module], m: ModelConfig) -> Imported:
     process group is up (every rank calls it), one process's load otherwise."""
     start = time.perf_counter()
     states = [get_model_state_dict(part, options=FLAT) for part in parts]
-    hf = {hf_name(k): v for state in states for k, v in state.items() if not k.endswith(FP8_STATE)}
+    # A tied head reads the embedding's tensor: one key where a rank holds both, the last stage's copy elsewhere.
+    hf = {
+        hf_name(k, tied=m.tie_embeddings): v for state in states for k, v in state.items() if not k.endswith(FP8_STATE)
+    }
     try:
         with warnings.catch_warnings():  # DCP's notice that it loads in one process, where there is no group
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)

@@ -48,7 +48,7 @@ from trainflow.export.source import (
     read_tokenizer,
     run_tokens,
 )
-from trainflow.hf.llama import hf_config, hf_name
+from trainflow.hf.llama import folder_shapes, hf_config, hf_name
 from trainflow.hf.write import MAX_SHARD_BYTES, plan_shards, shard_names, write_folder
 
 __all__ = ["ExportError", "choose_model", "export", "read_model"]
@@ -67,6 +67,7 @@ def export(
     m = choose_model(checkpoint, given)
     altered = "its manifest records another model: the checkpoint was altered, export another one of the series"
     shapes = checked_shapes(checkpoint, m, fix=altered if m is not given else OVERRIDES_FIX)
+    shapes = {k: shapes[k] for k in folder_shapes(m)}  # a tied head is the embedding: no lm_head.weight
     files = tokenizer_files(series, m)
     files["config.json"] = json.dumps(hf_config(m, files.pop("eot_id", None)), indent=2) + "\n"
     shards = plan_shards(shapes, max_shard_bytes)

@@ -8,8 +8,10 @@ The folder's files are untrusted: config.json is parsed as JSON and compared fie
 with the override (or the preset) that would match; the weights' checks are hf.weights'. Both are pre-flight
 checks (trainflow.preflight), so a folder that cannot start the run fails when the DAG is built, before any stage
 runs, and again when the trainer reads it (the files may change in between). Rotary embeddings: trainflow rotates
-halves, as HF's rotate_half, so q/k projections need no permutation; Llama 3.1's frequency scaling is refused (not
-modelled).
+halves, as HF's rotate_half, so q/k projections need no permutation. Llama 3.1's frequency scaling (rope_type llama3,
+in rope_scaling or transformers 5's rope_parameters) is model.rope_scaling=llama3 and its four parameters; any other
+scaling, in either spelling of its kind (rope_type, or type before transformers 4.43), is refused. A head tied to the
+embedding (tie_word_embeddings, Llama 3.2) is model.tie_embeddings: its folder has no lm_head.weight.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ BLOCK_NAMES = {
     "feed_forward.w2": "mlp.down_proj",
 }
 TOP_NAMES = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
+ROPE_KEYS = {
+    "rope_factor": "factor",
+    "rope_low_freq_factor": "low_freq_factor",
+    "rope_high_freq_factor": "high_freq_factor",
+    "rope_original_seq_len": "original_max_position_embeddings",
+}
+"""ModelConfig's llama3 rotary fields -> their keys in config.json's rope_scaling (transformers 5: rope_parameters)."""
 
 FIELDS = {
     "vocab_size": "vocab_size",
@@ -56,22 +65,26 @@ FIELDS = {
 }
 """ModelConfig's field (or property: ffn_dim) -> the config.json key that must equal it. seq_len is free:
 continued pre-training may train shorter or longer windows than max_position_embeddings."""
-READ_AS = {"rope_scaling": ("rope_scaling", "none"), "tie_embeddings": ("tie_word_embeddings", False)}
-"""ModelConfig's fields a config.json trainflow reads (`unsupported` refuses the others) gives one value only: no
-rotary scaling, an output head of its own; a model configured otherwise is another model."""
+SCALING_KEYS = {
+    "rope_scaling": "rope_scaling",
+    **{field: f"rope_scaling.{key}" for field, key in ROPE_KEYS.items()},
+    "tie_embeddings": "tie_word_embeddings",
+}
+"""ModelConfig's fields scaling_values reads from config.json -> the key an error names."""
 
 
 class HfFolderError(TrainflowError):
     """A Hugging Face folder (io.init_from) that cannot initialise the configured model."""
 
 
-def hf_name(name: str) -> str:
+def hf_name(name: str, *, tied: bool = False) -> str:
     """A trainflow parameter name as LlamaForCausalLM names it: layers.3.attention.wq.weight ->
-    model.layers.3.self_attn.q_proj.weight."""
+    model.layers.3.self_attn.q_proj.weight; a `tied` head's (output.weight) is the embedding's, which a tied
+    folder holds alone (it has no lm_head.weight)."""
     module = name.removesuffix(".weight")
     if block := re.fullmatch(r"layers\.(\d+)\.(.+)", module):
         return f"model.layers.{block[1]}.{BLOCK_NAMES[block[2]]}.weight"
-    return f"{TOP_NAMES[module]}.weight"
+    return f"{TOP_NAMES['tok_embeddings' if tied and module == 'output' else module]}.weight"
 
 
 def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -87,6 +100,19 @@ def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
+def folder_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors of a Hugging Face folder of the model `m`, by trainflow name: every parameter, but a tied head
+    (model.tie_embeddings), whose weight is the embedding's."""
+    return {k: v for k, v in parameter_shapes(m).items() if not (m.tie_embeddings and k == "output.weight")}
+
+
+def rope_scaling(m: ModelConfig) -> dict:
+    """config.json's rope_scaling of the model `m` as transformers 4.43+ writes Llama 3.1's ({} without scaling)."""
+    if m.rope_scaling == "none":
+        return {}
+    return {"rope_scaling": {"rope_type": m.rope_scaling, **{key: getattr(m, f) for f, key in ROPE_KEYS.items()}}}
+
+
 def hf_config(m: ModelConfig, eot_id: int | None) -> dict:
     """config.json of LlamaForCausalLM for the model `m`; documents end (and, as GPT-2's do, start) with
     the end-of-document token `eot_id`, unknown (None) without the run's token file."""
@@ -99,7 +125,8 @@ def hf_config(m: ModelConfig, eot_id: int | None) -> dict:
         "max_position_embeddings": m.seq_len,
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": m.tie_embeddings,
+        **rope_scaling(m),
         "bos_token_id": eot_id,
         "eos_token_id": eot_id,
         "torch_dtype": "float32",
@@ -129,21 +156,52 @@ def read_config(folder: Path) -> dict:
     return values
 
 
+def rope_settings(c: dict) -> object:
+    """config.json's rotary settings: transformers 5's rope_parameters, else rope_scaling (absent: {})."""
+    rope = c.get("rope_parameters")
+    return (c.get("rope_scaling") if rope is None else rope) or {}
+
+
+def rope_kind(rope: dict) -> object:
+    """The scaling's kind in either spelling: rope_type (transformers 4.43+), type (before 4.43)."""
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
 def unsupported(path: Path, c: dict) -> str | None:
     """What in config.json trainflow's Llama cannot compute (None: nothing)."""
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    rope = rope_settings(c)
     checks = [
         (c.get("model_type") == "llama", f"model_type {c.get('model_type')!r}, not 'llama'"),
         (c.get("hidden_act", "silu") == "silu", f"hidden_act {c.get('hidden_act')!r}, not SwiGLU's 'silu'"),
         (not c.get("attention_bias") and not c.get("mlp_bias"), "biases in attention or the MLP"),
-        (not c.get("tie_word_embeddings"), "an output head tied to the embedding"),
+        (isinstance(rope, dict), f"rope_scaling {rope!r}, which is no object of rotary settings"),
         (
-            not isinstance(rope, dict) or rope.get("rope_type", "default") == "default",
-            f"rotary scaling {rope.get('rope_type') if isinstance(rope, dict) else rope!r} (e.g. Llama 3.1's)",
+            not isinstance(rope, dict) or rope_kind(rope) in ("default", "llama3"),
+            f"rotary scaling {rope_kind(rope) if isinstance(rope, dict) else rope!r} (of its rotary settings "
+            "trainflow computes none and Llama 3.1's llama3)",
         ),
     ]
     why = next((text for ok, text in checks if not ok), None)
     return f"{path} describes {why}, which trainflow's Llama does not compute; import another model" if why else None
+
+
+def scaling_values(path: Path, c: dict) -> dict[str, str | int | float | bool]:
+    """config.json's rotary scaling and head tying as ModelConfig's fields (unsupported refused the rest): the
+    llama3 parameters only where it scales, each of its JSON type."""
+    rope, tied = rope_settings(c), c.get("tie_word_embeddings", False)
+    if type(tied) is not bool:
+        raise HfFolderError(f"{path} gives tie_word_embeddings as {tied!r}, not true or false; download it again")
+    if rope_kind(rope) != "llama3":
+        return {"rope_scaling": "none", "tie_embeddings": tied}
+    out: dict[str, str | int | float | bool] = {"rope_scaling": "llama3", "tie_embeddings": tied}
+    for field, key in ROPE_KEYS.items():
+        kind, value = (int if field == "rope_original_seq_len" else float), rope.get(key)
+        if type(value) is not kind and not (kind is float and type(value) is int):  # bool is an int to isinstance
+            raise HfFolderError(
+                f"{path} gives rope_scaling.{key} as {value!r}, not a {kind.__name__}; download it again"
+            )
+        out[field] = value
+    return out
 
 
 def config_values(path: Path, c: dict) -> dict[str, int | float]:
@@ -178,9 +236,9 @@ def check_config(folder: Path, m: ModelConfig) -> None:
     c = read_config(folder)
     if why := unsupported(path, c):
         raise HfFolderError(why)
-    want = config_values(path, c) | {f: value for f, (_, value) in READ_AS.items()}
-    keys = FIELDS | {f: key for f, (key, _) in READ_AS.items()}
-    wrong = [f for f in keys if getattr(m, f) != want[f]]
+    want = config_values(path, c) | scaling_values(path, c)
+    keys = FIELDS | SCALING_KEYS
+    wrong = [f for f in want if getattr(m, f) != want[f]]
     if not wrong:
         return
     diff = ", ".join(f"model.{f}({getattr(m, f)}) but {keys[f]} {want[f]}" for f in wrong)

@@ -20,7 +20,7 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from trainflow.config.schema import ModelConfig
-from trainflow.hf.llama import HfFolderError, hf_name, parameter_shapes
+from trainflow.hf.llama import HfFolderError, folder_shapes, hf_name
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -82,7 +82,7 @@ def weight_files(folder: Path, m: ModelConfig) -> dict[str, list[str]]:
     if odd := sorted(set(files) ^ set(present)):
         side = "lacks" if odd[0] in files else "holds the unlisted"
         raise HfFolderError(f"{folder} {side} {odd[0]} (its index lists {len(files)} files); download the model again")
-    want = {hf_name(name): shape for name, shape in parameter_shapes(m).items()}
+    want = {hf_name(name): shape for name, shape in folder_shapes(m).items()}
     where: dict[str, str] = {}
     for file in files:
         for name, (dtype, shape) in read_header(folder / file).items():
