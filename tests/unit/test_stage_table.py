@@ -46,6 +46,17 @@ def test_localrules_are_the_stages_that_submit_their_own_allocation():
 
 def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
     base = stage_hash(compose("train_segment", []), "train_segment")
-    for path, value in zip(UNHASHED, ("0", "true", "5", "7", "1")):
+    values = {
+        "cluster.allocation.max_restarts": "0",
+        "cluster.allocation.max_excluded_nodes": "2",
+        "cluster.allocation.max_pending_s": "60",
+        "cluster.allocation.exclude_stragglers": "true",
+        "train.spike.max_rollbacks": "0",
+        "cluster.runtime.failure_detect_s": "5",
+        "cluster.runtime.hang_detect_s": "7",
+        "cluster.runtime.heartbeat_s": "1",
+    }
+    assert set(values) == set(UNHASHED) - {"cluster.allocation.container"}  # the container: test_containers
+    for path, value in values.items():
         assert stage_hash(compose("train_segment", [f"{path}={value}"]), "train_segment") == base, path
     assert stage_hash(compose("train_segment", ["cluster.runtime.collective_timeout_s=7"]), "train_segment") != base

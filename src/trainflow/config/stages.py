@@ -17,7 +17,10 @@ TRAIN_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "clu
 """What training reads: also the name of its checkpoint series (config.run_folder.RunFolder.train_hash)."""
 UNHASHED = (
     "cluster.allocation.max_restarts",
+    "cluster.allocation.max_excluded_nodes",
+    "cluster.allocation.max_pending_s",
     "cluster.allocation.exclude_stragglers",
+    "train.spike.max_rollbacks",
     "cluster.runtime.failure_detect_s",
     "cluster.runtime.hang_detect_s",
     "cluster.runtime.heartbeat_s",
