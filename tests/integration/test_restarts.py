@@ -69,6 +69,28 @@ def test_a_dead_rank_ends_the_job_fast_and_the_stage_restarts_it_bitwise(tmp_pat
     assert seconds["load"] > 0 and seconds["restart"] >= 0
 
 
+@pytest.mark.slow  # four jobs: ~45 s on a quiet machine
+def test_failures_with_progress_between_them_never_use_up_the_budget_and_a_rerun_keeps_the_host_out(
+    tmp_path, tokens, reference
+):
+    # max_restarts=1, and rank 1 dies twice: at the start of step 3 (checkpoint 2 saved) and, in the restarted job, of
+    # step 5 (checkpoint 4 saved). Each restart trained a checkpoint interval, so each is the first of its streak: a
+    # per-segment count would have stopped at the second. A rerun of the finished segment leaves the host out again
+    # (one machine: recorded, not applied), read from the run's jobs ledger.
+    twice = ("fault.step=3", "fault.rank=1", "fault.signal=KILL", "fault.strikes=2", "fault.stride=2")
+    budget = ("cluster.allocation.max_restarts=1",)
+    summary = segment(tmp_path, tokens, *twice, *budget)
+    jobs, _ = ledgers(tmp_path, *budget)
+    host = socket.gethostname()
+    assert [j.outcome for j in jobs] == ["died", "died", "completed"]
+    assert [j.verdict for j in jobs[:2]] == [f"restart 1 of 1, leaving out {host}"] * 2
+    assert [j.checkpoint for j in jobs] == [2, 4, 6] and jobs[0].left_out == [host]
+    assert summary["state_digest"] == reference["state_digest"]
+    segment(tmp_path, tokens, *budget)
+    jobs, _ = ledgers(tmp_path, *budget)
+    assert len(jobs) == 4 and jobs[3].exclude == [host] and jobs[3].outcome == "completed"
+
+
 def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks(tmp_path, tokens):
     threshold = 5
     start = time.monotonic()
@@ -121,18 +143,19 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
         assert "Thread" in (folder / f"{jobs[0].job_id}_{rank}_stacks.txt").read_text()
 
 
-def test_a_symmetric_hang_blames_no_host(tmp_path, tokens):
+def test_a_symmetric_hang_blames_no_host_until_the_gate_s_checks_ran(tmp_path, tokens, reference):
     # Every rank blocks in one collective that never completes (fault.signal=WEDGE: a failed link or switch): the
-    # counts are equal, so no rank is named and the restart leaves no host out. (At step 5: the last phase before it
-    # is step 4's compute; a hang inside a save is left to the collective timeout.)
+    # counts are equal, so no rank is named. Before the restart the gate's job times the layout's collectives on the
+    # allocation (here all fast: no host found); the restart leaves no host out and ends bitwise. (At step 5: the
+    # last phase before it is step 4's compute; a hang inside a save is left to the collective timeout.)
     hang = ("cluster.runtime.hang_detect_s=4",)
-    with pytest.raises(LaunchError) as err:
-        segment(tmp_path, tokens, "fault.step=5", "fault.signal=WEDGE", *hang, "cluster.allocation.max_restarts=0")
-    line = str(err.value)
-    assert "\n" not in line and "every rank made no progress for" in line, line
-    assert "a symmetric hang), so no host is blamed" in line, line
-    jobs, _ = ledgers(tmp_path, *hang, "cluster.allocation.max_restarts=0")
-    assert jobs[0].outcome == "hang" and socket.gethostname() not in jobs[0].verdict
+    summary = segment(tmp_path, tokens, "fault.step=5", "fault.signal=WEDGE", *hang)
+    jobs, _ = ledgers(tmp_path, *hang)
+    assert [j.outcome for j in jobs] == ["hang", "completed"]
+    assert "every rank made no progress for" in jobs[0].line and "so no host is blamed" in jobs[0].line
+    assert jobs[0].verdict == "restart 1 of 3 (the gate's checks found no slow host)"
+    assert jobs[0].left_out == [] and jobs[1].exclude == []
+    assert summary["state_digest"] == reference["state_digest"]
 
 
 def test_a_nan_step_is_skipped_and_a_rerun_with_the_same_fault_is_bitwise_equal(tmp_path, tokens, reference):
@@ -160,6 +183,15 @@ def test_a_config_error_is_not_restarted_and_fails_in_one_line(tmp_path, tokens)
     assert "not restarted: trainflow refused an input, which a new job would refuse again" in line
     jobs, _ = ledgers(tmp_path, "train.segments=2", "segment=1")
     assert len(jobs) == 1
+
+
+def test_a_rollback_past_max_rollbacks_stops_the_segment_in_one_line(tmp_path, tokens):
+    bounded = ("fault.nan_step=3", "train.spike.rollback_after=1", "train.spike.max_rollbacks=0")
+    with pytest.raises(LaunchError) as err:
+        segment(tmp_path, tokens, *bounded)
+    line = str(err.value)
+    assert "\n" not in line and "the loss diverges: 1 bad steps in a row from step 3 (the last: loss nan)" in line
+    assert "past train.spike.max_rollbacks (0)" in line and "not restarted: trainflow refused an input" in line
 
 
 @pytest.mark.slow
