@@ -39,7 +39,11 @@ METADATA = ".metadata"
 RANK_FILE = re.compile(r"__([0-9]+)_([0-9]+)\.distcp")
 ALGORITHM = "crc32c"
 MODEL_TYPES = get_type_hints(ModelConfig)
-"""ModelConfig's field name -> int, float or str: what a manifest's model must hold."""
+"""ModelConfig's field name -> int, float, str or bool: what a manifest's model must hold."""
+SCALING = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_seq_len")
+"""model.rope_scaling and its llama3 parameters, added with model.tie_embeddings (issue 34): a manifest written before
+lacks them, and meant what their defaults mean (no scaling, an untied head)."""
+ADDED = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in (*SCALING, "tie_embeddings")}
 
 
 class ChecksumError(TrainflowError):
@@ -128,6 +132,7 @@ class Manifest(Record):
             raise RecordError(
                 f"{path} records the model as {reprlib.repr(values)}, not an object of ModelConfig's fields"
             )
+        values = ADDED | values
         if odd := sorted(set(values) ^ set(MODEL_TYPES)):
             why = "lacks ModelConfig's field" if odd[0] in MODEL_TYPES else "holds a field ModelConfig has not,"
             raise RecordError(f"{path}'s model {why} {reprlib.repr(odd[0])}")
@@ -139,6 +144,20 @@ class Manifest(Record):
         if errors := domain_errors(m, "model.") or model_errors(m):  # the model rules assume the domains hold
             raise RecordError(f"{path} records a model outside the schema: {'; '.join(errors)}")
         return m
+
+
+def scaling_mismatch(path: Path, manifest: Manifest, m: ModelConfig) -> str | None:
+    """Why the model `m` cannot resume the checkpoint of manifest `path` (None: it can): its rotary scaling or head
+    tying differs, which changes what the weights compute, not their shapes."""
+    recorded = ADDED | (manifest.model if isinstance(manifest.model, dict) else {})
+    scaled = m.rope_scaling != "none" or recorded["rope_scaling"] != "none"
+    for name in (*(SCALING if scaled else SCALING[:1]), "tie_embeddings"):
+        if getattr(m, name) != recorded[name]:
+            return (
+                f"model.{name}({getattr(m, name)}) but {path} records {recorded[name]!r}, which its weights were "
+                f"trained with; resume with model.{name}={str(recorded[name]).lower()}"
+            )
+    return None
 
 
 def folder_files(directory: Path) -> list[str]:

@@ -22,7 +22,7 @@ from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
 from trainflow.checkpoint.manager import CheckpointManager
-from trainflow.checkpoint.manifest import Provenance, read_manifest
+from trainflow.checkpoint.manifest import MANIFEST, Provenance, read_manifest, scaling_mismatch
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
 from trainflow.config import TrainflowConfig
 from trainflow.errors import TrainflowError
@@ -113,6 +113,8 @@ class SegmentCheckpoints:
         self.on_phase("load", step)
         folder = step_dir(source.root, step)
         manifest = read_manifest(folder)  # every rank reads it: no collective to agree
+        if why := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model):
+            raise ResumeError(why)
         guard, self.init_from = read_guard_state(manifest), manifest.init_from
         state = self.state()
         source.load(step, state)
