@@ -22,8 +22,8 @@ from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.config import ModelConfig, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.metrics import JobMetrics
+from trainflow.resilience.ledger import JobRun
 from trainflow.stages import prepare_data
-from trainflow.train.goodput import JobRun
 from trainflow.train.step_log import Span, StepLog
 
 LAYERS = {
@@ -47,6 +47,7 @@ LAYERS = {
     "preflight": 4,
     "plan": 5,
     "export": 5,
+    "resilience": 5,
     "train": 6,
     "gate": 6,
     "report": 7,

@@ -21,7 +21,7 @@ from tests.support import RESTART_RUN, ledgers
 from trainflow.launch import LaunchError
 from trainflow.launch.hang import HANG_EXIT
 from trainflow.launch.restart import straggler_hosts
-from trainflow.train.summary import RankTiming, stragglers
+from trainflow.resilience.timing import RankTiming, stragglers
 
 BASE = RESTART_RUN
 

@@ -48,7 +48,9 @@ def test_an_appended_key_in_a_list_item_is_refused():
 
 def test_dict_fields_stay_open_to_appended_keys():
     base = compose("train_segment")
-    cfg = compose("train_segment", ["+cluster.runtime.env.NCCL_DEBUG=INFO", "++cluster.gate.busbw_gbps.tp_all_reduce=1"])
+    cfg = compose(
+        "train_segment", ["+cluster.runtime.env.NCCL_DEBUG=INFO", "++cluster.gate.busbw_gbps.tp_all_reduce=1"]
+    )
     assert cfg.cluster.runtime.env["NCCL_DEBUG"] == "INFO" and cfg.cluster.gate.busbw_gbps["tp_all_reduce"] == 1
     assert config_hash(cfg, ("cluster",)) != config_hash(base, ("cluster",))
 

@@ -3,9 +3,9 @@ interconnect errors restarted however often and on however many ranks they strik
 
 from __future__ import annotations
 
-from trainflow.launch.failure import JobFailure, exception_line
-from trainflow.launch.restart import judge
-from trainflow.train.goodput import JobOutcome
+from trainflow.launch.failure import exception_line
+from trainflow.resilience.ledger import JobOutcome
+from trainflow.resilience.verdict import JobFailure, judge
 
 HINTS = (
     "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "

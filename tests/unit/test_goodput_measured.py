@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainflow.train.goodput import TERMS, JobRun, measure_goodput, segment_jobs
+from trainflow.resilience.ledger import JobRun
+from trainflow.train.goodput import TERMS, measure_goodput, segment_jobs
 from trainflow.train.step_log import Span
 
 

@@ -13,9 +13,9 @@ import torch.distributed as dist
 from submitit.core.utils import JobPaths
 
 from trainflow.config import compose
-from trainflow.launch.blame import collective_counts, culprits
-from trainflow.launch.hang import HangReport, rank_environment
+from trainflow.launch.hang import collective_counts, rank_environment
 from trainflow.launch.heartbeat import NEVER, Heartbeat, beat_key
+from trainflow.resilience.hang import HangReport, culprits
 
 pytestmark = pytest.mark.torch_compat  # TCPStore.multi_get / multi_set and the groups' sequence numbers
 

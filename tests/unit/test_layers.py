@@ -22,9 +22,6 @@ FORBIDDEN = {
     },
 }
 """Arrows the layers allow but the design does not, each with why."""
-BEING_FIXED = {("launch/failure.py", "train"), ("launch/heartbeat.py", "train"), ("launch/restart.py", "train")}
-"""Forbidden arrows that exist today and that a change under way removes (issue 30: train.summary's and
-train.goodput's records move below launch/); nothing may join them."""
 NAMES = {".".join(("trainflow", *p.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__") for p in MODULES}
 
 
@@ -132,7 +129,7 @@ def test_no_forbidden_arrow():
         top = path.relative_to(SRC).parts[0].removesuffix(".py")
         file = str(path.relative_to(SRC))
         for to in imported(path):
-            if (top, to) in FORBIDDEN and (file, to) not in BEING_FIXED:
+            if (top, to) in FORBIDDEN:
                 found[f"{file} -> {to}"] = FORBIDDEN[top, to]
     assert not found, f"forbidden imports: {found}"
 

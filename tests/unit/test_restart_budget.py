@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainflow.launch.restart import HostError, over_cap, standing
-from trainflow.train.goodput import JobOutcome, JobRun
+from trainflow.resilience.ledger import HostError, JobOutcome, JobRun, over_cap, standing
 
 
 def job(n: int, outcome: str, checkpoint: int, *left_out: str, segment: int = 0) -> JobRun:

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from submitit.core.utils import JobPaths
 
-from trainflow.launch.failure import JobFailure
-from trainflow.launch.hang import HangReport, read_report, write_report
+from trainflow.launch.hang import read_report, write_report
 from trainflow.launch.heartbeat import timing_path
-from trainflow.launch.restart import HostError, gate_exclusions, judge, straggler_hosts
-from trainflow.train.goodput import JobOutcome
-from trainflow.train.summary import RankTiming, stragglers
+from trainflow.launch.restart import gate_exclusions, straggler_hosts
+from trainflow.resilience.hang import HangReport
+from trainflow.resilience.ledger import HostError, JobOutcome
+from trainflow.resilience.timing import RankTiming, stragglers
+from trainflow.resilience.verdict import JobFailure, judge
 
 SUBMITIT_NOT_REQUEUED = "Job not requeued because: timed-out too many times."
 

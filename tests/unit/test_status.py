@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from trainflow.config.run_folder import RunFolder
+from trainflow.resilience.ledger import JobRun
 from trainflow.status.__main__ import main
 from trainflow.status.read import State, read_status
-from trainflow.train.goodput import JobRun
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import Span, StepRecord
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 import re
 import signal
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import submitit
 
 from trainflow.launch.hang import read_report
 from trainflow.launch.task import TaskMarker, read_marker, task_marker
-from trainflow.train.goodput import JobOutcome
+from trainflow.resilience.ledger import JobOutcome
+from trainflow.resilience.verdict import JobFailure
 
 TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
 """The line srun writes into the job's log for each task that ended abnormally; LocalController writes it too."""
@@ -51,26 +51,6 @@ REMEDIES = (
     ),
 )
 """(what a failed rank's last line matches, what to do about it): the seed's troubleshooting guide (section 4.1)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobFailure:
-    line: str
-    """The one line naming the cause, the job and a log file."""
-    kind: JobOutcome
-    """HANG, STOPPED, DIED, RAISED or LOST (never COMPLETED): what the jobs ledger records as the job's outcome."""
-    state: str = ""
-    """Slurm's final state ("" for a local job)."""
-    rank: int | None = None
-    host: str = ""
-    step: int | None = None
-    """The step the failing rank was at, where known."""
-    errors: dict[int, str] = field(default_factory=dict)
-    """Each rank that raised: its exception line."""
-    expected: bool = False
-    """A rank raised one of trainflow's own errors (TrainflowError): the cause is the input, not the machine."""
-    world: int = 0
-    """The job's ranks."""
 
 
 def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) -> JobFailure:

@@ -15,58 +15,17 @@ import os
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from submitit.core.utils import JobPaths
 
 from trainflow.atomic import atomic_path, write_json
 from trainflow.config import RuntimeConfig
-from trainflow.records import Record, RecordError, read_record
+from trainflow.records import RecordError, read_record
+from trainflow.resilience.hang import HangReport
 
 HANG_EXIT = 86
 """The exit status of a rank that left a hung job (ranks end themselves: a launcher cannot see a hang)."""
-
-
-@dataclass(frozen=True)
-class HangReport(Record):
-    rank: int | None
-    """The rank the job waited for; None where the evidence names nobody (a symmetric hang)."""
-    host: str
-    """Its host ("" where no rank is blamed)."""
-    step: int
-    phase: str
-    """What the hung rank last reported doing (data, compute, eval, save, load, start)."""
-    seconds: float
-    """How long the detecting rank saw it silent (or, alive, without progress)."""
-    alive: bool
-    """True: it kept beating but its step stopped (a stuck collective); False: it stopped beating (a stopped
-    process, or one stuck in a driver call)."""
-    threshold_s: float
-    detected_by: int
-    waiting_in: str
-    """The collective the detecting rank's main thread was waiting in, and the trainflow code that called it."""
-    evidence: str = ""
-    """For a rank alive without progress: what the ranks' collective counts showed (launch.blame)."""
-
-    def line(self) -> str:
-        past = f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s"
-        waited = f"rank {self.detected_by} waited in {self.waiting_in}"
-        if self.rank is None:
-            return (
-                f"every rank made no progress for {self.seconds:.0f} s (step {self.step}), {past}): "
-                f"{self.evidence}, so no host is blamed; {waited}"
-            )
-        what = "made no progress" if self.alive else "stopped responding"
-        why = (
-            f"a stuck main thread: {self.evidence}"
-            if self.alive
-            else "a stopped process, or one stuck in a driver call"
-        )
-        return (
-            f"rank {self.rank} on host {self.host} {what} for {self.seconds:.0f} s (its last beat: step {self.step}, "
-            f"{self.phase}), {past}: {why}); {waited}"
-        )
 
 
 FLIGHT_RECORDER = {
@@ -151,3 +110,26 @@ def dump_stacks(paths: JobPaths, rank: int, *, nccl: bool) -> None:
             import torch
 
             tmp.write_bytes(torch._C._distributed_c10d._dump_nccl_trace())
+
+
+POINT_TO_POINT = frozenset({"mesh_pp"})
+"""Process-group descriptions (DeviceMesh's `mesh_<dim>`) whose members' counts differ in normal running: pipeline
+groups' sends and receives count on the two ranks of each transfer only."""
+
+
+def collective_counts() -> dict[str, int]:
+    """This rank's count of entered collectives per process group it belongs to (pipeline groups left out); {} before
+    torch.distributed is set up. Read from the heartbeat's thread while the main thread may be creating groups."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return {}
+    world = dist.distributed_c10d._world  # the registry of process groups; no public accessor lists them
+    counts = {}
+    with contextlib.suppress(RuntimeError):  # a group added while this copies the registry: the next beat has it
+        for group, name in list(world.pg_names.items()):
+            if getattr(group, "group_desc", "") in POINT_TO_POINT:
+                continue
+            with contextlib.suppress(RuntimeError, AttributeError):  # a backend that keeps no count
+                counts[name] = group._get_sequence_number_for_group()
+    return counts

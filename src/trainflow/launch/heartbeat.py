@@ -58,9 +58,9 @@ from trainflow.atomic import write_json
 from trainflow.config import RuntimeConfig
 from trainflow.config.cluster import hang_threshold_s
 from trainflow.host import hostname
-from trainflow.launch.blame import Evidence, collective_counts, culprits
-from trainflow.launch.hang import HANG_EXIT, HangReport, dump_stacks, waiting_in, write_report
-from trainflow.train.summary import RankTiming
+from trainflow.launch.hang import HANG_EXIT, collective_counts, dump_stacks, waiting_in, write_report
+from trainflow.resilience.hang import Evidence, HangReport, culprits
+from trainflow.resilience.timing import RankTiming
 
 log = logging.getLogger(__name__)
 

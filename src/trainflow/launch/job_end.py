@@ -24,7 +24,8 @@ from submitit.core.utils import pickle_load
 from submitit.local.local import LocalJob
 
 from trainflow.errors import TrainflowError
-from trainflow.launch.failure import ENDED, JobFailure, analyse
+from trainflow.launch.failure import ENDED, analyse
+from trainflow.resilience.verdict import JobFailure
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,10 @@ from pathlib import Path
 from statistics import median
 
 from trainflow.report.sections import relative, table
-from trainflow.train.goodput import TERMS, JobOutcome
-from trainflow.train.summary import SegmentSummary, stragglers
+from trainflow.resilience.ledger import JobOutcome
+from trainflow.resilience.timing import stragglers
+from trainflow.train.goodput import TERMS
+from trainflow.train.summary import SegmentSummary
 
 SLOWEST = 16
 """Ranks the per-rank table shows, slowest first (a 4096-rank job's table would bury the report)."""

@@ -28,13 +28,15 @@ from trainflow.energy.metrics import StageFigures
 from trainflow.energy.node import actions_taken, node_window, sum_nodes
 from trainflow.host import hostname
 from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
-from trainflow.launch.failure import JobFailure, read_markers
+from trainflow.launch.failure import read_markers
 from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.heartbeat import Heartbeat
-from trainflow.launch.restart import gate_exclusions, judge, over_cap, standing, straggler_hosts
+from trainflow.launch.restart import gate_exclusions, straggler_hosts
+from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
+from trainflow.resilience.verdict import JobFailure, judge
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
-from trainflow.train.goodput import JobOutcome, JobRun, measure_goodput, segment_jobs
+from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.step_log import Span, StepLog
 from trainflow.train.summary import RankEnergy, SegmentSummary
 from trainflow.train.trainer import Trainer

@@ -22,9 +22,10 @@ from trainflow.checkpoint.manifest import ChecksumError, check_complete, read_ma
 from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
-from trainflow.launch.restart import checked_hosts, gate_exclusions
+from trainflow.launch.restart import gate_exclusions
 from trainflow.records import Record, read_record
-from trainflow.train.goodput import JobRun, measure_goodput, segment_jobs
+from trainflow.resilience.ledger import JobRun, checked_hosts
+from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import Span, StepRecord
 from trainflow.train.summary import SegmentSummary

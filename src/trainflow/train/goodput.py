@@ -22,10 +22,10 @@ Every term is measured on its own; `unaccounted` is what the wall time holds bey
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 
 from trainflow.records import Record
+from trainflow.resilience.ledger import JobOutcome, JobRun
 from trainflow.train.step_log import Span
 
 TERMS = (
@@ -42,49 +42,6 @@ TERMS = (
     "restart",
     "other",
 )
-
-
-class JobOutcome(StrEnum):
-    """How a job of a segment ended (jobs.jsonl writes the value): completed, or the kind of its failure
-    (launch.failure.JobFailure.kind, never COMPLETED)."""
-
-    COMPLETED = "completed"
-    HANG = "hang"
-    """The job's own ranks found one hung (launch.heartbeat)."""
-    STOPPED = "stopped"
-    """Slurm or an operator ended the job (TIMEOUT, CANCELLED, NODE_FAIL...)."""
-    DIED = "died"
-    """A rank ended abruptly (a signal, os._exit, the OOM killer, a lost node)."""
-    RAISED = "raised"
-    """A rank's code raised."""
-    LOST = "lost"
-    """The job ended without every result and no rank to blame."""
-
-
-@dataclass(frozen=True)
-class JobRun(Record):
-    """One job train_segment submitted for a segment, and how it ended (jobs.jsonl)."""
-
-    segment: int
-    attempt: int
-    """0 for the segment's first job; a restart after a failure counts up."""
-    job_id: str
-    submitted: float
-    started: float
-    """The first rank's start (its task marker); `submitted` when none started."""
-    ended: float
-    """When the stage saw the job end."""
-    outcome: JobOutcome
-    line: str = ""
-    """The failure's one line."""
-    verdict: str = ""
-    """Whether and how it was restarted (launch.restart), or why not."""
-    exclude: list[str] = field(default_factory=list)
-    """The hosts the job was submitted without (one machine: recorded, not applied)."""
-    left_out: list[str] = field(default_factory=list)
-    """The hosts its failure blames, which every later job of the run leaves out (launch.restart.standing)."""
-    checkpoint: int = -1
-    """The newest checkpoint's step when it ended (-1: none): a job that raised it made progress."""
 
 
 @dataclass(frozen=True)

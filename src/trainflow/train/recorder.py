@@ -22,11 +22,12 @@ from trainflow.config import TrainflowConfig, as_dict
 from trainflow.config.run_folder import RunFolder
 from trainflow.host import hostname
 from trainflow.progress import Progress
+from trainflow.resilience.timing import RankTiming
 from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import EvalRecord, Span, StepLog, StepRecord
-from trainflow.train.summary import ProfileSummary, RankTiming
+from trainflow.train.summary import ProfileSummary
 from trainflow.train.trackers import Tracker
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,13 @@ software stack, goodput): the trainer assembles all but the last group.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import median
 
 from trainflow.checkpoint.interval import IntervalPlan
 from trainflow.config.layout import ParallelDims
 from trainflow.data.mixture import SourceShare
 from trainflow.energy.node import NodeReading
 from trainflow.records import Record
+from trainflow.resilience.timing import RankTiming
 from trainflow.stack import NodeStack
 from trainflow.train.goodput import Goodput
 from trainflow.train.guard import GuardEvent
@@ -81,27 +81,6 @@ class RankEnergy(Record):
 
     cpu_s: float
     node: NodeReading | None
-
-
-@dataclass(frozen=True)
-class RankTiming(Record):
-    """One rank's own forward time per step (train.clock; every rank measures its own, rank 0's step records show
-    only rank 0's)."""
-
-    rank: int
-    host: str
-    forward_s: float
-    """Median seconds of forward per step, the first (warm-up) step left out."""
-    steps: int
-
-
-def stragglers(timings: list[RankTiming], factor: float) -> list[RankTiming]:
-    """The ranks whose median forward exceeds `factor` x the median over ranks (train.straggler_factor)."""
-    measured = [t for t in timings if t.steps and t.forward_s == t.forward_s]  # NaN: a rank that ran no step
-    if len(measured) < 2:
-        return []
-    typical = median(t.forward_s for t in measured)
-    return [t for t in measured if t.forward_s > factor * typical]
 
 
 @dataclass(frozen=True)

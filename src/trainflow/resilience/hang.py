@@ -1,7 +1,8 @@
-"""Which rank a hung job waits for, from evidence: every rank's count of the collectives it has entered on each of its
-process groups, published with its heartbeat (launch.heartbeat).
+"""A hung job's report (written by the heartbeat's detecting rank beside the job's logs, read by the failure's
+analysis), and the evidence it blames from: every rank's count of the collectives it has entered on each of its
+process groups, published with its heartbeat (launch.heartbeat, launch.hang.collective_counts).
 
-    python -c "from trainflow.launch.blame import culprits; print(culprits({0: {'1': 7}, 1: {'1': 6}}))"
+    python -c "from trainflow.resilience.hang import culprits; print(culprits({0: {'1': 7}, 1: {'1': 6}}))"
 
 torch.distributed numbers the collectives of each process group on every member (gloo and NCCL alike: the count a
 rank has issued, `ProcessGroup._get_sequence_number_for_group`, which the Flight Recorder's analyser also reads). In a
@@ -9,36 +10,54 @@ hang, a rank that has entered collective n + 1 of a group waits for every member
 wait for and that wait for nobody are the cause; a chain (A waits in a pipeline's collective for B, which waits for
 C) ends at them. Where every rank stands at the same count of every group (each inside the same collective, or a
 symmetric stall: a failed link or switch), the evidence names nobody, and no host is blamed on a guess.
-
-Pipeline groups are left out: their point-to-point sends and receives count on the two ranks of each transfer only,
-so their members' counts differ without anyone waiting (DeviceMesh names them `mesh_pp`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
-POINT_TO_POINT = frozenset({"mesh_pp"})
-"""Process-group descriptions (DeviceMesh's `mesh_<dim>`) whose members' counts differ in normal running."""
+from trainflow.records import Record
 
 
-def collective_counts() -> dict[str, int]:
-    """This rank's count of entered collectives per process group it belongs to (pipeline groups left out); {} before
-    torch.distributed is set up. Read from the heartbeat's thread while the main thread may be creating groups."""
-    import torch.distributed as dist
+@dataclass(frozen=True)
+class HangReport(Record):
+    rank: int | None
+    """The rank the job waited for; None where the evidence names nobody (a symmetric hang)."""
+    host: str
+    """Its host ("" where no rank is blamed)."""
+    step: int
+    phase: str
+    """What the hung rank last reported doing (data, compute, eval, save, load, start)."""
+    seconds: float
+    """How long the detecting rank saw it silent (or, alive, without progress)."""
+    alive: bool
+    """True: it kept beating but its step stopped (a stuck collective); False: it stopped beating (a stopped
+    process, or one stuck in a driver call)."""
+    threshold_s: float
+    detected_by: int
+    waiting_in: str
+    """The collective the detecting rank's main thread was waiting in, and the trainflow code that called it."""
+    evidence: str = ""
+    """For a rank alive without progress: what the ranks' collective counts showed (launch.blame)."""
 
-    if not dist.is_initialized():
-        return {}
-    world = dist.distributed_c10d._world  # the registry of process groups; no public accessor lists them
-    counts = {}
-    with contextlib.suppress(RuntimeError):  # a group added while this copies the registry: the next beat has it
-        for group, name in list(world.pg_names.items()):
-            if getattr(group, "group_desc", "") in POINT_TO_POINT:
-                continue
-            with contextlib.suppress(RuntimeError, AttributeError):  # a backend that keeps no count
-                counts[name] = group._get_sequence_number_for_group()
-    return counts
+    def line(self) -> str:
+        past = f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s"
+        waited = f"rank {self.detected_by} waited in {self.waiting_in}"
+        if self.rank is None:
+            return (
+                f"every rank made no progress for {self.seconds:.0f} s (step {self.step}), {past}): "
+                f"{self.evidence}, so no host is blamed; {waited}"
+            )
+        what = "made no progress" if self.alive else "stopped responding"
+        why = (
+            f"a stuck main thread: {self.evidence}"
+            if self.alive
+            else "a stopped process, or one stuck in a driver call"
+        )
+        return (
+            f"rank {self.rank} on host {self.host} {what} for {self.seconds:.0f} s (its last beat: step {self.step}, "
+            f"{self.phase}), {past}: {why}); {waited}"
+        )
 
 
 @dataclass(frozen=True)

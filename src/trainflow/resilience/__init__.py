@@ -1,0 +1,11 @@
+"""Resilience: the records and policies of failures, below the launcher (launch/) and the training loop (train/), which
+only wire them. Nothing here imports torch.
+
+    python -c "from trainflow.resilience.ledger import standing; print(standing([]))"
+
+- ledger: the run's jobs ledger (jobs.jsonl: every job, failure, blamed host, verdict) and where the run stands by it
+  (the hosts it leaves out, the restarts without progress);
+- timing: each rank's forward time and the stragglers, one measure for the restart and the report;
+- hang: a hung job's report, and the evidence that names the rank the others wait for, or nobody;
+- verdict: a failed job's facts and whether a new job may fix it, and which hosts it leaves out.
+"""

@@ -1,0 +1,116 @@
+"""The run's jobs ledger (jobs.jsonl, beside the checkpoints: RunFolder.jobs_log): every job train_segment ran for
+every segment and rerun, how it ended, the hosts its failure blamed and its verdict; and where the run stands by it,
+read at every segment start and rerun, so that excluded hosts and the restart budget outlive a segment.
+
+    python -c "from trainflow.resilience.ledger import standing; print(standing([]))"
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from trainflow.errors import TrainflowError
+from trainflow.records import Record
+
+
+class JobOutcome(StrEnum):
+    """How a job of a segment ended (jobs.jsonl writes the value): completed, or the kind of its failure
+    (launch.failure.JobFailure.kind, never COMPLETED)."""
+
+    COMPLETED = "completed"
+    HANG = "hang"
+    """The job's own ranks found one hung (launch.heartbeat)."""
+    STOPPED = "stopped"
+    """Slurm or an operator ended the job (TIMEOUT, CANCELLED, NODE_FAIL...)."""
+    DIED = "died"
+    """A rank ended abruptly (a signal, os._exit, the OOM killer, a lost node)."""
+    RAISED = "raised"
+    """A rank's code raised."""
+    LOST = "lost"
+    """The job ended without every result and no rank to blame."""
+
+
+@dataclass(frozen=True)
+class JobRun(Record):
+    """One job train_segment submitted for a segment, and how it ended (jobs.jsonl)."""
+
+    segment: int
+    attempt: int
+    """0 for the segment's first job; a restart after a failure counts up."""
+    job_id: str
+    submitted: float
+    started: float
+    """The first rank's start (its task marker); `submitted` when none started."""
+    ended: float
+    """When the stage saw the job end."""
+    outcome: JobOutcome
+    line: str = ""
+    """The failure's one line."""
+    verdict: str = ""
+    """Whether and how it was restarted (launch.restart), or why not."""
+    exclude: list[str] = field(default_factory=list)
+    """The hosts the job was submitted without (one machine: recorded, not applied)."""
+    left_out: list[str] = field(default_factory=list)
+    """The hosts its failure blames, which every later job of the run leaves out (launch.restart.standing)."""
+    checkpoint: int = -1
+    """The newest checkpoint's step when it ended (-1: none): a job that raised it made progress."""
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the run stands, from its jobs ledger (every job of every segment and rerun, train.goodput.JobRun)."""
+
+    excluded: dict[str, str]
+    """Each host the run leaves out -> the job whose failure blamed it."""
+    without_progress: int
+    """The restarts in a row since a job last saved a newer checkpoint than any before it (or completed)."""
+
+
+def standing(jobs: list[JobRun]) -> Standing:
+    """The run's excluded hosts and restarts without progress, from its jobs ledger in order."""
+    excluded: dict[str, str] = {}
+    newest, used = -1, 0
+    for job in jobs:
+        for host in checked_hosts(job.left_out, f"the jobs ledger's job {job.job_id}"):
+            excluded.setdefault(host, f"job {job.job_id}")
+        if job.outcome == JobOutcome.COMPLETED:
+            used = 0
+        else:
+            used = 0 if job.checkpoint > newest else used  # it trained a checkpoint interval: a fresh count
+            used += 1
+        newest = max(newest, job.checkpoint)
+    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome != JobOutcome.COMPLETED else 0)
+
+
+def over_cap(excluded: frozenset[str], cap: int, ledger: Path) -> str | None:
+    """Why the run stops before its next job, where it leaves out more hosts than cluster.allocation allows."""
+    if len(excluded) <= cap:
+        return None
+    return (
+        f"the run leaves out {len(excluded)} hosts ({', '.join(sorted(excluded))}), past "
+        f"cluster.allocation.max_excluded_nodes ({cap}): repair them and raise the cap, or start the run's ledger "
+        f"{ledger} afresh once they are back"
+    )
+
+
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+"""A node name as sbatch --exclude takes it. Hosts come from files of the run folder (task markers, the hang report,
+nccl-exclude.txt), which may be hostile: nothing else reaches the sbatch script."""
+
+
+class HostError(TrainflowError):
+    """A host name to leave out that is not one."""
+
+
+def checked_hosts(hosts: list[str] | set[str] | frozenset[str], where: str) -> frozenset[str]:
+    """`hosts`, each a node name (HOST); else one HostError naming the value and its file."""
+    for host in hosts:
+        if not isinstance(host, str) or not HOST.fullmatch(host):
+            raise HostError(
+                f"{where} names the host {host!r} to leave out, which is not a node name ([A-Za-z0-9._-], up to 63 "
+                "characters); the file was altered: delete it"
+            )
+    return frozenset(hosts)
