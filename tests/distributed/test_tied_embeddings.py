@@ -4,8 +4,10 @@ last stage's copies are summed each step (trainflow.parallel.pipeline), the grad
 from __future__ import annotations
 
 import pytest
+import torch
 
-from tests.conftest import GOLDEN_RTOL, run_segment, step_losses
+from tests.conftest import GOLDEN_RTOL, make_config, run_segment, step_losses
+from trainflow.hf.llama import hf_config
 
 STEPS = 6
 
@@ -20,3 +22,21 @@ def test_a_tied_head_trains_across_the_pipeline_as_in_one_process(layout, tmp_pa
         assert a == pytest.approx(b, rel=GOLDEN_RTOL)
     norms = [[r["grad_norm"] for r in s["steps"]] for s in (split, one)]
     assert norms[0] == pytest.approx(norms[1], rel=1e-4)  # the copy's gradient is not counted twice
+
+
+def test_a_tied_llama3_folder_starts_the_pipeline_where_it_starts_one_process(tmp_path, fixed_tokens):
+    """io.init_from a tied Llama 3.2-style folder (no lm_head.weight): the last stage's copy of the head reads the
+    embedding's tensor, so tp2_pp2's losses are one process's."""
+    import transformers  # only the Hugging Face tests load it
+
+    model = ("model.tie_embeddings=true", "model.rope_scaling=llama3", "model.rope_original_seq_len=32")
+    m = make_config("train_segment", tmp_path, *model, tokens=fixed_tokens).model
+    config = {k: v for k, v in hf_config(m, None).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).save_pretrained(tmp_path / "hf")
+    run = (*model, "train.global_batch=8", "train.segment_steps=2", f"io.init_from={tmp_path / 'hf'}")
+    one = run_segment(tmp_path / "single", fixed_tokens, "parallel=single", *run)
+    split = run_segment(tmp_path / "tp2_pp2", fixed_tokens, "parallel=tp2_pp2", *run)
+    assert one["setup"]["init_from"] == split["setup"]["init_from"] == str(tmp_path / "hf")
+    for a, b in zip(step_losses(split), step_losses(one), strict=True):
+        assert a == pytest.approx(b, rel=GOLDEN_RTOL)

@@ -60,7 +60,7 @@ class AllocationConfig:
     max_restarts: int = checked(3, ge=0)
     """New jobs train_segment submits itself in a row without progress after a rank died or hung, each leaving out the
     failing host (and the gate's nccl-exclude.txt hosts); a job that saved a newer checkpoint than any before it
-    resets the count, which the run's jobs ledger keeps across segments and reruns (launch.restart.standing), so a
+    resets the count, which the run's jobs ledger keeps across segments and reruns (resilience.ledger.standing), so a
     campaign's failures at its MTBF never use it up. Failures a restart cannot fix end the stage at once."""
     max_pending_s: float = checked(86400.0, ge=0)
     """A training or gate job still pending in Slurm's queue after this long (a requeued one too) is cancelled and the

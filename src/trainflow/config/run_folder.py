@@ -106,7 +106,7 @@ class RunFolder:
 
     @staticmethod
     def jobs_log(checkpoints: str) -> str:
-        """Every job train_segment submitted, how it ended and what the restart left out (train.goodput.JobRun)."""
+        """Every job train_segment submitted, how it ended and what the restart left out (resilience.ledger.JobRun)."""
         return f"{checkpoints}/jobs.jsonl"
 
     @property

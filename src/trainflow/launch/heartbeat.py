@@ -8,14 +8,14 @@ cluster.runtime.hang_detect_s instead of idling its whole allocation.
 Each rank runs a daemon thread that, every `period_s`, publishes a beat in the job's heartbeat store (a TCPStore that
 rank 0 serves for the heartbeat alone, on a free port it announces through torch.distributed's rendezvous store, so
 4096 ranks' beats never queue behind the rendezvous): a counter, the step and the phase the rank's main thread last
-reported, and its count of entered collectives per process group (launch.blame). The thread beats whatever the main
+reported, and its count of entered collectives per process group (resilience.hang). The thread beats whatever the main
 thread does, so a rank waiting in a collective keeps beating: a beat that stops means the process itself stopped.
 Rank 0 seeds every rank's beat before any rank can publish, and reads them all in one round trip (multi_get) per
 poll; the other ranks read rank 0's. Rank 0 declares a rank hung when
 - its beat has not changed for the threshold (a stopped process; a rank that never published at all likewise), or
 - ranks are alive but have made no progress for the threshold in a step phase (data, compute, eval; each of the
   main thread's markers is progress, so every evaluation batch is, and a long evaluation is no hang): then the
-  collective counts name the rank the others wait for (launch.blame.culprits), or nobody where every rank stands
+  collective counts name the rank the others wait for (resilience.hang.culprits), or nobody where every rank stands
   at the same collective (a symmetric hang: no host is blamed on a guess). Saves and loads are left to the
   collective timeout, as they may rightly take longer.
 The other ranks judge rank 0's silence only: rank 0 alone sees every rank's counts.
@@ -94,7 +94,7 @@ class Beat:
     """The rank's median forward over its last 50 steps."""
     steps: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-    """Its entered collectives per process group (launch.blame)."""
+    """Its entered collectives per process group (resilience.hang)."""
 
 
 NEVER = json.dumps(

@@ -73,7 +73,7 @@ def read_marker(path: Path) -> TaskMarker:
 def marked_task() -> Iterator[TaskNotes]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
     ended: a rank of a failed job whose marker lacks the end died abruptly. A raise records whether it was one of
-    trainflow's own errors (launch.restart does not retry those). The block may note the step a training rank was
+    trainflow's own errors (resilience.verdict does not retry those). The block may note the step a training rank was
     at in the notes it is given."""
     env = submitit.JobEnvironment()
     marker = TaskMarker(rank=env.global_rank, host=hostname(), pid=os.getpid(), started=time.time())

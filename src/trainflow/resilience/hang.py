@@ -38,7 +38,7 @@ class HangReport(Record):
     waiting_in: str
     """The collective the detecting rank's main thread was waiting in, and the trainflow code that called it."""
     evidence: str = ""
-    """For a rank alive without progress: what the ranks' collective counts showed (launch.blame)."""
+    """For a rank alive without progress: what the ranks' collective counts showed (resilience.hang)."""
 
     def line(self) -> str:
         past = f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s"

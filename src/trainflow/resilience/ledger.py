@@ -18,7 +18,7 @@ from trainflow.records import Record
 
 class JobOutcome(StrEnum):
     """How a job of a segment ended (jobs.jsonl writes the value): completed, or the kind of its failure
-    (launch.failure.JobFailure.kind, never COMPLETED)."""
+    (resilience.verdict.JobFailure.kind, never COMPLETED)."""
 
     COMPLETED = "completed"
     HANG = "hang"
@@ -50,18 +50,18 @@ class JobRun(Record):
     line: str = ""
     """The failure's one line."""
     verdict: str = ""
-    """Whether and how it was restarted (launch.restart), or why not."""
+    """Whether and how it was restarted (resilience.verdict), or why not."""
     exclude: list[str] = field(default_factory=list)
     """The hosts the job was submitted without (one machine: recorded, not applied)."""
     left_out: list[str] = field(default_factory=list)
-    """The hosts its failure blames, which every later job of the run leaves out (launch.restart.standing)."""
+    """The hosts its failure blames, which every later job of the run leaves out (resilience.ledger.standing)."""
     checkpoint: int = -1
     """The newest checkpoint's step when it ended (-1: none): a job that raised it made progress."""
 
 
 @dataclass(frozen=True)
 class Standing:
-    """Where the run stands, from its jobs ledger (every job of every segment and rerun, train.goodput.JobRun)."""
+    """Where the run stands, from its jobs ledger (every job of every segment and rerun, resilience.ledger.JobRun)."""
 
     excluded: dict[str, str]
     """Each host the run leaves out -> the job whose failure blamed it."""

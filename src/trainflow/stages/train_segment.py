@@ -104,9 +104,9 @@ def resume_point(cfg: TrainflowConfig) -> str:
 
 
 def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
-    """Every rank's summary of the segment, restarting its job after a failure a new one may fix (launch.restart),
+    """Every rank's summary of the segment, restarting its job after a failure a new one may fix (resilience.verdict),
     each job in the run's jobs ledger (train.goodput), whose excluded hosts and restarts without progress carry over
-    from earlier segments and reruns (launch.restart.standing)."""
+    from earlier segments and reruns (resilience.ledger.standing)."""
     a, ledger = cfg.cluster.allocation, StepLog(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
     history, failures = ledger.read(), []
     while True:
