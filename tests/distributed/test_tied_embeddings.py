@@ -24,6 +24,7 @@ def test_a_tied_head_trains_across_the_pipeline_as_in_one_process(layout, tmp_pa
     assert norms[0] == pytest.approx(norms[1], rel=1e-4)  # the copy's gradient is not counted twice
 
 
+@pytest.mark.slow  # ~90 s: two launcher runs, one of 4 ranks
 def test_a_tied_llama3_folder_starts_the_pipeline_where_it_starts_one_process(tmp_path, fixed_tokens):
     """io.init_from a tied Llama 3.2-style folder (no lm_head.weight): the last stage's copy of the head reads the
     embedding's tensor, so tp2_pp2's losses are one process's."""
