@@ -1,6 +1,6 @@
 """The run's jobs ledger decides the restart budget and the hosts left out: restarts count only in a row without a
 newer checkpoint, a completed job resets them, and every host a failure blamed stays out for the rest of the run
-(launch.restart.standing), up to cluster.allocation.max_excluded_nodes."""
+(resilience.ledger.standing), up to cluster.allocation.max_excluded_nodes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Whether a failed job is restarted (launch.restart): each class of failure a restart cannot fix ends the stage in
+"""Whether a failed job is restarted (resilience.verdict): each class of failure a restart cannot fix ends the stage in
 one line; a dead or hung rank's host is left out; host names from run-folder files are checked before they reach
 sbatch."""
 
