@@ -22,9 +22,10 @@ from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.config import ModelConfig, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.metrics import JobMetrics
+from trainflow.journal import Journal
 from trainflow.resilience.ledger import JobRun
 from trainflow.stages import prepare_data
-from trainflow.train.step_log import Span, StepLog
+from trainflow.train.step_log import Span
 
 LAYERS = {
     "errors": 0,
@@ -36,6 +37,7 @@ LAYERS = {
     "tensors": 1,
     "host": 1,
     "config": 2,
+    "journal": 2,
     "fp8": 2,
     "hf": 3,
     "data": 4,
@@ -245,7 +247,7 @@ RESTART_RUN = (
 def ledgers(root: Path, *extra: str) -> tuple[list[JobRun], list[Span]]:
     """The jobs ledger and the spans of a RESTART_RUN run under `root`."""
     folder = make_config("train_segment", root, *RESTART_RUN, *extra).io.checkpoints
-    return StepLog(RunFolder.jobs_log(folder), JobRun).read(), StepLog(RunFolder.spans_log(folder), Span).read()
+    return Journal(RunFolder.jobs_log(folder), JobRun).read(), Journal(RunFolder.spans_log(folder), Span).read()
 
 
 def wandb_history(folder: Path) -> dict[int, dict]:

@@ -14,12 +14,9 @@ import functools
 import os
 import signal
 import sys
-import time
-from pathlib import Path
 
 import submitit
 
-from trainflow.checkpoint.manager import list_steps
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
@@ -27,17 +24,15 @@ from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.metrics import StageFigures
 from trainflow.energy.node import actions_taken, node_window, sum_nodes
 from trainflow.host import hostname
-from trainflow.launch import LaunchError, build_executor, distributed_task, wait_job
-from trainflow.launch.failure import read_markers
-from trainflow.launch.gate_job import slow_hosts
+from trainflow.journal import Journal
+from trainflow.launch import distributed_task
 from trainflow.launch.heartbeat import Heartbeat
-from trainflow.launch.restart import gate_exclusions, straggler_hosts
-from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
-from trainflow.resilience.verdict import JobFailure, judge
+from trainflow.launch.segment_jobs import run_jobs
+from trainflow.resilience.ledger import JobRun
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.goodput import measure_goodput, segment_jobs
-from trainflow.train.step_log import Span, StepLog
+from trainflow.train.step_log import Span
 from trainflow.train.summary import RankEnergy, SegmentSummary
 from trainflow.train.trainer import Trainer
 
@@ -94,93 +89,8 @@ class TrainSegment(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(TrainSegment(self.cfg, self.attempt))
 
 
-def resume_point(cfg: TrainflowConfig) -> str:
-    """Where a rerun of the segment starts: the newest checkpoint Trainer.resume looks for first."""
-    end = (cfg.segment + 1) * cfg.train.segment_steps
-    for root in filter(None, (cfg.io.checkpoints, cfg.io.resume_from)):
-        if steps := [step for step in list_steps(Path(root)) if step <= end]:
-            return f"rerunning the workflow resumes it from step {steps[-1]} (newest checkpoint in {root})"
-    return f"{cfg.io.checkpoints} holds no checkpoint to resume it from"
-
-
-def train(cfg: TrainflowConfig) -> list[SegmentSummary]:
-    """Every rank's summary of the segment, restarting its job after a failure a new one may fix (resilience.verdict),
-    each job in the run's jobs ledger (train.goodput), whose excluded hosts and restarts without progress carry over
-    from earlier segments and reruns (resilience.ledger.standing)."""
-    a, ledger = cfg.cluster.allocation, StepLog(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
-    history, failures = ledger.read(), []
-    while True:
-        attempt = len(failures)
-        exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | frozenset(standing(history).excluded)
-        if why := over_cap(exclude, a.max_excluded_nodes, ledger.path):
-            raise LaunchError(f"segment {cfg.segment} not started: {why}")
-        executor = build_executor(
-            a,
-            world_size=cfg.parallel.world_size,
-            folder=cfg.io.submitit,
-            name=f"{cfg.run}-train-{cfg.segment}",
-            exclude=exclude if a.executor == "slurm" else (),  # one machine: recorded in the ledger, not applied
-        )
-        submitted = time.time()
-        job = executor.submit(TrainSegment(cfg, attempt))
-        run = functools.partial(job_run, cfg, job, attempt, submitted, exclude)
-        try:
-            results = wait_job(job, max_pending_s=a.max_pending_s)
-        except LaunchError as err:
-            if err.failure is None:
-                raise
-            slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
-            history.append(run(err.failure, "", frozenset()))  # its newest checkpoint: whether it made progress
-            restarts = standing(history).without_progress
-            verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
-            if verdict.restart and err.failure.kind == JobOutcome.HANG and err.failure.rank is None:
-                found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
-                slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
-                verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
-                said = f"found {', '.join(found)} slow" if found else "found no slow host"
-                verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
-            history[-1] = dataclasses.replace(history[-1], verdict=verdict.why, left_out=sorted(verdict.exclude))
-            ledger.append(history[-1])
-            if not verdict.restart:
-                raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
-            log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
-            failures.append(err.failure)
-            continue
-        ledger.append(run(None, "", frozenset()))
-        return results
-
-
-def job_run(
-    cfg: TrainflowConfig,
-    job: submitit.Job,
-    attempt: int,
-    submitted: float,
-    exclude: frozenset[str],
-    failure: JobFailure | None,
-    verdict: str,
-    left_out: frozenset[str],
-) -> JobRun:
-    """The ledger's record of a job that ended."""
-    started = [m.started for m in read_markers(job).values()]
-    steps = list_steps(Path(cfg.io.checkpoints))
-    return JobRun(
-        segment=cfg.segment,
-        attempt=attempt,
-        job_id=str(job.job_id),
-        submitted=submitted,
-        started=min(started, default=submitted),
-        ended=time.time(),
-        outcome=failure.kind if failure else JobOutcome.COMPLETED,
-        line=failure.line if failure else "",
-        verdict=verdict,
-        exclude=sorted(exclude),
-        left_out=sorted(left_out),
-        checkpoint=steps[-1] if steps else -1,
-    )
-
-
 def run(cfg: TrainflowConfig) -> StageFigures:
-    results = train(cfg)
+    results = run_jobs(cfg, functools.partial(TrainSegment, cfg))
     summary: SegmentSummary = results[0]
     if not summary.completed:
         raise StageError(f"segment {cfg.segment} stopped at step {summary.end_step} before its end; rerun it to resume")
@@ -197,8 +107,8 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     windows = [r.energy.node for r in results if r.energy and r.energy.node]
     for action in actions_taken(windows):
         log.info("Energy: %s", action)
-    jobs = segment_jobs(StepLog(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read(), cfg.segment)
-    goodput = measure_goodput(jobs, StepLog(RunFolder.spans_log(cfg.io.checkpoints), Span).read())
+    jobs = segment_jobs(Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read(), cfg.segment)
+    goodput = measure_goodput(jobs, Journal(RunFolder.spans_log(cfg.io.checkpoints), Span).read())
     log.info(
         "Goodput of segment %d: %.1f %% of %.1f s over %d job(s)",
         *(cfg.segment, 100 * goodput.goodput, goodput.wall_s, len(jobs)),

@@ -21,12 +21,13 @@ from trainflow.atomic import write_json
 from trainflow.config import TrainflowConfig, as_dict
 from trainflow.config.run_folder import RunFolder
 from trainflow.host import hostname
+from trainflow.journal import Journal
 from trainflow.progress import Progress
 from trainflow.resilience.timing import RankTiming
 from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
 from trainflow.train.run_record import RunRecord
-from trainflow.train.step_log import EvalRecord, Span, StepLog, StepRecord
+from trainflow.train.step_log import EvalRecord, Span, StepRecord
 from trainflow.train.summary import ProfileSummary
 from trainflow.train.trackers import Tracker
 
@@ -39,10 +40,10 @@ class StepRecorder:
         t, o, run = cfg.train, cfg.observe, RunFolder.of(cfg)
         self.start_step = cfg.segment * t.segment_steps
         self.end_step = self.start_step + t.segment_steps
-        self.steps_log = StepLog(RunFolder.steps_log(cfg.io.checkpoints), StepRecord)
-        self.evals_log = StepLog(RunFolder.evals_log(cfg.io.checkpoints), EvalRecord)
-        self.guard_log = StepLog(RunFolder.guard_log(cfg.io.checkpoints), GuardEvent)
-        self.spans_log = StepLog(RunFolder.spans_log(cfg.io.checkpoints), Span)
+        self.steps_log = Journal(RunFolder.steps_log(cfg.io.checkpoints), StepRecord)
+        self.evals_log = Journal(RunFolder.evals_log(cfg.io.checkpoints), EvalRecord)
+        self.guard_log = Journal(RunFolder.guard_log(cfg.io.checkpoints), GuardEvent)
+        self.spans_log = Journal(RunFolder.spans_log(cfg.io.checkpoints), Span)
         if self.is_logger:
             write_json(run.run_record, RunRecord.of(cfg).to_json())  # trainflow.status's entry to the run folder
         self.trackers = build_trackers(cfg, is_logger=self.is_logger)

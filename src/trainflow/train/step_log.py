@@ -1,8 +1,8 @@
 """The records of training steps and evaluations, kept beside the checkpoints they belong to, so a resumed or rerun
 segment reports its whole range.
 
-    python -c "from trainflow.train.step_log import StepLog, StepRecord; \
-        print(StepLog('runs/default/capacity/checkpoints/<hash>/steps.jsonl', StepRecord).read()[:1])"
+    python -c "from trainflow.journal import Journal; from trainflow.train.step_log import StepRecord; \
+        print(Journal('runs/default/capacity/checkpoints/<hash>/steps.jsonl', StepRecord).read()[:1])"
 
 One JSON line per training step, evaluation and loss-guard event, appended by rank 0. On resume from step s, the
 records of the steps this segment will redo are dropped first: they belong to work the checkpoint does not contain.
@@ -11,12 +11,8 @@ Records of other segments stay. The time spans (spans.jsonl) are never dropped: 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Generic, TypeVar
 
-from trainflow.atomic import write_text_atomic
 from trainflow.records import Record
 
 
@@ -70,31 +66,3 @@ class Span(Record):
     started: float
     """Wall-clock time (time.time())."""
     seconds: float
-
-
-R = TypeVar("R", bound=Record)
-
-
-class StepLog(Generic[R]):
-    def __init__(self, path: str | Path, kind: type[R]) -> None:
-        self.path, self.kind = Path(path), kind
-
-    def read(self) -> list[R]:
-        if not self.path.is_file():
-            return []
-        with open(self.path) as f:
-            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-        return [self.kind.from_json(json.loads(line), where=f"{self.path}:{n}") for n, line in lines]
-
-    def drop(self, start: int, end: int) -> None:
-        """Remove the records of steps start..end inclusive (rewritten atomically)."""
-        kept = [r for r in self.read() if not start <= r.step <= end]
-        write_text_atomic(self.path, "".join(json.dumps(r.to_json()) + "\n" for r in kept))
-
-    def append(self, record: R) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record.to_json()) + "\n")
-
-    def between(self, start: int, end: int) -> list[R]:
-        return [r for r in self.read() if start <= r.step <= end]

@@ -1,0 +1,121 @@
+"""A training segment's jobs: submit, wait, judge a failure (resilience.verdict), restart on other hosts or stop in
+one line, and keep each job in the run's jobs ledger; the stage (stages/train_segment.py) only wires it.
+
+    python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a restart, drilled
+
+Before each job: the hosts to leave out, the gate's and every one the run's ledger blames (at most
+cluster.allocation.max_excluded_nodes). After a failure: its verdict, with the restarts in a row that made no
+progress (cluster.allocation.max_restarts); after a hang whose evidence names nobody, the gate's checks on a new
+allocation first (launch.gate_job.slow_hosts), so no host is left out on a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import submitit
+from submitit.helpers import Checkpointable
+
+from trainflow.checkpoint.folders import list_steps
+from trainflow.config import TrainflowConfig
+from trainflow.config.run_folder import RunFolder
+from trainflow.journal import Journal
+from trainflow.launch.executors import build_executor
+from trainflow.launch.failure import read_markers
+from trainflow.launch.gate_job import slow_hosts
+from trainflow.launch.job_end import LaunchError, wait_job
+from trainflow.launch.restart import gate_exclusions, straggler_hosts
+from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
+from trainflow.resilience.verdict import JobFailure, judge
+
+log = logging.getLogger(__name__)
+
+
+def resume_point(cfg: TrainflowConfig) -> str:
+    """Where a rerun of the segment starts: the newest checkpoint Trainer.resume looks for first."""
+    end = (cfg.segment + 1) * cfg.train.segment_steps
+    for root in filter(None, (cfg.io.checkpoints, cfg.io.resume_from)):
+        if steps := [step for step in list_steps(Path(root)) if step <= end]:
+            return f"rerunning the workflow resumes it from step {steps[-1]} (newest checkpoint in {root})"
+    return f"{cfg.io.checkpoints} holds no checkpoint to resume it from"
+
+
+def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> list:
+    """Every rank's result of the segment's job `task(attempt)`, restarting the job after a failure a new one may fix
+    (resilience.verdict), each job in the run's jobs ledger, whose excluded hosts and restarts without progress carry
+    over from earlier segments and reruns (resilience.ledger.standing)."""
+    a, ledger = cfg.cluster.allocation, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    history, failures = ledger.read(), []
+    while True:
+        attempt = len(failures)
+        exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | frozenset(standing(history).excluded)
+        if why := over_cap(exclude, a.max_excluded_nodes, ledger.path):
+            raise LaunchError(f"segment {cfg.segment} not started: {why}")
+        executor = build_executor(
+            a,
+            world_size=cfg.parallel.world_size,
+            folder=cfg.io.submitit,
+            name=f"{cfg.run}-train-{cfg.segment}",
+            exclude=exclude if a.executor == "slurm" else (),  # one machine: recorded in the ledger, not applied
+        )
+        submitted = time.time()
+        job = executor.submit(task(attempt))
+        run = functools.partial(job_run, cfg, job, attempt, submitted, exclude)
+        try:
+            results = wait_job(job, max_pending_s=a.max_pending_s)
+        except LaunchError as err:
+            if err.failure is None:
+                raise
+            slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
+            history.append(run(err.failure, "", frozenset()))  # its newest checkpoint: whether it made progress
+            restarts = standing(history).without_progress
+            verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+            if verdict.restart and err.failure.kind == JobOutcome.HANG and err.failure.rank is None:
+                found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
+                slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
+                verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+                said = f"found {', '.join(found)} slow" if found else "found no slow host"
+                verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
+            history[-1] = dataclasses.replace(history[-1], verdict=verdict.why, left_out=sorted(verdict.exclude))
+            ledger.append(history[-1])
+            if not verdict.restart:
+                raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
+            log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
+            failures.append(err.failure)
+            continue
+        ledger.append(run(None, "", frozenset()))
+        return results
+
+
+def job_run(
+    cfg: TrainflowConfig,
+    job: submitit.Job,
+    attempt: int,
+    submitted: float,
+    exclude: frozenset[str],
+    failure: JobFailure | None,
+    verdict: str,
+    left_out: frozenset[str],
+) -> JobRun:
+    """The ledger's record of a job that ended."""
+    started = [m.started for m in read_markers(job).values()]
+    steps = list_steps(Path(cfg.io.checkpoints))
+    return JobRun(
+        segment=cfg.segment,
+        attempt=attempt,
+        job_id=str(job.job_id),
+        submitted=submitted,
+        started=min(started, default=submitted),
+        ended=time.time(),
+        outcome=failure.kind if failure else JobOutcome.COMPLETED,
+        line=failure.line if failure else "",
+        verdict=verdict,
+        exclude=sorted(exclude),
+        left_out=sorted(left_out),
+        checkpoint=steps[-1] if steps else -1,
+    )
