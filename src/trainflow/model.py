@@ -131,7 +131,7 @@ def call_block(block: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.
 class Llama(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
-        self.n_layers, self.init_std = m.n_layers, m.init_std
+        self.n_layers, self.init_std, self.tie_embeddings = m.n_layers, m.init_std, m.tie_embeddings
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(m.vocab_size, m.dim)
         # A ModuleDict keyed by the global layer index: pipeline stages keep a subset, names stay stable
         # (so checkpoints of any layout share keys).

@@ -41,3 +41,17 @@ def test_a_tied_llama3_folder_starts_the_pipeline_where_it_starts_one_process(tm
     assert one["setup"]["init_from"] == split["setup"]["init_from"] == str(tmp_path / "hf")
     for a, b in zip(step_losses(split), step_losses(one), strict=True):
         assert a == pytest.approx(b, rel=GOLDEN_RTOL)
+
+
+@pytest.mark.parametrize(("first", "second"), [("single", "pp2_1f1b"), ("pp2_1f1b", "single")])
+def test_a_tied_model_resumes_across_pipeline_layouts(tmp_path, fixed_tokens, first, second):
+    """The last stage's head copy keeps its AdamW state under the embedding's key, the one a process without a
+    pipeline has, so DCP reshards a tied checkpoint both ways and 3 + 3 steps are 6 steps of one process."""
+    run = ("model.tie_embeddings=true", "train.global_batch=8", "checkpoint.interval_steps=100")
+    halves = (*run, "train.segments=2", "train.segment_steps=3")
+    a = run_segment(tmp_path / "a", fixed_tokens, *halves, "segment=0", f"parallel={first}")
+    checkpoints = make_config("train_segment", tmp_path / "a", *halves, f"parallel={first}", tokens=fixed_tokens)
+    resume = f"io.resume_from={checkpoints.io.checkpoints}"
+    b = run_segment(tmp_path / "b", fixed_tokens, *halves, "segment=1", f"parallel={second}", resume)
+    whole = run_segment(tmp_path / "w", fixed_tokens, *run, "train.segment_steps=6", "parallel=single")
+    assert step_losses(a, b) == pytest.approx(step_losses(whole), rel=GOLDEN_RTOL)

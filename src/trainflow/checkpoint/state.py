@@ -29,6 +29,17 @@ FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 FP8_STATE = ".amax_history"
 """The delayed fp8 recipe's scaling state beside a block linear (trainflow.fp8): training state, neither exported
 nor imported from Hugging Face (a DCP load reads only the keys asked for)."""
+TIED_HEAD, TIED_EMBEDDING = "state.output.weight.", "state.tok_embeddings.weight."
+"""A tied head's AdamW state on the last pipeline stage, and the key it is saved under (both ends' copies step alike,
+so the two ranks write the same tensor under one key, which DCP writes once)."""
+
+
+def saved_key(part: nn.Module, key: str) -> str:
+    """The checkpoint's key of an optimizer state entry: a tied head's copy on a pipeline stage without the
+    embedding (trainflow.parallel.pipeline) saves and loads as the embedding's, the one key one process has."""
+    if getattr(part, "tie_embeddings", False) and part.tok_embeddings is None and key.startswith(TIED_HEAD):
+        return TIED_EMBEDDING + key.removeprefix(TIED_HEAD)
+    return key
 
 
 def build_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, step: int = 0) -> dict:
@@ -37,7 +48,7 @@ def build_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer],
         model.update(get_model_state_dict(part, options=FLAT))
         optim.update(
             {
-                k: v
+                saved_key(part, k): v
                 for k, v in get_optimizer_state_dict(part, opt, options=FLAT).items()
                 if not k.startswith("param_groups.")
             }
@@ -59,7 +70,7 @@ def load_state(parts: list[nn.Module], optimizers: list[torch.optim.Optimizer], 
     for part, opt in zip(parts, optimizers):
         set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
         live = get_optimizer_state_dict(part, opt, options=FLAT)  # param_groups as configured
-        live.update({k: v for k, v in state["optim"].items() if k in live})
+        live.update({k: state["optim"][saved_key(part, k)] for k in live if saved_key(part, k) in state["optim"]})
         set_optimizer_state_dict(part, opt, live, options=FLAT)
     torch.set_rng_state(state["rng"])
     return int(state["step"])
