@@ -1,5 +1,6 @@
-"""A head tied to the embedding (model.tie_embeddings) trains under a pipeline as in one process: the first and
-last stage's copies are summed each step (trainflow.parallel.pipeline), the gradient norm counts the weight once."""
+"""A head tied to the embedding (model.tie_embeddings) trains in any layout as in one process: under a pipeline the
+first and last stage's copies are summed each step (trainflow.parallel.pipeline), the gradient norm counts the weight
+once, and a checkpoint reshards between pipeline and none."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from trainflow.hf.llama import hf_config
 STEPS = 6
 
 
-@pytest.mark.parametrize("layout", ["tp2_pp2"])
-def test_a_tied_head_trains_across_the_pipeline_as_in_one_process(layout, tmp_path, fixed_tokens):
+@pytest.mark.parametrize(
+    "layout", ["tp2_pp2", *(pytest.param(layout, marks=pytest.mark.slow) for layout in ("dp2_shard", "dp2_tp2"))]
+)
+def test_a_tied_head_trains_as_in_one_process(layout, tmp_path, fixed_tokens):
     run = ("model.tie_embeddings=true", "train.global_batch=8", f"train.segment_steps={STEPS}")
     one = run_segment(tmp_path / "single", fixed_tokens, "parallel=single", *run)
     split = run_segment(tmp_path / layout, fixed_tokens, f"parallel={layout}", *run)
