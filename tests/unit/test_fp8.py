@@ -16,7 +16,7 @@ from tests.conftest import make_config
 from tests.support import grads
 from trainflow.config.shape import linear_shapes
 from trainflow.errors import ConfigError
-from trainflow.fp8 import Float8Linear, apply_fp8, load_backend, sync_amax_history
+from trainflow.fp8 import Float8Linear, apply_fp8, discard_amax, load_backend, sync_amax_history
 from trainflow.fp8.cast import (
     E4M3,
     E5M2,
@@ -224,6 +224,29 @@ def test_delayed_recipe_scales_from_the_history_and_rolls_it():
     assert not torch.allclose(y3, dequantised_linear(x3, w))  # its own amax would not have clipped
     sync_amax_history([layer], None)
     assert torch.equal(layer.amax_history[0], torch.stack((amax(x3), amax(x2))))  # history_len 2: x1 rolled out
+
+
+def test_a_step_not_applied_leaves_the_amax_history_as_it_was():
+    # A loss spike's amaxes (here its input 1e4 times the usual): rolled into the history they would set the scale of
+    # the next history_len steps, which would then quantise their ordinary values coarsely; the loss guard's skip
+    # drops them instead (Parallelized.end_step(applied=False)).
+    torch.manual_seed(12)
+    layer = Float8Linear(32, 16, bias=False, recipe="delayed", history_len=4)
+    x, dy = torch.randn(4, 32), torch.randn(4, 16)
+    grads(layer, x, dy)
+    sync_amax_history([layer], None)
+    before = layer.state_dict()
+    rolled = Float8Linear(32, 16, bias=False, recipe="delayed", history_len=4)
+    rolled.load_state_dict(before)
+    for m in (layer, rolled):
+        grads(m, 1e4 * x, dy)
+    discard_amax([layer])
+    sync_amax_history([rolled], None)  # what a skipped step did before
+    assert torch.equal(layer.amax_history, before["amax_history"]) and not layer.amax_pending.any()
+    unspiked = Float8Linear(32, 16, bias=False, recipe="delayed", history_len=4)
+    unspiked.load_state_dict(before)
+    assert torch.equal(grads(layer, x, dy)[0], grads(unspiked, x, dy)[0])
+    assert not torch.equal(grads(rolled, x, dy)[0], grads(unspiked, x, dy)[0])
 
 
 def test_delayed_history_is_state_and_resumes_bitwise():

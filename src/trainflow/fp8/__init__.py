@@ -7,6 +7,14 @@ dynamic and delayed scaling (linear.py), and the swap of a Llama's block linears
 
 from trainflow.fp8.apply import apply_fp8
 from trainflow.fp8.kernels import backend_reason, load_backend
-from trainflow.fp8.linear import RECIPES, Float8Linear, sync_amax_history
+from trainflow.fp8.linear import RECIPES, Float8Linear, discard_amax, sync_amax_history
 
-__all__ = ["RECIPES", "Float8Linear", "apply_fp8", "backend_reason", "load_backend", "sync_amax_history"]
+__all__ = [
+    "RECIPES",
+    "Float8Linear",
+    "apply_fp8",
+    "backend_reason",
+    "discard_amax",
+    "load_backend",
+    "sync_amax_history",
+]

@@ -251,12 +251,24 @@ def tp_shards(weight: DTensor, x: torch.Tensor) -> Shards:
     return shards
 
 
+def delayed_layers(parts: list[nn.Module]) -> list[Float8Linear]:
+    return [m for part in parts for m in part.modules() if isinstance(m, Float8Linear) and m.recipe == "delayed"]
+
+
+def discard_amax(parts: list[nn.Module]) -> None:
+    """Drop this step's amaxes without rolling them into the history: a step the loss guard did not apply (a spike's,
+    a NaN's amax would scale every later step) leaves the history as it was. On every rank alike (the guard's
+    verdict is agreed), with no collective."""
+    for m in delayed_layers(parts):
+        local(m.amax_pending).zero_()
+
+
 def sync_amax_history(parts: list[nn.Module], *groups: dist.ProcessGroup | None) -> None:
     """Roll this step's amaxes into every delayed Float8Linear's history, all-reduced (MAX) over each group given,
     in ONE collective per group (None or none given: a single process). Call once per optimizer step on every rank:
     the data-parallel group (replicas of the same layers) and, under tensor parallel, the tp group (a shard's amax
     becomes the whole tensor's; a replicated tensor's amax is the same on every tp rank anyway)."""
-    layers = [m for part in parts for m in part.modules() if isinstance(m, Float8Linear) and m.recipe == "delayed"]
+    layers = delayed_layers(parts)
     if not layers:
         return
     pending = torch.stack([local(m.amax_pending) for m in layers])  # (layers, 3)

@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.config.layout import ParallelDims
-from trainflow.fp8 import apply_fp8, sync_amax_history
+from trainflow.fp8 import apply_fp8, discard_amax, sync_amax_history
 from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
 from trainflow.parallel.grad_reducer import GradReducer
 from trainflow.parallel.mesh import fsdp_mesh
@@ -77,16 +77,24 @@ class Parallelized:
             self.reducer.finish()
         if self.tied is not None:
             self.tied.sum_grads()
-        if self.fp8_backend is not None:  # delayed scaling: the step's amaxes MAX all-reduced over dp, then over tp
-            groups = [
-                self.mesh[name].get_group() for name, size in (("dp", self.dims.dp), ("tp", self.dims.tp)) if size > 1
-            ]
-            sync_amax_history(self.named_parts(), *groups)
         dp_comm = time.perf_counter() - mid
         # Without a pipeline the whole forward/backward is compute; within one, only the timed stage calls are.
         times = StepTimes(compute=mid - start) if self.schedule is None else self.clock.step_times(mid - start)
         times.dp_comm = dp_comm
         return self.global_loss(loss.detach()), times
+
+    def end_step(self, *, applied: bool) -> None:
+        """After the loss guard's verdict on the step (agreed on every rank): delayed fp8 scaling rolls the step's
+        amaxes into the history, MAX all-reduced over dp, then over tp, or, for a step not applied, drops them."""
+        if self.fp8_backend is None:
+            return
+        if not applied:
+            discard_amax(self.named_parts())
+            return
+        groups = [
+            self.mesh[name].get_group() for name, size in (("dp", self.dims.dp), ("tp", self.dims.tp)) if size > 1
+        ]
+        sync_amax_history(self.named_parts(), *groups)
 
     @torch.no_grad()
     def eval_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -119,6 +119,7 @@ class Trainer:
         maybe_poison(self.cfg.fault, window, loss, self.model.parameters())
         grad_norm = self.model.clip_grad_norm(self.cfg.optim.grad_clip)
         skipped = self.guard.judge(step, window, float(loss), grad_norm)  # global loss and norm: every rank agrees
+        self.model.end_step(applied=skipped is None)  # fp8's amax history leaves a step not applied out
         for opt in self.optimizers:
             if skipped is None:
                 opt.step()
