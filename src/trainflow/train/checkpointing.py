@@ -113,8 +113,8 @@ class SegmentCheckpoints:
         self.on_phase("load", step)
         folder = step_dir(source.root, step)
         manifest = read_manifest(folder)  # every rank reads it: no collective to agree
-        if why := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model):
-            raise ResumeError(why)
+        if mismatch := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model):
+            raise ResumeError(mismatch)
         guard, self.init_from = read_guard_state(manifest), manifest.init_from
         state = self.state()
         source.load(step, state)
