@@ -2,6 +2,7 @@
 
 par = parallelize_model(model, dims, mesh, loss_fn=..., device=..., bucket_mb=..., overlap=...)
 loss, times = par.forward_backward(inputs, targets); norm = par.clip_grad_norm(1.0)
+par.end_step(applied=True)   # after the loss guard's verdict: fp8's amax history
 
 Mixed precision (train.precision=bf16) is torch's autocast around forward and loss, pipeline schedules
 included: matmuls and attention run in bf16, while the parameters (the master weights), their gradients,
