@@ -55,7 +55,7 @@ WORLD = Pattern("world", "all_reduce")
 def patterns_of(dims: ParallelDims) -> list[str]:
     """The patterns a layout runs: those whose groups have more than one rank (FSDP's only under shard)."""
     sizes = {"dp": dims.dp, "tp": dims.tp, "pp": dims.pp}
-    fsdp = dims.dp_mode == "shard"
+    fsdp = dims.fsdp_enabled
     return [name for name, p in PATTERNS.items() if sizes[p.dim] > 1 and (p.op in ("all_reduce", "send_recv") or fsdp)]
 
 

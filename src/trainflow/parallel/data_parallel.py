@@ -42,12 +42,12 @@ def apply_dp(
     microbatch's backward under a pipeline, so it serves only a pure-dp mesh with overlap on; every
     other layout gets a GradReducer over all the chunks.
     """
-    if dims.tp == 1 and dims.pp == 1 and overlap:
+    if dims.tp == 1 and not dims.pp_enabled and overlap:
         (model,) = parts  # no pipeline: the one chunk is the whole model
         return [apply_ddp(model, dp_mesh, bucket_mb=bucket_mb)], None
     # Under a pipeline schedule backward runs once per microbatch: all-reduce after the last one.
     params = [p for part in parts for p in part.parameters()]
-    return parts, GradReducer(params, dp_mesh.get_group(), bucket_mb=bucket_mb, overlap=overlap and dims.pp == 1)
+    return parts, GradReducer(params, dp_mesh.get_group(), bucket_mb=bucket_mb, overlap=overlap and not dims.pp_enabled)
 
 
 def apply_fsdp(parts: list[nn.Module], dp_mesh: DeviceMesh, *, compute_dtype: torch.dtype, pipelined: bool) -> None:

@@ -130,7 +130,7 @@ class Parallelized:
         if self.dims.world_size == 1:
             return loss
         loss = loss.clone().float()
-        if self.dims.pp > 1:
+        if self.dims.pp_enabled:
             dist.all_reduce(loss, group=self.mesh["pp"].get_group())  # only the last stage is non-zero
         if self.dims.dp > 1:
             dist.all_reduce(loss, group=self.mesh["dp"].get_group())
@@ -158,7 +158,7 @@ class Parallelized:
             for name in dims:
                 dist.all_reduce(square, group=self.mesh[name].get_group())
             total += square
-        if self.dims.pp > 1:
+        if self.dims.pp_enabled:
             dist.all_reduce(total, group=self.mesh["pp"].get_group())
         norm = float(total.sqrt())
         if max_norm > 0 and norm > max_norm:
@@ -199,7 +199,7 @@ def parallelize_model(
     autocast = compute_dtype if compute_dtype != torch.float32 else None
     tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
     result = Parallelized(parts=[model], dims=dims, mesh=mesh, loss_fn=loss_fn, autocast=autocast)
-    if dims.pp > 1:
+    if dims.pp_enabled:
         exchange_s = probe_exchange_seconds(mesh["pp"], activation_shape, device=device)
         result.clock = PipelineClock(exchange_s=exchange_s, exchanges=2 * dims.virtual_stages * dims.microbatches)
         stages, result.parts = pipeline_model(model, dims=dims, pp_mesh=mesh["pp"], device=device)
@@ -212,12 +212,12 @@ def parallelize_model(
     if dims.tp > 1:
         for part in result.parts:
             apply_tp(part, mesh["tp"])
-    if dims.dp > 1 and dims.dp_mode == "shard":
-        apply_fsdp(result.parts, fsdp_mesh(dims, mesh), compute_dtype=compute_dtype, pipelined=dims.pp > 1)
+    if dims.fsdp_enabled:
+        apply_fsdp(result.parts, fsdp_mesh(dims, mesh), compute_dtype=compute_dtype, pipelined=dims.pp_enabled)
         result.autocast = None  # FSDP gathers the parameters in the compute dtype
     elif dims.dp > 1:
         result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)
-    if dims.pp > 1:
+    if dims.pp_enabled:
         result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)
         if tied:
             result.tied = tie_embeddings(result.named_parts(), mesh)

@@ -157,7 +157,7 @@ def fsdp_gathered(m: ModelConfig, dims: ParallelDims, rank: int, *, compute: int
     """What FSDP holds unsharded on pipeline rank `rank` at the step's peak (the module docstring)."""
     params, block = stage_params(m, pp_rank=rank, pp=dims.pp, tp=dims.tp), block_params(m, tp=dims.tp)
     ends = (rank == 0) * embedding_params(m) + (rank == dims.pp - 1) * head_params(m, pp=dims.pp)
-    if dims.pp > 1:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
+    if dims.pp_enabled:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
         return params * (compute + FP32) + max(block, ends) * FP32
     at_work = (3 * block + head_params(m)) * compute + block * FP32  # the root beside the blocks at work
     return ends * compute + max(ends * compute, at_work)

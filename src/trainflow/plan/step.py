@@ -160,7 +160,7 @@ def _rank_splits(
     splits, dp_totals = [], []
     for rank, (compute, tp_comm, backward) in enumerate(works):
         params = stage_params(m, pp_rank=rank, pp=p, tp=tp)
-        if dims.dp_mode == "shard":
+        if dims.fsdp_enabled:
             dp_total, dp_exposed = _sharded_dp(
                 params, setup, cluster, compute_bytes, window=mb * (compute + tp_comm), algorithm=algorithm
             )
@@ -237,11 +237,11 @@ def _sharded_dp(
     dims, shard_link = setup.layout, setup.links.shard
     shard = dims.shard_size
     replicas = dims.dp // shard
-    gathers = 1 if dims.pp > 1 else 2
+    gathers = 1 if dims.pp_enabled else 2
     total = shard_seconds(params * FP32, shard, shard_link) + gathers * shard_seconds(
         params * compute_bytes, shard, shard_link
     )
     if replicas > 1:
         total += allreduce_seconds(params * FP32 / shard, replicas, setup.links.replica, algorithm)
-    exposed = total if dims.pp > 1 else max(0.0, total - cluster.hardware.overlap_fraction * window)
+    exposed = total if dims.pp_enabled else max(0.0, total - cluster.hardware.overlap_fraction * window)
     return total, exposed

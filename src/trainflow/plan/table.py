@@ -39,7 +39,7 @@ def rows(title: str, pairs: list[tuple[str, str]]) -> list[str]:
 
 def render(plan: Plan) -> str:
     su, d, mem, step, camp = plan.setup, plan.setup.layout, plan.memory, plan.step, plan.campaign
-    schedule = d.schedule if d.pp > 1 else "no pipeline"
+    schedule = d.schedule if d.pp_enabled else "no pipeline"
     lines = [
         f"{su.model} ({camp.parameters / 1e9:.2f} B parameters) on {d.world_size} devices, dp{d.dp} x tp{d.tp} x "
         f"pp{d.pp}, {schedule} v={d.virtual_stages} m={d.microbatches}, {d.dp_mode}, {su.precision}, "

@@ -30,8 +30,8 @@ def measured_split(steps: Sequence[object]) -> dict[str, float]:
 
 def plan_parts(layout: ParallelDims) -> dict[str, list[str]]:
     """Which of the plan's parts each measured part holds, for a segment's layout."""
-    pipelined = layout.pp > 1
-    ddp = not pipelined and layout.tp == 1 and layout.dp > 1 and layout.dp_mode != "shard"
+    pipelined = layout.pp_enabled
+    ddp = not pipelined and layout.tp == 1 and layout.dp > 1 and not layout.fsdp_enabled
     return {
         "compute_s": ["compute", "tp"] + (["dp"] if ddp else []),
         "dp_comm_s": [] if ddp else ["dp"],
