@@ -71,3 +71,21 @@ def test_a_hung_rank_on_slurm_is_named_and_its_job_ended(tmp_path, tokens):
     jobs, spans = ledgers(tmp_path, *SLURM, *hang)
     assert jobs[0].outcome == "hang"
     assert jobs[0].ended - max(s.started + s.seconds for s in spans) < 5 + 10 + 20  # Slurm's state settles for 15 s
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_on_slurm_is_blamed_and_only_its_node_left_out(tmp_path, tokens):
+    # Rank 1's main thread blocks at step 3 while its heartbeat beats on; the collective counts name it, and the
+    # restart runs on the other node, ending where a run without the fault ends.
+    two_nodes()
+    stall = ("fault.step=3", "fault.rank=1", "fault.signal=STALL", "cluster.runtime.hang_detect_s=5")
+    summary = run_segment(tmp_path / "drill", tokens, *BASE, *SLURM, *stall)
+    jobs, _ = ledgers(tmp_path / "drill", *SLURM, "cluster.runtime.hang_detect_s=5")
+    assert [j.outcome for j in jobs] == ["hang", "completed"]
+    found = re.match(
+        r"rank 1 on host (n[12]) made no progress for \d+ s .* a stuck main thread: it had not entered", jobs[0].line
+    )
+    assert found, jobs[0].line
+    assert jobs[0].verdict == f"restart 1 of 3, leaving out {found[1]}" and jobs[1].exclude == [found[1]]
+    reference = run_segment(tmp_path / "reference", tokens, *BASE)  # locally, no fault
+    assert summary["state_digest"] == reference["state_digest"]

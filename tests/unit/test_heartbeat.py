@@ -179,3 +179,19 @@ def test_the_flight_recorder_is_on_over_nccl_and_the_runtime_env_overrides_it(tm
     assert rank_environment(small.cluster.runtime, paths)["TORCH_FR_BUFFER_SIZE"] == "100"
     gloo = compose("train_segment", ["experiment=smoke"]).cluster.runtime
     assert not any(k.startswith("TORCH_") for k in rank_environment(gloo, paths))
+
+
+def test_a_rank_in_its_first_step_is_not_hung_however_long_it_takes(heartbeat):
+    # The first step compiles, loads and warms up: until a rank says it finished one (its own count, which the old
+    # watcher guessed from the first step it happened to sample), no wait counts as a hang.
+    beat_ = heartbeat(2, hang_detect_s=1, heartbeat_s=0.1)
+    store = beat_.store.store
+    first = [json.dumps({**json.loads(beat(r, counter=c, step=3)), "steps": 0}) for r, c in ((0, 1), (1, 1))]
+    store.multi_set([beat_key(0), beat_key(1)], first)
+    assert beat_.watch() is None
+    time.sleep(1.2)
+    store.multi_set([beat_key(0), beat_key(1)], [v.replace('"counter": 1', '"counter": 2') for v in first])
+    assert beat_.watch() is None
+    finished = [beat(r, counter=3, step=3) for r in (0, 1)]  # steps 3: now the same wait is a hang
+    store.multi_set([beat_key(0), beat_key(1)], finished)
+    assert beat_.watch() is not None

@@ -86,13 +86,12 @@ class Beat:
     """How many progress markers its main thread had given."""
     moved: float = field(default_factory=time.monotonic)
     """When its main thread last gave a progress marker."""
-    first_step: int | None = None
-    """The first step the rank reported: a rank counts as stuck only once it has finished a step (the first one
-    compiles, loads and warms up for as long as it takes)."""
     host: str = "?"
     forward_s: float = float("nan")
     """The rank's median forward over its last 50 steps."""
     steps: int = 0
+    """The steps it has finished in this job, by its own count: a rank counts as stuck only once it has finished
+    one (a count the watcher samples once a beat would miss a first step that took less than a beat)."""
     counts: dict[str, int] = field(default_factory=dict)
     """Its entered collectives per process group (resilience.hang)."""
 
@@ -119,6 +118,7 @@ class Heartbeat:
         self.forward: deque[float] = deque(maxlen=50)
         self.timing_written, self.timings = time.monotonic(), 0
         self.beats = {r: Beat() for r in range(world)}
+        self.said: set[type] = set()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, name="trainflow-heartbeat", daemon=True)
 
@@ -170,8 +170,13 @@ class Heartbeat:
                     self.abort(None)
                 report = self.watch()
                 unanswered = time.monotonic()
-            except Exception:  # the store stopped answering: rank 0, which holds it, stopped
-                if self.rank == 0 or time.monotonic() - unanswered < self.threshold_s:
+            except Exception as err:  # the store stopped answering: rank 0, which holds it, stopped
+                if self.rank == 0:  # its own store: a fault of the watch itself, said once per kind
+                    if type(err) not in self.said:
+                        self.said.add(type(err))
+                        log.warning("Heartbeat of rank 0 could not watch: %s: %s", type(err).__name__, err)
+                    continue
+                if time.monotonic() - unanswered < self.threshold_s:
                     continue
                 report = self.report(0, self.beats[0], time.monotonic() - unanswered)
             if report is not None:
@@ -187,7 +192,7 @@ class Heartbeat:
         for rank, beat in zip(ranks, self.store.multi_get([beat_key(r) for r in ranks])):
             seen = self.observe(rank, json.loads(beat), now)
             silent[rank] = now - seen.seen
-            started = seen.first_step is not None and seen.step > seen.first_step
+            started = seen.steps > 0  # its first step compiles, loads and warms up for as long as it takes
             stuck[rank] = now - seen.moved if seen.phase in STEP_PHASES and started else 0.0
         quiet = max(silent, key=silent.get)
         longest = max(stuck, key=stuck.get)
@@ -214,8 +219,6 @@ class Heartbeat:
             seen.counts = beat["counts"]
         if beat["marks"] != seen.marks:
             seen.step, seen.phase, seen.marks, seen.moved = beat["step"], beat["phase"], beat["marks"], now
-            if seen.first_step is None and seen.phase in STEP_PHASES:
-                seen.first_step = seen.step
         return seen
 
     def timing_due(self, now: float) -> bool:

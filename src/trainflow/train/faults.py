@@ -23,6 +23,8 @@ import torch.distributed as dist
 from trainflow.config import FaultConfig
 
 log = logging.getLogger(__name__)
+NO_SIGNAL = ("STALL", "WEDGE")
+"""The hangs fault.signal names that are no signal (config.faults)."""
 
 
 def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, attempt: int) -> None:
@@ -35,7 +37,7 @@ def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, atte
         return
     if dist.get_rank() != fault.rank and not everyone:
         return
-    what = "death during save" if during_save else fault.signal if everyone else f"SIG{fault.signal}"
+    what = "death during save" if during_save else fault.signal if fault.signal in NO_SIGNAL else f"SIG{fault.signal}"
     log.warning("Injected fault at step %d on rank %d: %s", step, dist.get_rank(), what)
     if during_save:
         os._exit(3)
