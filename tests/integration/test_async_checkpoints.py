@@ -185,6 +185,10 @@ def test_a_full_disk_during_a_background_write_fails_in_one_line_and_the_rerun_r
     line = str(err.value)
     assert f"no space left on {small_tmpfs}/checkpoints writing step 4 ({small_tmpfs}/checkpoints/step-" in line, line
     assert list_steps(small_tmpfs / "checkpoints") == [2]
+    # What it says the save needs is the checkpoint's size (step 2's), within its .metadata: dp2's replicated state
+    # counts once, as DCP writes it (the estimate from every rank's state said twice as much)
+    needs = float(re.search(r"needs ~([\d.e-]+) GB", line)[1]) * 1e9
+    assert needs == pytest.approx(verify(step_dir(small_tmpfs / "checkpoints", 2)).nbytes, rel=0.05), line
     subprocess.run(["mount", "-o", "remount,size=48m", str(small_tmpfs)], check=True)  # the line's fix: free space
     finished = run_segment(tmp_path, tokens, *RUN, ckpt)
     assert_bitwise(finished, uninterrupted)

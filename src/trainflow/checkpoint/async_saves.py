@@ -41,6 +41,7 @@ from trainflow.checkpoint.writer import (
     RankReport,
     WriteFailure,
     describe_failure,
+    planned_bytes,
 )
 from trainflow.tensors import local, storage_ptr
 
@@ -114,12 +115,12 @@ class AsyncSaves(Saves):
         flat, _ = flatten_state_dict(state)
         if bad := next((k for k, v in flat.items() if not isinstance(v, torch.Tensor)), None):
             raise TypeError(f"async saves stage tensors only: {bad!r} is a {type(flat[bad]).__name__}")
-        nbytes = sum(local(v).nbytes for v in flat.values())
         request = self.committer.prepare(
-            step, provenance=provenance, before_commit=before_commit, step_s=step_s, nbytes=nbytes
+            step, provenance=provenance, before_commit=before_commit, step_s=step_s, nbytes=0
         )
         folder = request.folder
         self.replan(state, flat, folder)  # collective: also, every rank sees the folder rank 0 made
+        request = dataclasses.replace(request, nbytes=planned_bytes(self.plan))  # replicas written once
         for opt in optimizers:
             if id(opt) not in self.hooked:  # the optimizer's next step waits for the background copy of its tensors
                 opt.register_step_pre_hook(lambda *_: self.before_optimizer_step())

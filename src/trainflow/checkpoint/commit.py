@@ -40,7 +40,8 @@ class SaveRequest:
     step_s: float
     """This rank's mean step time, which the record of the save carries as rank 0's."""
     nbytes: int
-    """This rank's tensor bytes."""
+    """The tensor bytes this rank's save plan writes, where known before the write (async: the cached plan's);
+    else its whole state's."""
     started: float
     """time.time() when the save began."""
     t0: float
@@ -109,7 +110,7 @@ class Committer:
         if failure.errno == errno.ENOSPC:
             return (
                 f"no space left on {self.root} writing step {step} ({failure.file}, rank {rank}; needs "
-                f"~{needs / 1e9:.3g} GB, estimated from the tensor bytes of every rank's state); free space there or "
+                f"~{needs / 1e9:.3g} GB, the tensor bytes of every rank's save plan); free space there or "
                 "move the checkpoints to a larger file system"
             )
         if failure.errno is not None:

@@ -102,7 +102,8 @@ class SyncSaves(Saves):
                 failure = describe_failure(None, err.failures[self.rank][0])
         failure = writer.failure or failure  # the precise one, also where DCP dropped it
         request.before_commit()
-        reports = self.committer.gather(RankReport(dict(writer.checksums), request.nbytes, failure))
+        nbytes = request.nbytes if writer.planned is None else writer.planned  # the plan's, once DCP made it
+        reports = self.committer.gather(RankReport(dict(writer.checksums), nbytes, failure))
         error = self.committer.commit(request, reports) if reports is not None else None
         outcome = [error, SaveDone(step, request.started, time.perf_counter() - request.t0, step_s)]  # rank 0's
         dist.broadcast_object_list(outcome, src=0)

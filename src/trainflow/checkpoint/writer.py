@@ -9,8 +9,10 @@ change the file format and need a matching reader, so the file object itself is 
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Generator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,8 @@ from pathlib import Path
 import crc32c
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
 
 from trainflow.errors import TrainflowError
 
@@ -54,7 +58,7 @@ class RankReport:
     checksums: dict[str, tuple[int, int]]
     """The files it wrote, by name: (bytes, CRC-32C)."""
     nbytes: int
-    """Its tensors' bytes (what a full disk's error says the save needs)."""
+    """The tensor bytes its save plan wrote (planned_bytes; what a full disk's error says the save needs)."""
     failure: WriteFailure | None = None
     results: list = field(default_factory=list)
     """DCP's write results, which the asynchronous commit's .metadata is made from."""
@@ -126,12 +130,29 @@ class ChecksummingFileSystem(FileSystem):
             self.checksums[Path(new_path).name] = self.checksums.pop(old)
 
 
+def planned_bytes(plan: SavePlan) -> int:
+    """The tensor bytes a rank's final save plan writes: DCP writes each replicated tensor once, on one rank, so the
+    checkpoint's size is the sum over ranks (a rank's whole state counts dp replicas again)."""
+    return sum(
+        math.prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+        for item in plan.items
+        if item.tensor_data is not None  # bytes items (none in trainflow's state) carry no size
+    )
+
+
 class ChecksummingWriter(dcp.FileSystemWriter):
-    """dcp.FileSystemWriter whose files are checksummed as written: see `checksums` and `failure` after dcp.save."""
+    """dcp.FileSystemWriter whose files are checksummed as written: see `checksums`, `failure` and `planned` after
+    dcp.save."""
 
     def __init__(self, path: str | os.PathLike, **kwargs: object) -> None:
         super().__init__(path, **kwargs)
         self.fs = ChecksummingFileSystem()
+        self.planned: int | None = None
+        """The bytes of the plan it was given to write (planned_bytes); None before write_data."""
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        self.planned = planned_bytes(plan)
+        return super().write_data(plan, planner)
 
     @property
     def checksums(self) -> dict[str, tuple[int, int]]:
