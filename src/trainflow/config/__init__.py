@@ -9,6 +9,7 @@ from trainflow.config.checks import validate
 from trainflow.config.cluster import AllocationConfig, ClusterConfig, GateConfig, HardwareConfig, RuntimeConfig
 from trainflow.config.compose import CONF_DIR, compose, one_line, to_config
 from trainflow.config.domain import RUN_NAME, Domain
+from trainflow.config.energy import EnergyConfig
 from trainflow.config.faults import FaultConfig
 from trainflow.config.hashing import as_dict, config_hash, stage_hash
 from trainflow.config.layout import ParallelDims, parallel_errors
@@ -18,7 +19,6 @@ from trainflow.config.schema import (
     SCHEDULES,
     CheckpointConfig,
     DataConfig,
-    EnergyConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,

@@ -7,7 +7,8 @@ each broken rule is one message naming every value it involves and the fix.
 from __future__ import annotations
 
 from trainflow.config.cluster import GATE_PATTERNS, VERSION_COMPONENTS, ClusterConfig, GateConfig
-from trainflow.config.schema import BYTE_VOCAB, EnergyConfig, ModelConfig, TrainflowConfig
+from trainflow.config.energy import EnergyConfig
+from trainflow.config.schema import BYTE_VOCAB, ModelConfig, TrainflowConfig
 from trainflow.config.shape import linear_shapes
 from trainflow.config.sources import source_errors
 
