@@ -152,10 +152,15 @@ def newest(cfg: TrainflowConfig) -> Path:
 
 
 def hf_folder(out: Path, m: ModelConfig, *, dtype=torch.bfloat16, shard="600KB"):
-    """transformers' own LlamaForCausalLM of the model `m`, saved to `out` as Meta's published ones are (bf16, in
-    shards with an index); returned as transformers reads that folder in fp32."""
+    """transformers' own LlamaForCausalLM of the model `m` (its rotary scaling and tying too), saved to `out` as
+    Meta's published ones are (bf16, in shards with an index); returned as transformers reads that folder in fp32."""
     import transformers  # only the Hugging Face tests load it
 
+    scaling = None
+    if m.rope_scaling == "llama3":
+        scaling = {"rope_type": "llama3", "factor": m.rope_factor, "low_freq_factor": m.rope_low_freq_factor}
+        scaling |= {"high_freq_factor": m.rope_high_freq_factor}
+        scaling |= {"original_max_position_embeddings": m.rope_original_seq_len}
     config = transformers.LlamaConfig(
         vocab_size=m.vocab_size,
         hidden_size=m.dim,
@@ -165,8 +170,9 @@ def hf_folder(out: Path, m: ModelConfig, *, dtype=torch.bfloat16, shard="600KB")
         num_key_value_heads=m.n_kv_heads,
         max_position_embeddings=m.seq_len,
         rope_theta=m.rope_theta,
+        rope_scaling=scaling,
         rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=False,
+        tie_word_embeddings=m.tie_embeddings,
         initializer_range=m.init_std,
     )
     torch.manual_seed(0)

@@ -13,6 +13,7 @@ import transformers
 from safetensors import safe_open
 
 from tests.conftest import make_config, run_segment
+from tests.support import hf_folder
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.config import ModelConfig
 from trainflow.export import export, read_model
@@ -28,25 +29,7 @@ KINDS = {"llama3_1": LLAMA3, "llama3_2": (*LLAMA3, "model.rope_factor=32.0", "mo
 
 def transformers_folder(out: Path, m: ModelConfig) -> transformers.LlamaForCausalLM:
     """transformers' own random LlamaForCausalLM of the model `m` (its rotary scaling and tying), saved in fp32."""
-    scaling = {"rope_type": "llama3", "factor": m.rope_factor, "low_freq_factor": m.rope_low_freq_factor}
-    scaling |= {"high_freq_factor": m.rope_high_freq_factor, "original_max_position_embeddings": 32}
-    config = transformers.LlamaConfig(
-        vocab_size=m.vocab_size,
-        hidden_size=m.dim,
-        intermediate_size=m.ffn_dim,
-        num_hidden_layers=m.n_layers,
-        num_attention_heads=m.n_heads,
-        num_key_value_heads=m.n_kv_heads,
-        max_position_embeddings=m.seq_len,
-        rope_theta=m.rope_theta,
-        rope_scaling=scaling,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings,
-        initializer_range=m.init_std,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(out)
-    return transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    return hf_folder(out, m, dtype=torch.float32, shard="5GB")
 
 
 def logits(model: torch.nn.Module, m: ModelConfig) -> torch.Tensor:
