@@ -3,8 +3,10 @@ config composition, "train a segment and return its summary", and the golden-los
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,19 +31,24 @@ def tokens(tmp_path_factory) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` mounted at `folder` for the block: what fills it fails with ENOSPC."""
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"mounting a {size} tmpfs failed ({done.stderr.decode().strip()}); the test needs root (CI: root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A real 256 kB file system: a checkpoint larger than that fails with ENOSPC."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    mounting = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]
-    done = subprocess.run(mounting, capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"mounting a 256 kB tmpfs failed ({done.stderr.strip()}); the test needs root (CI runs as root)")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.fixture(scope="module")

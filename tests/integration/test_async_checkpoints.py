@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_resumes_bitwise, make_config, run_segment, step_losses
+from tests.conftest import assert_resumes_bitwise, make_config, mounted_tmpfs, run_segment, step_losses
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import verify
 from trainflow.launch import LaunchError
@@ -164,15 +164,8 @@ def test_writer_killed_during_a_background_write_fails_in_one_line_and_the_rerun
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A real 15 MB file system: room for one dp2 smoke checkpoint (10.3 MB) and its step logs, not for two."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=15m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode:
-        pytest.skip(f"mounting a tmpfs failed ({done.stderr.decode().strip()}); the test needs root (CI runs as root)")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "15m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.slow
