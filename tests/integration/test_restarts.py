@@ -185,6 +185,21 @@ def test_a_config_error_is_not_restarted_and_fails_in_one_line(tmp_path, tokens)
     assert len(jobs) == 1
 
 
+@pytest.mark.slow  # three jobs: ~35 s on a quiet machine
+def test_two_cuda_errors_in_one_segment_are_both_restarted(tmp_path, tokens, reference):
+    # Rank 1 raises an illegal memory access at step 3 and, in the restarted job, an ECC error at step 5: two
+    # exceptions whose tracebacks end in the same hints (once judged "the same exception in two jobs: the code
+    # fails"), each a device fault whose host is left out.
+    cuda = ("fault.step=3", "fault.rank=1", "fault.signal=CUDA", "fault.strikes=2", "fault.stride=2")
+    summary = segment(tmp_path, tokens, *cuda)
+    jobs, _ = ledgers(tmp_path)
+    host = socket.gethostname()
+    assert [j.outcome for j in jobs] == ["raised", "raised", "completed"]
+    assert "an illegal memory access" in jobs[0].line and "uncorrectable ECC error" in jobs[1].line
+    assert [j.verdict for j in jobs[:2]] == [f"restart 1 of 3, leaving out {host}"] * 2
+    assert summary["state_digest"] == reference["state_digest"]
+
+
 def test_a_rollback_past_max_rollbacks_stops_the_segment_in_one_line(tmp_path, tokens):
     bounded = ("fault.nan_step=3", "train.spike.rollback_after=1", "train.spike.max_rollbacks=0")
     with pytest.raises(LaunchError) as err:

@@ -3,7 +3,9 @@ interconnect errors restarted however often and on however many ranks they strik
 
 from __future__ import annotations
 
-from trainflow.launch.failure import exception_line
+import submitit
+
+from trainflow.launch.failure import analyse, exception_line
 from trainflow.resilience.ledger import JobOutcome
 from trainflow.resilience.verdict import JobFailure, judge
 
@@ -67,3 +69,15 @@ def test_the_code_s_own_exceptions_are_still_not_restarted():
     assert "every rank raised the same exception" in judge(every, [], max_restarts=3, restarts=0).why
     once, again = raised("nid001", "KeyError: 'w'"), raised("nid002", "KeyError: 'w'")
     assert "the same exception in two jobs" in judge(again, [once], max_restarts=3, restarts=1).why
+
+
+def test_the_rank_that_raised_first_is_not_one_that_lost_its_peer(tmp_path):
+    # Rank 1 raised a device error and ended; rank 0, waiting for it in a collective, raised gloo's "Connection
+    # closed by peer" before the log said rank 1 had ended: the failure is rank 1's.
+    job = submitit.local.local.LocalJob(tmp_path, "7", tasks=(0, 1))
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:41167. This is " + (
+        "typically caused by a remote worker crashing."
+    )
+    outcomes = [("error", trace(lost)), ("error", trace(ILLEGAL))]
+    failure = analyse(job, "local", ("", 0), outcomes)
+    assert failure.rank == 1 and "an illegal memory access" in failure.line

@@ -21,13 +21,14 @@ class FaultConfig:
     """At the start of this step (-1: never) ..."""
     rank: int = checked(0, ge=0)
     """... this rank ..."""
-    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL", "STOP", "STALL", "WEDGE"))
+    signal: str = checked("USR2", one_of=("USR2", "TERM", "KILL", "STOP", "STALL", "WEDGE", "CUDA"))
     """... receives this signal: USR2 (Slurm's pre-timeout: save and requeue), TERM (scancel or the time limit:
     save and stop, no requeue), KILL (a dead rank) or STOP (a hung one). Two hangs that are no signal: STALL, the
     rank's main thread blocks for good while its heartbeat thread beats on (a GPU stuck in a kernel, a wedged
     driver call that releases the GIL: the others wait for it in their next collective); WEDGE, every rank
     (whatever fault.rank says) blocks inside one collective that never completes (a failed link or switch: a
-    symmetric hang, which no rank's evidence can pin on a host)."""
+    symmetric hang, which no rank's evidence can pin on a host). CUDA raises a device error as torch words one (an
+    illegal memory access, then an ECC error in the next job)."""
     strikes: int = checked(1, ge=1)
     """The signal strikes in the segment's first `strikes` jobs: in job k at fault.step + k x fault.stride (a failure
     that comes back after each restart)."""

@@ -110,7 +110,9 @@ def read_markers(job: submitit.Job) -> dict[int, TaskMarker]:
 
 def first_failed_rank(job: submitit.Job, outcomes: list, markers: dict[int, TaskMarker]) -> tuple[int, str, str] | None:
     """(rank, host, what happened to it) of the rank that failed first: one that died abruptly (no result, and
-    its code never ended), else one that raised; among several, the first whose abnormal end the log reported."""
+    its code never ended), else one that raised; among several, one whose error is not its peer's loss (PEER_LOST:
+    the ranks a failed rank leaves behind raise that, as fast as it ends), then the first whose abnormal end the log
+    reported."""
     ends = reported_ends(job.paths.stderr)
     died = [
         k
@@ -121,12 +123,23 @@ def first_failed_rank(job: submitit.Job, outcomes: list, markers: dict[int, Task
     reported = {k: position for position, k in enumerate(ends)}
     for candidates in (died, raised):
         if candidates:
-            rank = min(candidates, key=lambda k: (reported.get(k, math.inf), k))
+            rank = min(candidates, key=lambda k: (peer_lost(outcomes[k]), reported.get(k, math.inf), k))
             host = markers[rank].host if rank in markers else ends[rank][0] if rank in ends else ""
             if outcomes[rank]:
                 return rank, host, f"raised {exception_line(outcomes[rank][1])}"
             return rank, host, ends[rank][1] if rank in ends else "ended abruptly, with no exit status in the log"
     return None
+
+
+PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|caused by a remote worker crashing|remote process exited",
+    re.IGNORECASE,
+)
+"""The collectives' words for a peer that went away (gloo's, NCCL's): the consequence of another rank's failure."""
+
+
+def peer_lost(outcome: tuple | None) -> bool:
+    return bool(outcome) and outcome[0] == "error" and bool(PEER_LOST.search(exception_line(outcome[1])))
 
 
 def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:

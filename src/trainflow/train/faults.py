@@ -4,6 +4,7 @@ python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STOP   # a hung one
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STALL  # its main thread stuck
 python -m trainflow.stages.train_segment fault.step=7 fault.signal=WEDGE               # every rank in a collective
+python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=CUDA   # a device error raised
 python -m trainflow.stages.train_segment fault.nan_step=7                              # a NaN loss (train.guard)
 python -m trainflow.stages.train_segment fault.rank=1 fault.slow_ms=200                # a straggler
 """
@@ -23,8 +24,23 @@ import torch.distributed as dist
 from trainflow.config import FaultConfig
 
 log = logging.getLogger(__name__)
-NO_SIGNAL = ("STALL", "WEDGE")
-"""The hangs fault.signal names that are no signal (config.faults)."""
+NO_SIGNAL = ("STALL", "WEDGE", "CUDA")
+"""The faults fault.signal names that are no signal (config.faults)."""
+CUDA_ERRORS = (
+    "CUDA error: an illegal memory access was encountered",
+    "CUDA error: uncorrectable ECC error encountered",
+)
+"""What the CUDA drill raises, one per job in turn: torch's own messages (torch.AcceleratorError), whose traceback ends
+in the same hints for every CUDA error."""
+CUDA_HINTS = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable "
+    "device-side assertions.\n"
+)
+
+
+class InjectedDeviceError(RuntimeError):
+    """The CUDA drill's error, worded as torch words a device's."""
 
 
 def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, attempt: int) -> None:
@@ -43,6 +59,8 @@ def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, atte
         os._exit(3)
     if fault.signal == "STALL":
         threading.Event().wait()  # the main thread never returns; the heartbeat's thread beats on
+    elif fault.signal == "CUDA":
+        raise InjectedDeviceError(f"{CUDA_ERRORS[attempt % len(CUDA_ERRORS)]}\n{CUDA_HINTS}")
     elif everyone:
         wedge()
     else:
