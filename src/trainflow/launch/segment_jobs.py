@@ -72,7 +72,7 @@ def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> lis
             if err.failure is None:
                 raise
             slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
-            history.append(run(err.failure, "", frozenset()))  # its newest checkpoint: whether it made progress
+            history.append(run(err.failure))  # its newest checkpoint: whether it made progress
             restarts = standing(history).without_progress
             verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
             if verdict.restart and err.failure.kind == JobOutcome.HANG and err.failure.rank is None:
@@ -88,7 +88,7 @@ def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> lis
             log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
             failures.append(err.failure)
             continue
-        ledger.append(run(None, "", frozenset()))
+        ledger.append(run(None))
         return results
 
 
@@ -99,10 +99,8 @@ def job_run(
     submitted: float,
     exclude: frozenset[str],
     failure: JobFailure | None,
-    verdict: str,
-    left_out: frozenset[str],
 ) -> JobRun:
-    """The ledger's record of a job that ended."""
+    """The ledger's record of a job that ended (its verdict and blamed hosts are added once judged)."""
     started = [m.started for m in read_markers(job).values()]
     steps = list_steps(Path(cfg.io.checkpoints))
     return JobRun(
@@ -114,8 +112,6 @@ def job_run(
         ended=time.time(),
         outcome=failure.kind if failure else JobOutcome.COMPLETED,
         line=failure.line if failure else "",
-        verdict=verdict,
         exclude=sorted(exclude),
-        left_out=sorted(left_out),
         checkpoint=steps[-1] if steps else -1,
     )
