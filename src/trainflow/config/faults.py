@@ -2,6 +2,7 @@
 
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STOP   # a hung rank
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=STALL  # a stuck main thread
+python -m trainflow.stages.train_segment fault.mtbf_s=60 fault.seed=3                 # failures at a rate
 """
 
 from __future__ import annotations
@@ -42,3 +43,11 @@ class FaultConfig:
     """The loss and gradients of the step that draws this data window (that step, unless the guard skipped windows) come
     out NaN on every rank (-1: never): the loss-spike guard's drill. Unlike
     the signals, it strikes in every job of the segment, so a rerun meets it again."""
+    mtbf_s: float = checked(0.0, ge=0, le=1e9)
+    """Failures at a rate (0: none): a seeded Poisson process of this mean gap over the campaign's wall time, on its
+    own clock from the campaign's start (the run's faults.jsonl), so every segment, job and restart continues one
+    process. Each arrival kills a random rank (SIGKILL) or stalls it (STALL), stalls in the share
+    cluster.hardware.hang_share. It strikes only while a job holds its ranks, as the planner's failures do: from a
+    restart's start, and from a segment's first step in its first job (trainflow.train.arrivals)."""
+    seed: int = checked(0, ge=0)
+    """The arrival process's seed: the same seed, MTBF and start give the same failures."""

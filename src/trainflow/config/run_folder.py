@@ -109,6 +109,11 @@ class RunFolder:
         """Every job train_segment submitted, how it ended and what the restart left out (resilience.ledger.JobRun)."""
         return f"{checkpoints}/jobs.jsonl"
 
+    @staticmethod
+    def faults_log(checkpoints: str) -> str:
+        """fault.mtbf_s's clock and the failures it struck (train.arrivals.Arrival)."""
+        return f"{checkpoints}/faults.jsonl"
+
     @property
     def train_dir(self) -> str:
         return f"{self.root}/train/{self.train_hash}"
@@ -191,7 +196,7 @@ class RunFolder:
         tokenizer and shard jobs' when the workflow runs them as jobs of their own (`prepare_jobs`)."""
         return [
             *(self.job_metrics("prepare_data", job) for job in prepare_jobs),
-            *(self.job_metrics(s) for s in ("prepare_data", "stage_data", "validate_nccl")),
+            *(self.job_metrics(s) for s in ("prepare_data", "stage_data", "build_kernels", "validate_nccl")),
             *(self.job_metrics("train_segment", segment=i) for i in range(segments)),
             self.job_metrics("verify_checkpoint"),
         ]
@@ -201,6 +206,16 @@ class RunFolder:
 
     def submitit(self, stage: str) -> str:
         return f"{self.root}/submitit/{stage}"
+
+    @property
+    def kernel_cache(self) -> str:
+        """The fp8 kernels' build cache (trainflow.fp8.cache): one build per key, loaded by every rank."""
+        return f"{self.root}/kernels"
+
+    @property
+    def kernels_report(self) -> str:
+        """build_kernels' record: what it built or found cached, or why it built nothing."""
+        return f"{self.root}/kernels.json"
 
     def io_defaults(self, cfg: TrainflowConfig) -> dict[str, str | list[str]]:
         """Every io path of `cfg.stage` as the workflow passes it."""
@@ -222,6 +237,8 @@ class RunFolder:
             "report": self.report,
             "plots": self.plots,
             "submitit": self.submitit(cfg.stage),
+            "kernel_cache": self.kernel_cache,
+            "kernels_report": self.kernels_report,
         }
 
 

@@ -14,6 +14,7 @@ import functools
 import os
 import signal
 import sys
+from pathlib import Path
 
 import submitit
 
@@ -31,6 +32,7 @@ from trainflow.launch.segment_jobs import run_jobs
 from trainflow.resilience.ledger import JobRun
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
+from trainflow.train.arrivals import start_clock
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.step_log import Span
 from trainflow.train.summary import RankEnergy, SegmentSummary
@@ -90,6 +92,9 @@ class TrainSegment(submitit.helpers.Checkpointable):
 
 
 def run(cfg: TrainflowConfig) -> StageFigures:
+    if cfg.fault.mtbf_s:  # failures at a rate: the campaign's clock, before its first job (train.arrivals)
+        ledger = Path(RunFolder.faults_log(cfg.io.checkpoints))
+        start_clock(ledger, mtbf_s=cfg.fault.mtbf_s, seed=cfg.fault.seed, hang_share=cfg.cluster.hardware.hang_share)
     results = run_jobs(cfg, functools.partial(TrainSegment, cfg))
     summary: SegmentSummary = results[0]
     if not summary.completed:

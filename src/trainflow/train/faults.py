@@ -7,6 +7,7 @@ python -m trainflow.stages.train_segment fault.step=7 fault.signal=WEDGE        
 python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=CUDA   # a device error raised
 python -m trainflow.stages.train_segment fault.nan_step=7                              # a NaN loss (train.guard)
 python -m trainflow.stages.train_segment fault.rank=1 fault.slow_ms=200                # a straggler
+python -m trainflow.stages.train_segment fault.mtbf_s=60 fault.seed=3                 # failures at a rate
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainflow.config import FaultConfig
+from trainflow.train.arrivals import ArrivalKind, Arrivals
 
 log = logging.getLogger(__name__)
 NO_SIGNAL = ("STALL", "WEDGE", "CUDA")
@@ -65,6 +67,18 @@ def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, atte
         wedge()
     else:
         os.kill(os.getpid(), getattr(signal, f"SIG{fault.signal}"))
+
+
+def maybe_arrive(arrivals: Arrivals | None, step: int) -> None:
+    """Failures at a rate (fault.mtbf_s): the arrival due to this rank at this step boundary, if any, strikes as the
+    KILL or STALL drill does (trainflow.train.arrivals)."""
+    arrival = arrivals.due(step) if arrivals is not None else None
+    if arrival is None:
+        return
+    log.warning("Injected failure at step %d on rank %d: %s (fault.mtbf_s)", step, arrival.rank, arrival.kind)
+    if arrival.kind is ArrivalKind.STALL:
+        threading.Event().wait()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def wedge() -> None:

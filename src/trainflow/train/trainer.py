@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 
 import torch
@@ -25,6 +26,8 @@ import torch.distributed as dist
 
 from trainflow.checkpoint.state import state_digest
 from trainflow.config import ParallelDims, TrainflowConfig
+from trainflow.config.run_folder import RunFolder
+from trainflow.config.layout import cp_chunks
 from trainflow.config.shape import flops_per_token, mfu
 from trainflow.config.sources import sources_of
 from trainflow.data.mixture import SourceShare, realised
@@ -32,11 +35,12 @@ from trainflow.data.sampler import TokenSampler
 from trainflow.fp8 import backend_reason
 from trainflow.parallel import Parallelized
 from trainflow.parallel.mesh import build_mesh
+from trainflow.train.arrivals import Arrivals
 from trainflow.train.build import build_model
 from trainflow.train.checkpointing import SegmentCheckpoints
 from trainflow.train.clock import ForwardClock
 from trainflow.train.controls import StopFlag, build_optimizer, lr_at, set_determinism
-from trainflow.train.faults import maybe_inject_fault, maybe_poison, maybe_slow
+from trainflow.train.faults import maybe_arrive, maybe_inject_fault, maybe_poison, maybe_slow
 from trainflow.train.guard import LossGuard
 from trainflow.train.profile import memory_mb
 from trainflow.train.recorder import StepRecorder
@@ -74,12 +78,15 @@ class Trainer:
         self.optimizers = [build_optimizer(part, cfg.optim, self.device) for part in self.model.parts]
         dp_rank, rows = self.mesh["dp"].get_local_rank(), self.dims.local_batch(t.global_batch)
         self.rows = slice(dp_rank * rows, (dp_rank + 1) * rows)
+        cp = self.dims.cp
+        columns = cp_chunks(cfg.model.seq_len, cp, self.mesh["cp"].get_local_rank()) if cp > 1 else None
         self.sampler = TokenSampler(
             cfg.io.staged_tokens,
             seq_len=cfg.model.seq_len,
             seed=t.seed,
             cross_document=t.cross_document,
             weights={s.name: s.weight for s in sources_of(cfg.data)},
+            columns=columns,
         )
         self.build_records()
         self.start_step, self.end_step = self.ckpt.start_step, self.ckpt.end_step
@@ -87,6 +94,14 @@ class Trainer:
     def build_records(self) -> None:
         """Checkpoints and their interval, the stop signal, what the segment records of itself."""
         self.stop = StopFlag()
+        self.arrivals = Arrivals.for_job(
+            self.cfg.fault,
+            ledger=Path(RunFolder.faults_log(self.cfg.io.checkpoints)),
+            rank=self.rank,
+            world=self.dims.world_size,
+            attempt=self.attempt,
+            segment=self.cfg.segment,
+        )
         self.guard = LossGuard(self.cfg.train.spike)
         self.recorder = StepRecorder(self.cfg, rank=self.rank, device=self.device)
         self.ckpt = SegmentCheckpoints(
@@ -172,6 +187,7 @@ class Trainer:
         since_save, stop_signal = 0, 0
         while step < self.end_step:
             maybe_inject_fault(self.cfg.fault, step, during_save=False, attempt=self.attempt)
+            maybe_arrive(self.arrivals, step)
             record = self.train_step(step)
             step += 1
             since_save += 1

@@ -1,0 +1,81 @@
+"""fault.mtbf_s's arrival process (trainflow.train.arrivals): seeded, reproducible, at the configured rate and hang
+share, and continued, not restarted, by every later job on the campaign's clock."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from trainflow.config import FaultConfig
+from trainflow.errors import TrainflowError
+from trainflow.journal import Journal
+from trainflow.train.arrivals import Arrival, ArrivalKind, Arrivals, clock, schedule, start_clock
+
+PROCESS = {"mtbf_s": 30.0, "seed": 5, "hang_share": 0.4, "world": 4}
+
+
+def first(n: int, **process: float) -> list[Arrival]:
+    return list(itertools.islice(schedule(started=1000.0, **{**PROCESS, **process}), n))
+
+
+def test_the_schedule_is_the_seeds_and_has_the_rate_and_the_share():
+    arrivals = first(4000)
+    assert arrivals[:50] == first(50)  # reproducible
+    assert first(5, seed=6) != first(5)
+    gaps = [b.time - a.time for a, b in itertools.pairwise([Arrival(1000.0, ArrivalKind.START), *arrivals])]
+    assert all(g > 0 for g in gaps)
+    assert sum(gaps) / len(gaps) == pytest.approx(30.0, rel=0.05)
+    stalls = sum(a.kind is ArrivalKind.STALL for a in arrivals) / len(arrivals)
+    assert stalls == pytest.approx(0.4, abs=0.03)
+    assert {a.rank for a in arrivals} == {0, 1, 2, 3}
+
+
+def job(tmp_path, rank: int, *, opens: float | None) -> Arrivals:
+    ledger = tmp_path / "faults.jsonl"
+    pending = schedule(started=1000.0, **PROCESS)
+    return Arrivals(pending, rank, opens, ledger, "h", 0)
+
+
+def strikes(arrivals: Arrivals, times: list[float]) -> list[Arrival]:
+    return [a for step, now in enumerate(times) if (a := arrivals.due(step, now)) is not None]
+
+
+def test_each_rank_strikes_its_own_arrivals_once_and_a_restart_continues_the_process(tmp_path):
+    planned = [a for a in first(40) if a.time < 1600]
+    boundaries = [1000.0 + 0.5 * k for k in range(1201)]  # a step every half second, to t = 1600
+    struck = [a for r in range(4) for a in strikes(job(tmp_path, r, opens=1000.0), boundaries)]
+    assert [(a.time, a.kind, a.rank) for a in sorted(struck, key=lambda a: a.time)] == [
+        (a.time, a.kind, a.rank) for a in planned
+    ]
+    # A restart whose processes started at t = 1300 meets the same process from there on, not a fresh one.
+    later = [b for b in boundaries if b >= 1310]
+    restarted = [a for r in range(4) for a in strikes(job(tmp_path, r, opens=1300.0), later)]
+    assert sorted(a.time for a in restarted) == [a.time for a in planned if a.time >= 1300]
+    assert len(Journal(tmp_path / "faults.jsonl", Arrival).read()) == len(struck) + len(restarted)
+
+
+def test_a_first_job_is_at_risk_from_its_first_step(tmp_path):
+    """A segment's first job (opens None) lets every arrival before its first step boundary pass: the planner's job
+    starts are not at risk; a restart's are (opens: its process start)."""
+    planned = first(40)
+    boundary = planned[2].time + 0.1  # the first step boundary comes after three arrivals
+    rank = planned[3].rank
+    fresh = job(tmp_path, rank, opens=None)
+    assert fresh.due(0, boundary) is None
+    assert fresh.due(1, planned[3].time + 0.1).time == planned[3].time
+    restart = job(tmp_path, planned[2].rank, opens=planned[2].time - 1)
+    assert restart.due(0, boundary).time == planned[2].time
+
+
+def test_the_clock_starts_once_per_settings_and_a_job_without_it_stops(tmp_path):
+    ledger = tmp_path / "faults.jsonl"
+    started = start_clock(ledger, mtbf_s=30.0, seed=5, hang_share=0.4)
+    assert start_clock(ledger, mtbf_s=30.0, seed=5, hang_share=0.4) == started  # a later segment continues it
+    assert clock(ledger, mtbf_s=60.0, seed=5) is None
+    fault = FaultConfig(mtbf_s=60.0, seed=5)
+    with pytest.raises(TrainflowError, match="no START line for fault.mtbf_s=60 fault.seed=5"):
+        Arrivals.for_job(fault, ledger=ledger, rank=0, world=2, attempt=0, segment=0)
+    assert Arrivals.for_job(FaultConfig(), ledger=ledger, rank=0, world=2, attempt=0, segment=0) is None
+    arrivals = Arrivals.for_job(FaultConfig(mtbf_s=30.0, seed=5), ledger=ledger, rank=0, world=2, attempt=1, segment=0)
+    assert arrivals.opens is not None and arrivals.opens <= started + 1
