@@ -68,6 +68,13 @@ class AllocationConfig:
     max_excluded_nodes: int = checked(32, ge=0)
     """The most hosts the run leaves out (the jobs ledger's, with the gate's): past it the stage stops in one line
     naming them, as a run that keeps losing nodes needs a person (seed: 1024 nodes; 32 is 3 %)."""
+    spare_nodes: int = checked(0, ge=0)
+    """Nodes the job holds beyond `nodes` for hot restarts (launch.supervisor): training runs as a job step on `nodes`
+    of them, and after a dead or hung rank a supervisor inside the allocation starts a new step on the healthy nodes
+    plus a spare (the failed node left out), resuming from the newest verified checkpoint with no new job and no
+    queue; once the spares are used up the next restart is a new job. 0: every restart is a new job. On one machine
+    (executor local) the job's processes restart inside the same local job up to this many times, the host left
+    out only recorded."""
     exclude_stragglers: bool = False
     """A restart also leaves out the hosts whose ranks the last job flagged as stragglers (train.straggler_factor)."""
     partition: str = checked("", pattern=SLURM_WORD)

@@ -24,17 +24,26 @@ from trainflow.launch.container import check_container, python_command, srun_arg
 
 
 def build_executor(
-    allocation: AllocationConfig, *, world_size: int, folder: str | Path, name: str, exclude: Sequence[str] = ()
+    allocation: AllocationConfig,
+    *,
+    world_size: int,
+    folder: str | Path,
+    name: str,
+    exclude: Sequence[str] = (),
+    supervised: bool = False,
 ) -> submitit.Executor:
     """An executor for one job of `world_size` tasks shaped by cluster.allocation, on no host of `exclude` (Slurm
-    node names: a restart leaves out the failed job's bad hosts; one machine has no other host to go to).
+    node names: a restart leaves out the failed job's bad hosts; one machine has no other host to go to). Supervised
+    (launch.supervisor, cluster.allocation.spare_nodes): the job holds nodes + spare_nodes and runs one task, the
+    supervisor, which starts the ranks itself as job steps; Slurm keeps the job when a node of it fails (--no-kill).
 
     A task that fails ends the others at once: srun's --kill-on-bad-exit on Slurm, LocalController here. Without it
     the ranks still running wait for the dead one until the collective timeout, and a stopped one forever."""
     tasks_per_node = world_size // allocation.nodes
     if allocation.executor == "local":
         executor = LocalExecutor(folder=folder)
-        executor.update_parameters(timeout_min=allocation.time_min, tasks_per_node=tasks_per_node, nodes=1)
+        tasks = 1 if supervised else tasks_per_node
+        executor.update_parameters(timeout_min=allocation.time_min, tasks_per_node=tasks, nodes=1)
         return executor
     check_container(allocation.container)
     executor = submitit.AutoExecutor(
@@ -43,16 +52,19 @@ def build_executor(
         slurm_max_num_timeout=allocation.max_requeues,
         slurm_python=python_command(allocation, folder=folder),  # the container's interpreter, where there is one
     )
+    srun = ["--nodes=1", "--ntasks=1"] if supervised else ["--kill-on-bad-exit=1"]  # the supervisor: one task
     params = dict(
         name=name,
         timeout_min=allocation.time_min,
-        nodes=allocation.nodes,
+        nodes=allocation.nodes + allocation.spare_nodes if supervised else allocation.nodes,
         tasks_per_node=tasks_per_node,
         cpus_per_task=allocation.cpus_per_task,
         mem_gb=allocation.mem_gb,
         slurm_signal_delay_s=allocation.signal_delay_s,
-        slurm_srun_args=["--kill-on-bad-exit=1", *srun_args(allocation.container)],
+        slurm_srun_args=[*srun, *srun_args(allocation.container)],
     )
+    if supervised:
+        params["slurm_additional_parameters"] = {"no_kill": True}
     if exclude:
         params["slurm_exclude"] = ",".join(sorted(exclude))
     if allocation.setup:

@@ -59,6 +59,7 @@ from trainflow.config import RuntimeConfig
 from trainflow.config.cluster import hang_threshold_s
 from trainflow.host import hostname
 from trainflow.launch.hang import HANG_EXIT, collective_counts, dump_stacks, waiting_in, write_report
+from trainflow.launch.task import mark_first_step
 from trainflow.resilience.hang import Evidence, HangReport, culprits
 from trainflow.resilience.timing import RankTiming
 
@@ -116,6 +117,7 @@ class Heartbeat:
         self.step_started: float | None = None
         self.step_times: list[float] = []
         self.forward: deque[float] = deque(maxlen=50)
+        self.first_marked = False
         self.timing_written, self.timings = time.monotonic(), 0
         self.beats = {r: Beat() for r in range(world)}
         self.said: set[type] = set()
@@ -146,7 +148,11 @@ class Heartbeat:
         self.step, self.phase, self.marks = step, phase, self.marks + 1
 
     def timed(self, record: object) -> None:
-        """The trainer's on_step: this rank's forward seconds of the step (a StepRecord's forward_s)."""
+        """The trainer's on_step: this rank's forward seconds of the step (a StepRecord's forward_s); the first one's
+        end goes into the task's marker (a hot restart's figure, launch.supervisor)."""
+        if not self.first_marked:
+            mark_first_step(self.paths)
+            self.first_marked = True
         self.forward.append(record.forward_s)
 
     @property

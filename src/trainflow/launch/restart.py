@@ -1,5 +1,6 @@
 """The files of a run folder a restart reads for the hosts to leave out: the gate's nccl-exclude.txt and a failed
-job's timing file (its stragglers). Whether to restart, and the failed host, are resilience.verdict's.
+job's timing file (its stragglers); and the jobs ledger's record of a job or job step that ended. Whether to restart,
+and the failed host, are resilience.verdict's.
 
     exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | straggler_hosts(job.paths, 1.5)
 """
@@ -8,14 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from pathlib import Path
 
+import submitit
 from submitit.core.utils import JobPaths
 
+from trainflow.checkpoint.folders import list_steps
+from trainflow.config import TrainflowConfig
+from trainflow.launch.failure import read_markers
 from trainflow.launch.heartbeat import timing_path
 from trainflow.records import RecordError
-from trainflow.resilience.ledger import checked_hosts
+from trainflow.resilience.ledger import JobOutcome, JobRun, checked_hosts
 from trainflow.resilience.timing import RankTiming, stragglers
+from trainflow.resilience.verdict import JobFailure
 
 
 def gate_exclusions(path: str | Path) -> frozenset[str]:
@@ -35,3 +42,38 @@ def straggler_hosts(paths: JobPaths, factor: float) -> frozenset[str]:
     with contextlib.suppress(OSError, ValueError, TypeError, RecordError):
         timings = [RankTiming.from_json(t, where=str(path)) for t in json.loads(path.read_text())]
     return checked_hosts({t.host for t in stragglers(timings, factor)}, str(path))
+
+
+def job_run(
+    cfg: TrainflowConfig,
+    job: submitit.Job,
+    *,
+    attempt: int,
+    submitted: float,
+    exclude: frozenset[str],
+    failure: JobFailure | None,
+    step: int | None = None,
+    job_id: str = "",
+) -> JobRun:
+    """The ledger's record of a job (or, with `step`, a hot restart's job step `job_id`) that ended; its verdict and
+    blamed hosts are added once judged."""
+    markers = read_markers(job).values()
+    steps = list_steps(Path(cfg.io.checkpoints))
+    return JobRun(
+        segment=cfg.segment,
+        attempt=attempt,
+        job_id=job_id or str(job.job_id),
+        submitted=submitted,
+        started=min((m.started for m in markers), default=submitted),
+        ended=time.time(),
+        outcome=failure.kind if failure else JobOutcome.COMPLETED,
+        line=failure.line if failure else "",
+        exclude=sorted(exclude),
+        checkpoint=steps[-1] if steps else -1,
+        step=step,
+    )
+
+
+def first_step_at(job: submitit.Job) -> float | None:
+    """When the job's first trained step ended on its first rank to end one (task markers); None: no rank did."""
+    return min((m.first_step for m in read_markers(job).values() if m.first_step is not None), default=None)

@@ -12,7 +12,6 @@ allocation first (launch.gate_job.slow_hosts), so no host is left out on a guess
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -26,10 +25,10 @@ from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.launch.executors import build_executor
-from trainflow.launch.failure import read_markers
 from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.job_end import LaunchError, wait_job
-from trainflow.launch.restart import gate_exclusions, straggler_hosts
+from trainflow.launch.restart import gate_exclusions, job_run, straggler_hosts
+from trainflow.launch.supervisor import Supervised, Supervisor, submit_supervisor
 from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
 from trainflow.resilience.verdict import JobFailure, judge
 
@@ -48,11 +47,12 @@ def resume_point(cfg: TrainflowConfig) -> str:
 def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> list:
     """Every rank's result of the segment's job `task(attempt)`, restarting the job after a failure a new one may fix
     (resilience.verdict), each job in the run's jobs ledger, whose excluded hosts and restarts without progress carry
-    over from earlier segments and reruns (resilience.ledger.standing)."""
+    over from earlier segments and reruns (resilience.ledger.standing). With cluster.allocation.spare_nodes the job is
+    a launch.supervisor, which restarts inside its allocation first and hands back what it does not."""
     a, ledger = cfg.cluster.allocation, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
-    history, failures = ledger.read(), []
+    failures: list[JobFailure] = []
     while True:
-        attempt = len(failures)
+        history, attempt = ledger.read(), len(failures)
         exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | frozenset(standing(history).excluded)
         if why := over_cap(exclude, a.max_excluded_nodes, ledger.path):
             raise LaunchError(f"segment {cfg.segment} not started: {why}")
@@ -62,56 +62,58 @@ def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> lis
             folder=cfg.io.submitit,
             name=f"{cfg.run}-train-{cfg.segment}",
             exclude=exclude if a.executor == "slurm" else (),  # one machine: recorded in the ledger, not applied
+            supervised=a.spare_nodes > 0,
         )
         submitted = time.time()
-        job = executor.submit(task(attempt))
-        run = functools.partial(job_run, cfg, job, attempt, submitted, exclude)
+        if a.spare_nodes:
+            supervisor = Supervisor(cfg, task, attempt, submitted, exclude, list(failures))
+            job = submit_supervisor(executor, supervisor)
+        else:
+            job = executor.submit(task(attempt))
         try:
             results = wait_job(job, max_pending_s=a.max_pending_s)
         except LaunchError as err:
             if err.failure is None:
                 raise
-            slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
-            history.append(run(err.failure))  # its newest checkpoint: whether it made progress
-            restarts = standing(history).without_progress
-            verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
-            if verdict.restart and err.failure.kind == JobOutcome.HANG and err.failure.rank is None:
-                found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
-                slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
-                verdict = judge(err.failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
-                said = f"found {', '.join(found)} slow" if found else "found no slow host"
-                verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
-            history[-1] = dataclasses.replace(history[-1], verdict=verdict.why, left_out=sorted(verdict.exclude))
-            ledger.append(history[-1])
-            if not verdict.restart:
-                raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
-            log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
-            failures.append(err.failure)
+            ran = job_run(cfg, job, attempt=attempt, submitted=submitted, exclude=exclude, failure=err.failure)
+            failures.append(judged(cfg, job, ran, err.failure, failures, exclude, err))
             continue
-        ledger.append(run(None))
-        return results
+        if not a.spare_nodes:
+            ledger.append(job_run(cfg, job, attempt=attempt, submitted=submitted, exclude=exclude, failure=None))
+            return results
+        supervised: Supervised = results[0]
+        failures += supervised.failures
+        if supervised.failure is None:
+            ledger.append(supervised.run)
+            return supervised.results
+        log.warning("Segment %d: job %s handed back its failure: %s", cfg.segment, job.job_id, supervised.why)
+        err = LaunchError(supervised.failure.line, supervised.failure)
+        failures.append(judged(cfg, job, supervised.run, supervised.failure, failures, exclude, err))
 
 
-def job_run(
+def judged(
     cfg: TrainflowConfig,
     job: submitit.Job,
-    attempt: int,
-    submitted: float,
+    ran: JobRun,
+    failure: JobFailure,
+    failures: list[JobFailure],
     exclude: frozenset[str],
-    failure: JobFailure | None,
-) -> JobRun:
-    """The ledger's record of a job that ended (its verdict and blamed hosts are added once judged)."""
-    started = [m.started for m in read_markers(job).values()]
-    steps = list_steps(Path(cfg.io.checkpoints))
-    return JobRun(
-        segment=cfg.segment,
-        attempt=attempt,
-        job_id=str(job.job_id),
-        submitted=submitted,
-        started=min(started, default=submitted),
-        ended=time.time(),
-        outcome=failure.kind if failure else JobOutcome.COMPLETED,
-        line=failure.line if failure else "",
-        exclude=sorted(exclude),
-        checkpoint=steps[-1] if steps else -1,
-    )
+    err: LaunchError,
+) -> JobFailure:
+    """Judge a failed job (`ran`, its ledger record; `failures`, the segment's before it), record its verdict in the
+    ledger, and return the failure where a new job follows; else one LaunchError line saying why not."""
+    a, ledger = cfg.cluster.allocation, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
+    restarts = standing([*ledger.read(), ran]).without_progress  # its newest checkpoint: whether it made progress
+    verdict = judge(failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+    if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:
+        found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
+        slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
+        verdict = judge(failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+        said = f"found {', '.join(found)} slow" if found else "found no slow host"
+        verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
+    ledger.append(dataclasses.replace(ran, verdict=verdict.why, left_out=sorted(verdict.exclude)))
+    if not verdict.restart:
+        raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
+    log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)
+    return failure

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     import torch
 
 
+MASTER_ADDR = "TRAINFLOW_MASTER_ADDR"
+"""A hot restart's job step's first node, where its rank 0 serves the rendezvous (launch.supervisor sets it): submitit
+takes the address from SLURM_JOB_NODELIST, which lists the whole allocation, whose first node a step may leave out."""
+
+
 @dataclass(frozen=True)
 class TaskMarker(Record):
     """Where a task ran and how its code ended (<job>_<task>_task.json in the job's folder): written by marked_task
@@ -50,6 +55,9 @@ class TaskMarker(Record):
     """It raised one of trainflow's own errors (TrainflowError), which launch.restart does not retry."""
     step: int | None = None
     """The step a training rank was at when it raised (train_segment; launch.restart's out of memory twice)."""
+    first_step: float | None = None
+    """When the rank's first trained step ended (time.time(); launch.heartbeat writes it then): a hot restart's
+    failure-to-first-step time (launch.supervisor)."""
 
 
 @dataclass
@@ -69,6 +77,14 @@ def read_marker(path: Path) -> TaskMarker:
     return read_record(TaskMarker, path, rerun="the job (the marker was altered)")
 
 
+def mark_first_step(paths: JobPaths) -> None:
+    """Record in this task's marker that its first trained step has just ended (called from the task's main thread,
+    as marked_task's own writes are)."""
+    path = task_marker(paths)
+    if path.exists():
+        write_json(path, dataclasses.replace(read_marker(path), first_step=time.time()).to_json())
+
+
 @contextlib.contextmanager
 def marked_task() -> Iterator[TaskNotes]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
@@ -85,7 +101,8 @@ def marked_task() -> Iterator[TaskNotes]:
         marker = dataclasses.replace(marker, error=type(err).__name__, expected=isinstance(err, TrainflowError))
         raise
     finally:
-        ended = dataclasses.replace(marker, ended=time.time(), step=notes.step)
+        first_step = read_marker(task_marker(env.paths)).first_step  # mark_first_step's, if the block trained a step
+        ended = dataclasses.replace(marker, ended=time.time(), step=notes.step, first_step=first_step)
         write_json(task_marker(env.paths), ended.to_json())
 
 
@@ -106,7 +123,9 @@ def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.d
     configure_logging()
     with marked_task() as marker:
         os.environ.update(rank_environment(runtime, submitit.JobEnvironment().paths))
-        env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        env = submitit.helpers.TorchDistributedEnvironment()
+        env.master_addr = os.environ.get(MASTER_ADDR, env.master_addr)
+        env.export(set_cuda_visible_devices=False)
         if runtime.device == "cuda":
             device = torch.device("cuda", env.local_rank)
             torch.cuda.set_device(device)

@@ -57,6 +57,12 @@ class JobRun(Record):
     """The hosts its failure blames, which every later job of the run leaves out (resilience.ledger.standing)."""
     checkpoint: int = -1
     """The newest checkpoint's step when it ended (-1: none): a job that raised it made progress."""
+    step: int | None = None
+    """A hot restart's job step (launch.supervisor: 0 the allocation's first, each hot restart one more; job_id is then
+    <job>.<step>, as sacct names steps); None: the record is a whole job's."""
+    first_step_s: float | None = None
+    """For a hot restart's step: seconds from the failure of the step before it (that step's `ended`, when the
+    supervisor saw it end) to the end of this step's first trained step (spans.jsonl): the measured hot restart."""
 
 
 @dataclass(frozen=True)

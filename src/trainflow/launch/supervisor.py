@@ -1,0 +1,223 @@
+"""The hot restart on spare nodes (cluster.allocation.spare_nodes > 0): the job holds nodes + spare_nodes, and its one
+task, the Supervisor, runs training as a job step on `nodes` of them; after a dead or hung rank it judges the failure
+(resilience.verdict) and starts a new step on the healthy nodes plus a spare, the failed node left out, which resumes
+from the newest verified checkpoint: no new job, no queue.
+
+    python -m trainflow.stages.train_segment cluster.allocation.spare_nodes=1 fault.step=3 fault.signal=KILL
+
+A step is a Slurm job step (srun --nodelist inside the allocation: SrunSteps) or, on one machine, a local job of the
+rank processes the supervisor starts and waits for itself (LocalSteps: one host, so the host left out is only
+recorded). Every step the supervisor restarts is a line of the run's jobs ledger (JobRun.step, job_id <job>.<step>),
+and each new step's line holds the seconds from the failure before it to its own first trained step
+(JobRun.first_step_s). What it does not restart it hands back to the stage (launch.segment_jobs), which judges it as
+a job's failure: a verdict of no restart, a hang no rank's evidence pins (the gate's checks need a job of their own),
+and a restart once the spares are used up (a new job, as with no spares).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import submitit
+from submitit.core.utils import cloudpickle_dump, pickle_load
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+from trainflow.config import AllocationConfig, TrainflowConfig
+from trainflow.config.run_folder import RunFolder
+from trainflow.host import hostname
+from trainflow.journal import Journal
+from trainflow.launch.container import python_command, srun_args
+from trainflow.launch.executors import LocalExecutor
+from trainflow.launch.failure import analyse
+from trainflow.launch.job_end import LaunchError, wait_job
+from trainflow.launch.restart import first_step_at, job_run, straggler_hosts
+from trainflow.launch.task import MASTER_ADDR
+from trainflow.resilience.ledger import JobOutcome, JobRun, standing
+from trainflow.resilience.verdict import JobFailure, Verdict, judge
+
+log = logging.getLogger(__name__)
+
+
+class Steps(Protocol):
+    """How the supervisor starts and waits for a step of training ranks on some of the allocation's hosts."""
+
+    def hosts(self) -> list[str]:
+        """The allocation's hosts, in order."""
+
+    def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
+        """Start the task's ranks on `hosts`, its files in `folder`."""
+
+    def wait(self, job: submitit.Job) -> list:
+        """Every rank's result; a LaunchError holding the failure otherwise."""
+
+
+@dataclass
+class LocalSteps:
+    """One machine: each step is a local job of the ranks' processes (executors.LocalExecutor)."""
+
+    allocation: AllocationConfig
+    world_size: int
+
+    def hosts(self) -> list[str]:
+        return [hostname()] * (self.allocation.nodes + self.allocation.spare_nodes)
+
+    def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
+        executor = LocalExecutor(folder=folder)
+        executor.update_parameters(timeout_min=self.allocation.time_min, tasks_per_node=self.world_size, nodes=1)
+        return executor.submit(task)
+
+    def wait(self, job: submitit.Job) -> list:
+        return wait_job(job)
+
+
+@dataclass
+class SrunSteps:
+    """Slurm: each step is `srun --nodelist=<hosts>` inside the job's allocation, running submitit's task entry point
+    on a folder of the step's own (its ranks' results, markers and logs)."""
+
+    allocation: AllocationConfig
+    world_size: int
+    process: subprocess.Popen | None = None
+
+    def hosts(self) -> list[str]:
+        command = ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+
+    def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
+        folder.mkdir(parents=True, exist_ok=True)
+        job = submitit.SlurmJob(folder, os.environ["SLURM_JOB_ID"], tasks=range(self.world_size))
+        cloudpickle_dump(DelayedSubmission(task), job.paths.submitted_pickle)
+        python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
+        command = [
+            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append"),
+            *(f"--nodes={len(hosts)}", f"--ntasks={self.world_size}", f"--nodelist={','.join(hosts)}"),
+            f"--ntasks-per-node={self.world_size // len(hosts)}",
+            *(f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"),
+            *srun_args(self.allocation.container),
+            *shlex.split(python),
+            *("-u", "-m", "submitit.core._submit", str(folder)),
+        ]
+        log.info("Started job step on %s: %s", ",".join(hosts), shlex.join(command))
+        with open(job.paths.stderr, "ab") as err:  # srun's own lines (a task's end: launch.failure) beside rank 0's
+            self.process = subprocess.Popen(command, stdout=err, stderr=err, env={**os.environ, MASTER_ADDR: hosts[0]})
+        return job
+
+    def wait(self, job: submitit.Job) -> list:
+        code = self.process.wait()
+        paths = [job.task(k).paths.result_pickle for k in range(job.num_tasks)]
+        outcomes = [pickle_load(path) if path.exists() else None for path in paths]
+        if all(outcome and outcome[0] == "success" for outcome in outcomes):
+            return [outcome[1] for outcome in outcomes]
+        failure = analyse(job, "slurm", ("", 0), outcomes)
+        log.warning("Job step %s ended (srun exit status %d): %s", job.paths.folder.name, code, failure.line)
+        raise LaunchError(failure.line, failure)
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """What the supervisor hands the stage: the results of the step that completed, or a failure to judge as a job's
+    (a new job, or the stage's end), with the ledger's record of that last step."""
+
+    run: JobRun
+    """The last step's record (its verdict left to the stage)."""
+    results: list | None = None
+    failure: JobFailure | None = None
+    failures: list[JobFailure] = dataclasses.field(default_factory=list)
+    """The failures the supervisor restarted itself, in order (the stage's earlier failures for its next verdict)."""
+    why: str = ""
+    """Why the failure was handed back."""
+
+
+@dataclass
+class Supervisor:
+    """The job's one task where cluster.allocation.spare_nodes > 0: the segment's training steps, hot restarted."""
+
+    cfg: TrainflowConfig
+    task: Callable[[int], Checkpointable]
+    """The ranks' task of the segment's job `attempt` (attempt counts the segment's failures, steps included)."""
+    attempt: int
+    submitted: float
+    """When the stage submitted the job: the first step's record counts the queue wait from it."""
+    exclude: frozenset[str]
+    """The hosts the job was submitted without."""
+    earlier: list[JobFailure]
+    """The segment's failures before this job."""
+
+    def __call__(self) -> Supervised:
+        a, world = self.cfg.cluster.allocation, self.cfg.parallel.world_size
+        steps: Steps = LocalSteps(a, world) if a.executor == "local" else SrunSteps(a, world)
+        hosts = steps.hosts()
+        active, spares = hosts[: a.nodes], hosts[a.nodes :]
+        ledger = Journal(RunFolder.jobs_log(self.cfg.io.checkpoints), JobRun)
+        job_id, failures, failed_at, left_out = submitit.JobEnvironment().job_id, [], None, set()
+        submitted = self.submitted
+        for index in itertools.count():
+            folder = Path(self.cfg.io.submitit) / f"{job_id}.{index}"
+            job = steps.launch(self.task(self.attempt + index), active, folder)
+            fields = dict(attempt=self.attempt + index, submitted=submitted, exclude=self.exclude | left_out)
+            try:
+                results = steps.wait(job)
+            except LaunchError as err:
+                if err.failure is None:
+                    raise
+                run = self.step_run(job, index, job_id, failed_at, fields, err.failure)
+                verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares))
+                if why:
+                    return Supervised(run, failure=err.failure, failures=failures, why=why)
+                ledger.append(dataclasses.replace(run, verdict=verdict.why, left_out=sorted(verdict.exclude)))
+                out = verdict.exclude & set(active)
+                active = [h for h in active if h not in out] + spares[: len(out)]
+                spares, left_out, failures = spares[len(out) :], left_out | out, [*failures, err.failure]
+                log.warning("Hot restart %d (job step %s.%d): %s; %s", index + 1, job_id, index + 1, err, verdict.why)
+                failed_at, submitted = run.ended, time.time()
+                continue
+            run = self.step_run(job, index, job_id, failed_at, fields, None)
+            return Supervised(run, results=results, failures=failures)
+
+    def step_run(
+        self,
+        job: submitit.Job,
+        index: int,
+        job_id: str,
+        failed_at: float | None,
+        fields: dict,
+        failure: JobFailure | None,
+    ) -> JobRun:
+        """The ledger's record of step `index`, with its failure-to-first-step time after a hot restart."""
+        run = job_run(self.cfg, job, failure=failure, step=index, job_id=f"{job_id}.{index}", **fields)
+        first = first_step_at(job)
+        return dataclasses.replace(run, first_step_s=first - failed_at if first and failed_at else None)
+
+    def verdict(
+        self, failure: JobFailure, job: submitit.Job, failures: list, history: list[JobRun], hosts: tuple[list, list]
+    ) -> tuple[Verdict, str]:
+        """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
+        step's and the spares."""
+        a, (active, spares) = self.cfg.cluster.allocation, hosts
+        slow = straggler_hosts(job.paths, self.cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
+        restarts = standing(history).without_progress
+        verdict = judge(failure, [*self.earlier, *failures], max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+        if not verdict.restart:
+            return verdict, verdict.why
+        if failure.kind == JobOutcome.HANG and failure.rank is None:
+            return verdict, "a hang no rank's evidence pins: the gate's checks run first, in a job of their own"
+        if len(verdict.exclude & set(active)) > len(spares):
+            return verdict, f"the job's {a.spare_nodes} spare node(s) are used up: a new job"
+        return verdict, ""
+
+
+def submit_supervisor(executor: submitit.Executor, supervisor: Supervisor) -> submitit.Job:
+    """Submit the supervisor as the job's one task (submitit counts the allocation's nodes x tasks_per_node)."""
+    job = executor.submit(supervisor)
+    return job if job.num_tasks == 1 else submitit.SlurmJob(executor.folder, job.job_id, tasks=(0,))

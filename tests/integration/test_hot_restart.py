@@ -1,0 +1,47 @@
+"""Hot restarts through the real local launcher (cluster.allocation.spare_nodes, launch.supervisor): after a dead or a
+stalled rank the job's supervisor starts the ranks again inside the same local job, from the newest verified checkpoint,
+and the segment ends bit for bit where an uninterrupted run ends; once the spares are used up the next restart is a
+new job.
+
+Each drill trains RESTART_RUN's segment (6 steps on 2 ranks, dp2, gloo, a checkpoint every 2 steps).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config, run_segment
+from tests.support import RESTART_RUN, ledgers
+
+HOT = ("cluster.allocation.spare_nodes=1",)
+
+
+def segment(root: Path, tokens: Path, *extra: str) -> dict:
+    return run_segment(root, tokens, *RESTART_RUN, *HOT, *extra)
+
+
+def submitted_jobs(root: Path, *extra: str) -> list[Path]:
+    """The jobs the stage submitted (submitit's pickles at the top of its folder; a step's lie in the step's folder)."""
+    folder = Path(make_config("train_segment", root, *RESTART_RUN, *HOT, *extra).io.submitit)
+    return sorted(folder.glob("*_submitted.pkl"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tokens) -> dict:
+    return run_segment(tmp_path_factory.mktemp("reference"), tokens, *RESTART_RUN)
+
+
+def test_a_dead_rank_is_restarted_inside_its_job_on_a_spare_bitwise(tmp_path, tokens, reference):
+    summary = segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=KILL")
+    jobs, spans = ledgers(tmp_path, *HOT)
+    assert [(j.outcome, j.step) for j in jobs] == [("died", 0), ("completed", 1)]
+    job = jobs[0].job_id.removesuffix(".0")
+    assert jobs[1].job_id == f"{job}.1" and len(submitted_jobs(tmp_path)) == 1  # one job, two steps
+    assert jobs[0].verdict == f"restart 1 of 3, leaving out {socket.gethostname()}"  # one machine: recorded
+    assert 0 < jobs[1].first_step_s < 60, jobs[1]
+    first = min(s.started + s.seconds for s in spans if s.kind == "step" and s.started > jobs[0].ended)
+    assert jobs[1].first_step_s == pytest.approx(first - jobs[0].ended, abs=1.0)  # the marker's time is the span's
+    assert summary["state_digest"] == reference["state_digest"]
