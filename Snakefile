@@ -12,6 +12,7 @@ report: "workflow/report/workflow.rst"  # snakemake --report run.html: the DAG, 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare_data.smk"
 include: "workflow/rules/stage_data.smk"
+include: "workflow/rules/build_kernels.smk"
 include: "workflow/rules/validate_nccl.smk"
 include: "workflow/rules/train_segment.smk"
 include: "workflow/rules/verify_checkpoint.smk"
@@ -32,6 +33,7 @@ rule all:
     input:
         rules.prepare_data.output.tokens,
         rules.stage_data.output.tokens,
+        rules.build_kernels.output.report,
         rules.validate_nccl.output.report,
         segment_reports,
         rules.verify_checkpoint.output.report,

@@ -20,9 +20,10 @@ wo 1024 -> 8192, w1/w3 8192 -> 3584, w2 3584 -> 8192. A repeat times ITERS back-
 events, on ROTATE input sets (more bytes than the 60 MB L2); the three GEMMs alternate in rotating order within
 each repeat (clock and thermal drift cancel), and the median repeat gives TFLOP/s = 2 M N K / time.
 
-"measured" is {arch: trainflow.fp8.kernels.KernelMeasurement}, what load_backend reads from kernels/measured.json
-(commit it from a GPU run): the kernel's source digest, whether it passed, and the seconds of the kernel and of
-_scaled_mm summed over the shapes; the sm_90 kernel is dispatched only where the first is no more than the second.
+"measured" is {arch: trainflow.fp8.kernels.KernelMeasurement}, the record scripts/gpu_check.sh merges into
+kernels/measured.json (commit it from a GPU run) by device name and build key: the build's full key, whether it
+passed, and the seconds of the kernel and of _scaled_mm summed over the shapes; the sm_90 kernel is dispatched on
+that device with that build only where the first is no more than the second.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import sys
 import torch
 from _common import emit, log, median
 
+from trainflow.fp8.build import build_extension
+from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.kernels import KERNEL_BUILDS, GemmSeconds, KernelMeasurement, build_extension, kernel_sha256
+from trainflow.fp8.kernels import KERNEL_BUILDS, GemmSeconds, KernelMeasurement, kernel_key
 from trainflow.fp8.ops import error_bound
 
 ITERS = 10  # GEMMs per timed repeat
@@ -141,8 +144,10 @@ def main() -> None:
     if capability not in KERNEL_BUILDS:
         sys.exit(f"fp8_gemm: {torch.cuda.get_device_name()} is sm_{capability[0]}{capability[1]}: kernels/ has none")
     repeats = 5 if args.quick else args.repeats
-    log("fp8_gemm: building kernels/ (torch.utils.cpp_extension; cached after the first build)")
-    build = build_extension()
+    log(f"fp8_gemm: building kernels/ into the build cache {cache_folder()} (trainflow.fp8.build), or finding it there")
+    build, library, what = build_extension(capability, cache_folder())
+    torch.ops.load_library(str(library))
+    log(f"fp8_gemm: {library}: {what}")
     kernel = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}")
     log(f"fp8_gemm: checking {build.source} against fp64 sums")
     correctness = check(kernel)
@@ -153,7 +158,7 @@ def main() -> None:
         results.append(shape_result(name, mnk, time_shape(kernel, *mnk, repeats)))
     at_8192 = next(r for r in results if r["shape"] == "8192^3")
     record = KernelMeasurement(
-        kernel_sha256=kernel_sha256(build),
+        build_key=kernel_key(build),
         correctness_passed=correctness["passed"],
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,

@@ -18,8 +18,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainflow.fp8.build import build_extension
+from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.kernels import KERNEL_BUILDS, build_extension, load_backend
+from trainflow.fp8.kernels import KERNEL_BUILDS, load_backend
 from trainflow.fp8.ops import MMA_K, PROMOTE_K, error_bound, fp8_gemm
 
 SHAPES = [(37, 23, 50), (300, 200, 96), (256, 384, 1000), (1, 129, 64), (77, 1, 48), (130, 260, 8), (16, 16, 0)]
@@ -75,7 +77,8 @@ def implementations() -> dict:
     capability = torch.cuda.get_device_capability()
     if capability not in KERNEL_BUILDS:
         pytest.skip(f"kernels/ has no kernel for sm_{capability[0]}{capability[1]}")
-    build = build_extension()
+    build, library, _ = build_extension(capability, cache_folder())  # compiled once, then found in the cache
+    torch.ops.load_library(str(library))
     load_backend(torch.device("cuda"))
     return {"kernel": getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}"), "dispatched": fp8_gemm}
 

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from trainflow.errors import ConfigError
+from trainflow.fp8.build import build_extension
 from trainflow.fp8.kernels import (
     KERNEL_BUILDS,
     GemmSeconds,
     KernelMeasurement,
     Measurements,
     backend_reason,
-    build_extension,
     choose_backend,
-    kernel_sha256,
+    kernel_key,
     kernels_folder,
     load_backend,
     nvcc_flags,
@@ -30,14 +30,16 @@ from trainflow.fp8.kernels import (
 from trainflow.records import RecordError
 
 SM90 = KERNEL_BUILDS[(9, 0)]
+KEY = kernel_key(SM90)
+H200 = "NVIDIA H200"
 
 
 def record(**change) -> KernelMeasurement:
-    """A GPU check's record of today's sm90 sources that passed and ran 5 % faster than _scaled_mm."""
+    """A GPU check's record of today's sm90 build on an H200 that passed and ran 5 % faster than _scaled_mm."""
     base = KernelMeasurement(
-        kernel_sha256=kernel_sha256(SM90),
+        build_key=KEY,
         correctness_passed=True,
-        device="NVIDIA H200",
+        device=H200,
         torch="2.12.0",
         shapes=["4096^3", "8192^3"],
         seconds=GemmSeconds(kernel=0.95, scaled_mm=1.0),
@@ -45,18 +47,51 @@ def record(**change) -> KernelMeasurement:
     return dataclasses.replace(base, **change)
 
 
+def choose(capability, records, device=H200):
+    return choose_backend(capability, {"sm90": records}, device, KEY)
+
+
 def test_ada_runs_the_mma_sync_kernel_and_unknown_gpus_run_scaled_mm():
-    assert choose_backend((8, 9), {})[0] == "sm89_kernel"
-    backend, reason = choose_backend((10, 0), {"sm90": record()})
+    assert choose((8, 9), [])[0] == "sm89_kernel"
+    backend, reason = choose((10, 0), [record()])
     assert backend == "scaled_mm" and "sm_100" in reason
 
 
 def test_hopper_runs_the_cutlass_kernel_only_once_measured_no_slower_than_scaled_mm():
-    backend, reason = choose_backend((9, 0), {})
+    backend, reason = choose((9, 0), [])
     assert backend == "scaled_mm" and "holds no GPU check" in reason  # never the mma.sync kernel on sm_90
-    backend, reason = choose_backend((9, 0), {"sm90": record()})
-    assert backend == "sm90_kernel" and "1.053x torch._scaled_mm" in reason and "NVIDIA H200" in reason
-    assert choose_backend((9, 0), {"sm90": record(seconds=GemmSeconds(kernel=1.0, scaled_mm=1.0))})[0] == "sm90_kernel"
+    backend, reason = choose((9, 0), [record()])
+    assert backend == "sm90_kernel" and "1.053x torch._scaled_mm" in reason and H200 in reason
+    assert choose((9, 0), [record(seconds=GemmSeconds(kernel=1.0, scaled_mm=1.0))])[0] == "sm90_kernel"
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H100 PCIe", "NVIDIA GH200 480GB", "NVIDIA H100 80GB HBM3"])
+def test_an_h200_measurement_switches_no_other_hopper(device):
+    backend, reason = choose((9, 0), [record()], device=device)
+    assert backend == "scaled_mm" and f"on {device} with build key {KEY.digest()}" in reason and H200 in reason
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"nvcc_flags": [*KEY.nvcc_flags, "-lineinfo"]},
+        {"nvcc": "release 12.8, V12.8.93"},
+        {"cutlass": "4.1.0"},
+        {"torch": "2.11.0"},
+        {"sources_sha256": "0" * 64},
+    ],
+)
+def test_a_measurement_of_another_build_key_does_not_hold(change):
+    other = dataclasses.replace(KEY, **change)
+    assert other.digest() != KEY.digest()
+    assert choose((9, 0), [record(build_key=other)])[0] == "scaled_mm"
+    assert choose((9, 0), [record(build_key=other), record()])[0] == "sm90_kernel"
+
+
+def test_the_backend_can_be_forced_to_the_kernel(monkeypatch):
+    monkeypatch.setenv("TRAINFLOW_FP8_BACKEND", "kernel")
+    backend, reason = choose((9, 0), [])
+    assert backend == "sm90_kernel" and "forced by TRAINFLOW_FP8_BACKEND=kernel" in reason
 
 
 @pytest.mark.parametrize(
@@ -64,30 +99,30 @@ def test_hopper_runs_the_cutlass_kernel_only_once_measured_no_slower_than_scaled
     [
         ({"seconds": GemmSeconds(kernel=1.1, scaled_mm=1.0)}, "0.909x torch._scaled_mm"),
         ({"correctness_passed": False}, "failed its GPU check"),
-        ({"kernel_sha256": "0" * 64}, "other sources"),  # the kernel changed since it was measured
+        ({"device": "NVIDIA H100 PCIe"}, "holds no GPU check"),
     ],
 )
 def test_hopper_stays_on_scaled_mm_when_the_measurement_does_not_hold(change, why):
-    backend, reason = choose_backend((9, 0), {"sm90": record(**change)})
+    backend, reason = choose((9, 0), [record(**change)])
     assert backend == "scaled_mm" and why in reason
 
 
 def test_the_committed_measurements_are_records_of_known_kernels():
     assert {f.name for f in dataclasses.fields(Measurements)} == {b.arch for b in KERNEL_BUILDS.values()}
     measured = read_measured()  # {} until a GPU check is committed; a file that is not Measurements raises
-    assert all(isinstance(m, KernelMeasurement) for m in measured.values())
+    assert all(isinstance(m, KernelMeasurement) for records in measured.values() for m in records)
 
 
 def test_measured_json_reads_back_and_an_altered_one_is_one_line_naming_the_field(tmp_path):
-    (tmp_path / "measured.json").write_text(json.dumps({"sm90": record().to_json()}))
-    assert read_measured(tmp_path) == {"sm90": record()}
+    (tmp_path / "measured.json").write_text(json.dumps({"sm89": [], "sm90": [record().to_json()]}))
+    assert read_measured(tmp_path) == {"sm89": [], "sm90": [record()]}
     for change, message in [
-        (lambda d: d["sm90"]["seconds"].update(kernel="fast"), r"sm90\.seconds\.kernel holds 'fast', not a float"),
-        (lambda d: d["sm90"].pop("kernel_sha256"), r"sm90 lacks KernelMeasurement's field 'kernel_sha256'"),
+        (lambda d: d["sm90"][0]["seconds"].update(kernel="fast"), r"sm90\[0\]\.seconds\.kernel holds 'fast', not a"),
+        (lambda d: d["sm90"][0].pop("build_key"), r"sm90\[0\] lacks KernelMeasurement's field 'build_key'"),
         (lambda d: d.update(sm100={}), r"holds 'sm100', which Measurements has no field for"),
-        (lambda d: d["sm90"].update(correctness_passed=1), r"sm90\.correctness_passed holds 1, not a bool"),
+        (lambda d: d["sm90"][0].update(correctness_passed=1), r"sm90\[0\]\.correctness_passed holds 1, not a bool"),
     ]:
-        data = {"sm90": record().to_json()}
+        data = {"sm89": [], "sm90": [record().to_json()]}
         change(data)
         (tmp_path / "measured.json").write_text(json.dumps(data))
         with pytest.raises(RecordError, match=r"measured\.json.*" + message) as err:
@@ -113,8 +148,8 @@ def test_each_kernel_builds_one_native_target_without_ptx():
     assert SM90.gencode.endswith("sm_90a")  # wgmma needs the arch-specific target, not plain sm_90
 
 
-def test_build_and_load_refuse_what_has_no_kernel():
+def test_build_and_load_refuse_what_has_no_kernel(tmp_path):
     with pytest.raises(ConfigError, match="no fp8 kernel for sm_86"):
-        build_extension(capability=(8, 6))
+        build_extension((8, 6), tmp_path)
     assert load_backend(torch.device("cpu")) == "reference"
     assert backend_reason(torch.device("cpu")).startswith("reference: cpu: plain PyTorch")

@@ -31,6 +31,7 @@ def test_dry_run_plans_every_stage(tmp_path):
         "prepare_data": 1,
         "prepare_data_shard": 1,
         "stage_data": 1,
+        "build_kernels": 1,
         "validate_nccl": 1,
         "train_segment": 2,
         "verify_checkpoint": 1,

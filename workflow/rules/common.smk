@@ -75,6 +75,7 @@ def run_metrics(wildcards):
         *expand(rules.prepare_data_shard.output.metrics, shard=SHARDS),
         rules.prepare_data.output.metrics,
         rules.stage_data.output.metrics,
+        rules.build_kernels.output.metrics,
         rules.validate_nccl.output.metrics,
         *expand(rules.train_segment.output.metrics, segment=SEGMENTS),
         rules.verify_checkpoint.output.metrics,

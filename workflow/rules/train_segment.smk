@@ -20,6 +20,7 @@ rule train_segment:
         io=lambda w, input, output: stage_command(
             staged_tokens=input.tokens,
             checkpoints=RUN.checkpoints,
+            kernel_cache=RUN.kernel_cache,
             segment_report=output.report,
             job_metrics=output.metrics,
             submitit=RUN.submitit("train_segment"),

@@ -1,5 +1,7 @@
 # A local rule: it plans the run, then submits a job of the training shape through submitit and waits.
 rule validate_nccl:
+    input:
+        kernels=rules.build_kernels.output.report,  # built once before any job of the training shape
     output:
         report=RUN.nccl_report,
         metrics=RUN.job_metrics("validate_nccl"),

@@ -52,3 +52,8 @@ class IOConfig:
     plots: list[str] = field(default_factory=list)
     """The report's loss, throughput, breakdown and power plots (config.run_folder.PLOTS), in that order."""
     submitit: str = ""
+    kernel_cache: str = ""
+    """The fp8 kernels' build cache on the shared tier (trainflow.fp8.cache): build_kernels compiles into it once,
+    ranks only load from it."""
+    kernels_report: str = ""
+    """build_kernels' record of what it built or found, or why nothing (trainflow.fp8.build.KernelsReport)."""

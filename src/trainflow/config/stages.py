@@ -44,6 +44,7 @@ class Stage:
 STAGE_TABLE = (
     Stage("prepare_data", ("tokens",)),  # data without the sources' weights (config.hashing.section)
     Stage("stage_data", ("tokens",)),
+    Stage("build_kernels", ("train",)),  # which fp8 kernels the ranks dispatch: train.fp8
     # and the plan, which reads model, train, checkpoint and energy too
     Stage("validate_nccl", ("parallel", "cluster", "model", "train", "checkpoint", "energy"), allocates=True),
     Stage("train_segment", TRAIN_READS, allocates=True),

@@ -29,13 +29,14 @@ def block_linears(block: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     ]
 
 
-def apply_fp8(part: nn.Module, *, recipe: str, history_len: int, margin: int = 0) -> str:
+def apply_fp8(part: nn.Module, *, recipe: str, history_len: int, margin: int = 0, kernel_cache: str = "") -> str:
     """Swap every nn.Linear in part.layers' blocks for a Float8Linear with the same parameters (recipe and
     history_len as train.fp8 and train.fp8_amax_history, whose domains the schema checks); returns which fp8_gemm
-    implementation will run on the chunk's device (trainflow.fp8.kernels.load_backend)."""
+    implementation will run on the chunk's device (trainflow.fp8.kernels.load_backend, which loads a kernel from
+    the build cache `kernel_cache`, io.kernel_cache, and never compiles)."""
     for block in part.layers.values():
         for parent, attr, linear in block_linears(block):
             setattr(
                 parent, attr, Float8Linear.from_linear(linear, recipe=recipe, history_len=history_len, margin=margin)
             )
-    return load_backend(next(part.parameters()).device)
+    return load_backend(next(part.parameters()).device, kernel_cache)

@@ -1,10 +1,12 @@
-"""The fp8 GEMM kernels in kernels/, one per architecture, their build, and which implementation of
+"""The fp8 GEMM kernels in kernels/, one per architecture, their build keys, and which implementation of
 trainflow::fp8_gemm runs on a GPU, chosen by measured fact (trainflow.fp8.ops declares the op).
 
-    python -m trainflow.fp8        # on a GPU node: build the kernel of the visible GPU's architecture
+    python -m trainflow.fp8 --arch sm90 CACHE    # compile (trainflow.fp8.build) into a build cache, no GPU needed
 
-`load_backend(device)` makes the op runnable on `device` and names the implementation; `backend_reason(device)`
-says in one line which runs and the fact that chose it (the rules are trainflow.fp8.ops' docstring's).
+`load_backend(device, kernel_cache)` makes the op runnable on `device`, loading a kernel's build from the cache
+(trainflow.fp8.cache) and never compiling, and names the implementation; `backend_reason(device)` says in one line
+which runs and the fact that chose it (the rules are trainflow.fp8.ops' docstring's). kernels/measured.json holds a
+GPU check per device name and build key; $TRAINFLOW_FP8_BACKEND=kernel forces the kernel (scripts/gpu_check.sh).
 
 The kernels' folder is $TRAINFLOW_KERNELS where set, else the kernels/ of the checkout trainflow is imported from
 (src/trainflow/fp8 -> kernels/); an install without either is told so in one line when it first needs a kernel.
@@ -12,8 +14,6 @@ The kernels' folder is $TRAINFLOW_KERNELS where set, else the kernels/ of the ch
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
 import os
 import warnings
@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from trainflow.errors import ConfigError
+from trainflow.fp8.cache import BuildKey, build_key, cache_folder, cached_library, find_nvcc, nvcc_release
 from trainflow.fp8.ops import OP, SCHEMA, scaled_mm_fp8_gemm
 from trainflow.records import Record, read_record
 
@@ -31,7 +32,8 @@ CHECKOUT_KERNELS = Path(__file__).resolve().parents[3] / "kernels"
 """Where kernels/ lies in a checkout (src/trainflow/fp8/kernels.py -> the repository's root)."""
 MEASURED = "measured.json"
 EXTENSION = "trainflow_fp8"  # one extension per architecture: trainflow_fp8_sm89, trainflow_fp8_sm90
-BUILD_HINT = "build it on a GPU node with `python -m trainflow.fp8` (needs nvcc and CUDA_HOME; kernels/README.md)"
+FORCE_ENV = "TRAINFLOW_FP8_BACKEND"
+BUILD_HINT = "the build_kernels stage, or `python -m trainflow.fp8 --arch ARCH CACHE`, builds it (kernels/README.md)"
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,11 @@ class KernelMeasurement(Record):
     """One architecture's last GPU check: kernels/measured.json holds {arch: KernelMeasurement}, the "measured" of
     benchmarks/fp8_gemm.py's output, which scripts/gpu_check.sh writes out."""
 
-    kernel_sha256: str
-    """Of the sources measured (kernel_sha256): a measurement holds for these bytes only."""
+    build_key: BuildKey
+    """Of the build measured (sources, nvcc flags, nvcc / CUTLASS / torch versions): it holds for that build only."""
     correctness_passed: bool
     device: str
+    """torch.cuda.get_device_name(): it holds for that device only."""
     torch: str
     shapes: list[str]
     """The benchmark's shapes the seconds sum over."""
@@ -117,45 +120,29 @@ def nvcc_flags(build: KernelBuild) -> list[str]:
     return flags + (["-isystem", str(cutlass_include())] if build.cutlass else [])
 
 
-def build_extension(verbose: bool = False, capability: tuple[int, int] | None = None) -> KernelBuild:
-    """Compile the kernel for `capability` (default: the current GPU's) with its binding, through
-    torch.utils.cpp_extension (cached under TORCH_EXTENSIONS_DIR), and load it, which registers the kernel's op.
-    Raises what the build raises, and ConfigError where kernels/ has no kernel for the capability."""
-    from torch.utils import cpp_extension  # imported here: it probes for compilers and CUDA at import
-
-    capability = capability or torch.cuda.get_device_capability()
-    if capability not in KERNEL_BUILDS:
-        raise ConfigError(f"kernels/ has no fp8 kernel for sm_{capability[0]}{capability[1]} (only sm_89, sm_90)")
-    build = KERNEL_BUILDS[capability]
-    if missing := [str(p) for p in build.sources() if not p.is_file()]:
-        raise FileNotFoundError(f"{', '.join(missing)} missing (trainflow is not installed from a checkout)")
-    cpp_extension.load(
-        name=f"{EXTENSION}_{build.arch}",
-        sources=[str(p) for p in build.sources()],
-        extra_include_paths=[str(kernels_folder())],
-        extra_cflags=["-O3", f"-D{build.define}"],
-        extra_cuda_cflags=nvcc_flags(build),
-        is_python_module=False,
-        verbose=verbose,
-    )
-    return build
+def kernel_key(build: KernelBuild) -> BuildKey:
+    """The build-cache key of `build` with this machine's nvcc, CUTLASS and torch (trainflow.fp8.cache)."""
+    files = [*build.sources(), kernels_folder() / "fp8_gemm.h"]
+    nvcc = nvcc_release(find_nvcc())
+    return build_key(f"{EXTENSION}_{build.arch}", files, nvcc_flags(build), nvcc, torch.__version__)
 
 
-def kernel_sha256(build: KernelBuild) -> str:
-    """SHA-256 of the files that make `build`'s kernel: a measurement holds for these bytes only."""
-    digest = hashlib.sha256()
-    for path in [*build.sources(), kernels_folder() / "fp8_gemm.h"]:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+def measured_record(records: list[KernelMeasurement], device: str, key: BuildKey) -> KernelMeasurement | None:
+    """The GPU check of this very device (by name: an H200's record holds for no H100 PCIe or GH200) and build."""
+    return next((r for r in records if r.device == device and r.build_key == key), None)
 
 
-def measured_faster(record: KernelMeasurement | None, build: KernelBuild) -> tuple[bool, str]:
-    """Whether kernels/measured.json's `record` for `build` shows the kernel correct and no slower than
-    torch._scaled_mm on these sources; and the fact, in words."""
+def measured_faster(records: list[KernelMeasurement], build: KernelBuild, device: str, key: BuildKey):
+    """(whether kernels/measured.json shows `build` correct and no slower than torch._scaled_mm on `device` with
+    this build's key; the fact, in words)."""
+    record = measured_record(records, device, key)
     if record is None:
-        return False, f"kernels/{MEASURED} holds no GPU check of {build.source} (scripts/gpu_check.sh records one)"
-    if record.kernel_sha256 != kernel_sha256(build):
-        return False, f"kernels/{MEASURED} measured other sources than today's {build.source} (SHA-256 differs)"
+        seen = sorted({r.device for r in records})
+        others = f" (it holds {', '.join(seen)}, or other builds)" if seen else ""
+        return False, (
+            f"kernels/{MEASURED} holds no GPU check of {build.source} on {device} with build key {key.digest()}"
+            f"{others} (scripts/gpu_check.sh records one)"
+        )
     if not record.correctness_passed:
         return False, f"{build.source} failed its GPU check against the reference ({record.device})"
     kernel_s, scaled_mm_s = record.seconds.kernel, record.seconds.scaled_mm
@@ -163,33 +150,41 @@ def measured_faster(record: KernelMeasurement | None, build: KernelBuild) -> tup
     return kernel_s <= scaled_mm_s, f"{build.source} measured at {fact}"
 
 
-def choose_backend(capability: tuple[int, int], measured: dict[str, KernelMeasurement]) -> tuple[str, str]:
-    """(backend, reason) for a GPU of `capability`, before any build: see the module docstring's rules."""
+def choose_backend(
+    capability: tuple[int, int], measured: dict[str, list[KernelMeasurement]], device: str, key: BuildKey | None
+) -> tuple[str, str]:
+    """(backend, reason) for a GPU named `device` of `capability`, before loading: the module docstring's rules, or
+    $TRAINFLOW_FP8_BACKEND=kernel, which forces this architecture's kernel (the GPU check's training step)."""
     name = f"sm_{capability[0]}{capability[1]}"
     build = KERNEL_BUILDS.get(capability)
     if build is None:
         return "scaled_mm", f"{name}: kernels/ has no fp8 kernel for it, so torch._scaled_mm (cuBLASLt) runs"
+    kernel = f"{build.arch}_kernel"
+    if os.environ.get(FORCE_ENV) == "kernel":
+        return kernel, f"{name}: {build.source}, forced by {FORCE_ENV}=kernel"
     if build.arch == "sm89":
-        return "sm89_kernel", f"{name}: {build.source} (mma.sync fp8, native on Ada, fp32 promotion every 128 of K)"
-    faster, fact = measured_faster(measured.get(build.arch), build)
+        return kernel, f"{name}: {build.source} (mma.sync fp8, native on Ada, fp32 promotion every 128 of K)"
+    if key is None:
+        return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because no build key (CUTLASS headers) here"
+    faster, fact = measured_faster(measured.get(build.arch, []), build, device, key)
     if faster:
-        return "sm90_kernel", f"{name}: {build.source} (CUTLASS wgmma + TMA): {fact}"
-    return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because {fact}"
+        return kernel, f"{name}: {build.source} (CUTLASS wgmma + TMA): {fact}"
+    return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), by measurement: {fact}"
 
 
 @dataclass(frozen=True)
 class Measurements(Record):
-    """kernels/measured.json, by architecture (KernelBuild.arch); an architecture not measured is absent."""
+    """kernels/measured.json: by architecture (KernelBuild.arch), one record per device name and build key."""
 
-    sm89: KernelMeasurement | None = None
-    sm90: KernelMeasurement | None = None
+    sm89: list[KernelMeasurement]
+    sm90: list[KernelMeasurement]
 
-    def by_arch(self) -> dict[str, KernelMeasurement]:
-        return {arch: m for arch, m in vars(self).items() if m is not None}
+    def by_arch(self) -> dict[str, list[KernelMeasurement]]:
+        return {"sm89": self.sm89, "sm90": self.sm90}
 
 
-def read_measured(folder: Path | None = None) -> dict[str, KernelMeasurement]:
-    """kernels/measured.json: {arch: the record of its last GPU check}; {} while nothing has been measured. One
+def read_measured(folder: Path | None = None) -> dict[str, list[KernelMeasurement]]:
+    """kernels/measured.json: {arch: the records of its GPU checks}; {} while nothing has been measured. One
     RecordError naming the file and the field where it is not Measurements."""
     path = (folder or kernels_folder()) / MEASURED
     if not path.is_file():
@@ -197,19 +192,20 @@ def read_measured(folder: Path | None = None) -> dict[str, KernelMeasurement]:
     return read_record(Measurements, path, rerun="scripts/gpu_check.sh and commit its measured.json").by_arch()
 
 
-def load_backend(device: torch.device) -> str:
+def load_backend(device: torch.device, kernel_cache: str | Path = "") -> str:
     """Make fp8_gemm runnable on `device`; which implementation will run there: "reference" (CPU),
-    "sm89_kernel", "sm90_kernel" or "scaled_mm". `backend_reason` says why."""
-    return _backend(device)[0]
+    "sm89_kernel", "sm90_kernel" or "scaled_mm". A kernel is loaded from the build cache (`kernel_cache`, else
+    trainflow.fp8.cache.cache_folder's default), never compiled. `backend_reason` says why."""
+    return _backend(device, kernel_cache)[0]
 
 
-def backend_reason(device: torch.device) -> str:
+def backend_reason(device: torch.device, kernel_cache: str | Path = "") -> str:
     """One line: which fp8_gemm implementation runs on `device`, and the fact that chose it."""
-    backend, reason = _backend(device)
+    backend, reason = _backend(device, kernel_cache)
     return f"{backend}: {reason}"
 
 
-def _backend(device: torch.device) -> tuple[str, str]:
+def _backend(device: torch.device, kernel_cache: str | Path) -> tuple[str, str]:
     if device.type == "cpu":
         return "reference", "cpu: plain PyTorch, fp32 sums of exact fp8 products (the test oracle)"
     if device.type != "cuda":
@@ -221,43 +217,45 @@ def _backend(device: torch.device) -> tuple[str, str]:
             f"train.fp8 needs fp8 tensor cores (compute capability >= 8.9: Ada, Hopper); "
             f"{torch.cuda.get_device_name(index)} is {capability[0]}.{capability[1]}: set train.fp8=none"
         )
-    return _load_cuda(capability)
-
-
-@functools.cache
-def _load_cuda(capability: tuple[int, int]) -> tuple[str, str]:
-    """Once per process: choose, build the chosen kernel, and register it (or _scaled_mm) as fp8_gemm's CUDA
-    implementation. The registration is process-wide, so a second capability in one process is refused."""
-    if _load_cuda.cache_info().currsize > 0:
+    if _LOADED and _LOADED[0][0] != capability:
         raise ConfigError(
             f"fp8_gemm's CUDA implementation is chosen once per process; sm_{capability[0]}"
             f"{capability[1]} is a second GPU architecture here: run one architecture per process"
         )
-    backend, reason = choose_backend(capability, read_measured())
+    if not _LOADED:
+        _LOADED.append((capability, _load_cuda(capability, torch.cuda.get_device_name(index), kernel_cache)))
+    return _LOADED[0][1]
+
+
+_LOADED: list[tuple[tuple[int, int], tuple[str, str]]] = []
+"""The one CUDA implementation this process registered: (capability, (backend, reason))."""
+
+
+def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Path) -> tuple[str, str]:
+    """Choose, load the chosen kernel's build from the cache (never compile), and register it (or _scaled_mm) as
+    fp8_gemm's CUDA implementation; a missing build is one warning, then _scaled_mm at once."""
+    build = KERNEL_BUILDS.get(capability)
+    try:
+        key = kernel_key(build) if build is not None else None
+    except (ImportError, OSError) as err:
+        key = None
+        warnings.warn(f"trainflow.fp8: no build key for {build.source} ({err}); torch._scaled_mm runs", stacklevel=5)
+    backend, reason = choose_backend(capability, read_measured(), device, key)
     if backend != "scaled_mm":
-        try:
-            build = build_extension(capability=capability)
-        except (RuntimeError, OSError, ImportError) as err:
-            failure = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            warnings.warn(
-                f"trainflow.fp8: {KERNEL_BUILDS[capability].source} did not build ({failure}); torch._scaled_mm "
-                f"runs the fp8 GEMMs instead: {BUILD_HINT}",
-                stacklevel=4,
-            )
-            name, source = f"sm_{capability[0]}{capability[1]}", KERNEL_BUILDS[capability].source
-            backend, reason = (
-                "scaled_mm",
-                f"{name}: torch._scaled_mm (cuBLASLt), because {source} did not build: {failure}",
-            )
-        else:
+        library, fact = cached_library(cache_folder(kernel_cache), key)
+        if library is not None:
+            torch.ops.load_library(str(library))
             torch.library.impl(OP, "cuda")(_kernel_op(build))
-            return backend, reason
+            return backend, f"{reason}; loaded {library.parent.name} ({fact})"
+        warnings.warn(f"trainflow.fp8: {fact}; torch._scaled_mm runs the fp8 GEMMs instead: {BUILD_HINT}", stacklevel=5)
+        name = f"sm_{capability[0]}{capability[1]}"
+        backend, reason = "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because {fact}"
     torch.library.impl(OP, "cuda")(scaled_mm_fp8_gemm)
     return backend, reason
 
 
 def _kernel_op(build: KernelBuild):
-    """fp8_gemm's CUDA implementation through `build`'s op (registered by the extension just loaded)."""
+    """fp8_gemm's CUDA implementation through `build`'s op (registered by the library just loaded)."""
     kernel = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}").default
 
     def run_kernel(a, b, scale_a, scale_b, out_dtype):

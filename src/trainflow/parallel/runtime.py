@@ -189,12 +189,14 @@ def parallelize_model(
     compute_dtype: torch.dtype = torch.float32,
     fp8: str = "none",
     fp8_amax_history: int = 16,
+    kernel_cache: str = "",
 ) -> Parallelized:
     """Apply the layout in torchtitan's fixed order: pipeline split, fp8 linears and tensor parallel per chunk,
     data parallel (which holds the modules it is given, so the fp8 swap comes before it). Tensor parallel shards a
     Float8Linear as it shards an nn.Linear (trainflow.fp8.linear's note says how its GEMMs run on the shards).
 
-    activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only).
+    activation_shape is one microbatch's activation, the message whose exchange time is probed (pp > 1 only);
+    kernel_cache the fp8 kernels' build cache (io.kernel_cache, trainflow.fp8.cache).
     """
     autocast = compute_dtype if compute_dtype != torch.float32 else None
     tied = model.output is not None and model.output.weight is model.tok_embeddings.weight
@@ -207,7 +209,10 @@ def parallelize_model(
         result.has_last = any(s.is_last for s in stages)
         add_compute_timers(stages, result.clock)
     if fp8 != "none":
-        backends = {apply_fp8(part, recipe=fp8, history_len=fp8_amax_history) for part in result.parts}
+        backends = {
+            apply_fp8(part, recipe=fp8, history_len=fp8_amax_history, kernel_cache=kernel_cache)
+            for part in result.parts
+        }
         (result.fp8_backend,) = backends  # one device per rank, so one backend
     if dims.tp > 1:
         for part in result.parts:

@@ -43,6 +43,7 @@ def build_model(
         compute_dtype=getattr(torch, PRECISIONS[t.precision].dtype),
         fp8=t.fp8,
         fp8_amax_history=t.fp8_amax_history,
+        kernel_cache=cfg.io.kernel_cache,
     )
     if model.fp8_backend is not None and rank == 0:
         log.info("FP8 GEMMs (recipe %s) run on %s", t.fp8, model.fp8_backend)
