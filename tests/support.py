@@ -232,6 +232,11 @@ LAYOUTS = [
     ("dp2_shard_tp2_pp2", 2),
     # HSDP with TP (8 ranks); HSDP alone is checked below, with its placement of the state.
     pytest.param("dp4_hsdp2_tp2", 1, marks=pytest.mark.slow),
+    # Context parallel (K and V all-gathered over cp): alone, beside tp, dp and a 1F1B pipeline.
+    ("cp2", 1),
+    pytest.param("cp2_tp2", 1, marks=pytest.mark.slow),
+    pytest.param("dp2_cp2", 1, marks=pytest.mark.slow),
+    pytest.param("cp2_pp2", 1, marks=pytest.mark.slow),
 ]
 
 

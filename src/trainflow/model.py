@@ -17,7 +17,8 @@ Parallelism is applied afterwards (trainflow.parallel): tensor parallel shards t
 named in its plan, so attention infers its local head count from the projection width (`-1` in
 the views below); pipeline parallel deletes layers and sets `tok_embeddings` / `norm` / `output`
 to None on the stages that do not own them, which `forward` allows for. How a block keeps what
-backward needs (trainflow.train.activations) goes through `run_block`.
+backward needs (trainflow.train.activations) goes through `run_block`. Context parallel replaces each attention's
+`core` and gives the rotary tables the rows of the positions the rank holds (`forward` takes the first T rows).
 """
 
 from __future__ import annotations
@@ -80,22 +81,30 @@ def linears(m: ModelConfig, prefix: str) -> dict[str, nn.Linear]:
     }
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped-query attention of q (B, heads, Tq, hd) over k and v (B, kv_heads, Tk, hd): under the causal mask
+    (Tq = Tk), or under `mask` (Tq, Tk), True where a query may attend a key."""
+    # Each key/value head serves heads / kv_heads consecutive query heads (as HF's repeat_kv).
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, heads, Tq, hd)
+
+
 class Attention(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
         self.head_dim = m.head_dim
-        self.n_rep = m.n_heads // m.n_kv_heads
         # Separate q/k/v (not one fused qkv) so column-parallel sharding splits whole heads.
         layers = linears(m, "attention")
         self.wq, self.wk, self.wv, self.wo = (layers[n] for n in ("wq", "wk", "wv", "wo"))
+        self.core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = attention
+        """q, k, v -> the heads' outputs; trainflow.parallel.context swaps it to gather K and V over the cp ranks."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = (w(x).view(B, T, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, heads, T, hd)
-        # Each key/value head serves n_rep consecutive query heads (as HF's repeat_kv).
-        k, v = k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, heads, T, hd)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # (B, heads, T, hd), k and v (B, kv_heads, T, hd)
+        y = self.core(q, k, v)  # (B, heads, T, hd)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 

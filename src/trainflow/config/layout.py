@@ -46,13 +46,33 @@ def parallel_errors(p: ParallelConfig, m: ModelConfig, *, global_batch: int) -> 
         errors.append(f"schedule {schedule} needs microbatches({microbatches}) >= pp({pp})")
     if pp == 1 and microbatches != 1:
         errors.append(f"microbatches({microbatches}) > 1 needs pp > 1 (they feed the pipeline)")
-    errors += shard_errors(p, m)
+    errors += shard_errors(p, m) + cp_errors(p, m)
     if global_batch % (dp * microbatches):
         errors.append(
             f"train.global_batch({global_batch}) is not divisible by dp({dp}) * microbatches({microbatches}) "
             f"= {dp * microbatches}"
         )
     return errors
+
+
+def cp_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
+    """The rules of context parallel: each sequence splits into 2 x cp equal chunks (rank i holds chunks i and
+    2cp-1-i, so every rank's causal work is the same)."""
+    if p.cp == 1:
+        return []
+    if m.seq_len % (2 * p.cp):
+        return [
+            f"model.seq_len({m.seq_len}) is not divisible by 2 * cp({p.cp}) = {2 * p.cp} load-balanced chunks; "
+            f"choose cp with 2 * cp dividing {m.seq_len}"
+        ]
+    return []
+
+
+def cp_chunks(seq_len: int, cp: int, rank: int) -> list[int]:
+    """The sequence positions context-parallel rank `rank` of `cp` holds, in its order: chunk rank, then chunk
+    2cp-1-rank, of 2 x cp equal chunks (torchtitan's and Megatron's load balance under the causal mask)."""
+    size = seq_len // (2 * cp)
+    return [*range(rank * size, (rank + 1) * size), *range((2 * cp - 1 - rank) * size, (2 * cp - rank) * size)]
 
 
 def shard_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
@@ -93,6 +113,8 @@ class ParallelDims(Record):
     tp: int
     pp: int
     world_size: int
+    cp: int = 1
+    """parallel.cp: ranks that split every sequence (mesh dim between dp and tp)."""
     virtual_stages: int = 1
     schedule: str = "1f1b"
     microbatches: int = 1
@@ -101,10 +123,11 @@ class ParallelDims(Record):
     """parallel.dp_shard: ranks one FSDP shard group spans under dp_mode=shard (0: all of dp)."""
 
     def __post_init__(self) -> None:
-        if self.dp * self.tp * self.pp != self.world_size:
+        if self.dp * self.cp * self.tp * self.pp != self.world_size:
             raise ConfigError(
-                f"dp({self.dp}) * tp({self.tp}) * pp({self.pp}) = {self.dp * self.tp * self.pp} "
-                f"!= world_size({self.world_size}); change the layout or the number of ranks"
+                f"dp({self.dp}) * cp({self.cp}) * tp({self.tp}) * pp({self.pp}) = "
+                f"{self.dp * self.cp * self.tp * self.pp} != world_size({self.world_size}); change the layout or "
+                "the number of ranks"
             )
 
     @classmethod
@@ -117,6 +140,7 @@ class ParallelDims(Record):
             tp=p.tp,
             pp=p.pp,
             world_size=world_size,
+            cp=p.cp,
             virtual_stages=p.virtual_stages,
             schedule=p.schedule,
             microbatches=p.microbatches,

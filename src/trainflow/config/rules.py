@@ -36,7 +36,7 @@ def allocation_errors(cfg: TrainflowConfig) -> list[str]:
     p, a = cfg.parallel, cfg.cluster.allocation
     if p.world_size % a.nodes:
         return [
-            f"world size dp({p.dp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
+            f"world size dp({p.dp}) * cp({p.cp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
             f"cluster.allocation.nodes({a.nodes}); change the layout or the node count"
         ]
     if a.gpus_per_node and p.world_size // a.nodes != a.gpus_per_node:

@@ -128,6 +128,9 @@ class ParallelConfig:
     dp: int = checked(ge=1)
     tp: int = checked(ge=1)
     pp: int = checked(ge=1)
+    cp: int = checked(1, ge=1)
+    """Context parallel: ranks that split every sequence (2 x cp load-balanced chunks, K and V all-gathered per
+    layer; trainflow.parallel.context). Mesh dims pp, dp, cp, tp."""
     virtual_stages: int = checked(1, ge=1)
     """Model chunks per pipeline rank; >= 2 only with the interleaved_1f1b schedule."""
     schedule: str = checked("1f1b", one_of=SCHEDULES)
@@ -149,7 +152,7 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
 
 @dataclass

@@ -15,6 +15,9 @@ next document: each row's start is re-drawn (from its own stream of (seed, split
 inputs hold no end-of-document token, its last target may be one; after MAX_DRAWS draws the batch fails,
 naming the fix (documents shorter than a window cannot give one).
 
+Under context parallel each rank keeps the columns of its positions (`columns`: config.layout.cp_chunks, two of
+the 2 x cp chunks of every window), so a row's tokens are the same whatever the cp size, split only.
+
 While a training step computes, a background thread reads the next step's batch (a pure function, so reading
 ahead changes nothing but when the bytes are read); evaluation batches are read when asked.
 """
@@ -82,7 +85,8 @@ class SourceTokens:
 
 class TokenSampler:
     """Batches of (inputs, targets) windows from the sources of a token index, a pure function of (seed, step).
-    `weights` gives each source's weight by name (data.sources); None: the index's one source, weight 1."""
+    `weights` gives each source's weight by name (data.sources); None: the index's one source, weight 1. `columns`:
+    the positions of each window this rank keeps, in its order (context parallel); None: all."""
 
     def __init__(
         self,
@@ -92,12 +96,14 @@ class TokenSampler:
         seed: int,
         cross_document: bool = True,
         weights: dict[str, float] | None = None,
+        columns: list[int] | None = None,
     ) -> None:
         check_size(Path(path), rerun=RERUN)
         index = read_index(path, rerun=RERUN)
         shards = index.shard_files(Path(path).parent)
         self.eot_id = index.tokenizer.eot_id
         self.seq_len, self.seed, self.cross_document = seq_len, seed, cross_document
+        self.columns = None if columns is None else torch.tensor(columns)
         self.names = [s.name for s in index.sources]
         if weights is None and len(self.names) == 1:
             weights = {self.names[0]: 1.0}
@@ -121,8 +127,8 @@ class TokenSampler:
         self, split: str, index: int, global_batch: int, rows: slice, *, source: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `rows` of the global batch number `index` of `split` (of the mixture, or of source number
-        `source` alone): (B, T) inputs and targets. A training batch starts the read of the next one in the
-        background."""
+        `source` alone): (B, T) inputs and targets (T: this rank's columns). A training batch starts the read of
+        the next one in the background."""
         if split == "train" and source is None:  # an evaluation between two steps leaves the next read running
             key = (index, global_batch, rows.start, rows.stop, rows.step)
             ahead, self.ahead = self.ahead, None
@@ -133,7 +139,10 @@ class TokenSampler:
         else:
             windows = self.windows(split, index, global_batch, rows, source)
         window = torch.from_numpy(windows)
-        return window[:, :-1], window[:, 1:]
+        inputs, targets = window[:, :-1], window[:, 1:]
+        if self.columns is not None:
+            return inputs[:, self.columns], targets[:, self.columns]
+        return inputs, targets
 
     def rows_of(self, index: int, global_batch: int) -> np.ndarray:
         """The source of each row of the mixture's global batch number `index` (data.mixture)."""

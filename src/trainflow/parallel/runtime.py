@@ -28,9 +28,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainflow.config.layout import ParallelDims
 from trainflow.fp8 import apply_fp8, discard_amax, sync_amax_history
+from trainflow.parallel.context import apply_cp
 from trainflow.parallel.data_parallel import apply_dp, apply_fsdp
 from trainflow.parallel.grad_reducer import GradReducer
-from trainflow.parallel.mesh import fsdp_mesh
+from trainflow.parallel.mesh import batch_mesh, fsdp_mesh
 from trainflow.parallel.pipeline import TiedEmbedding, build_schedule, pipeline_model, tie_embeddings
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import PipelineClock, StepTimes, add_compute_timers, probe_exchange_seconds
@@ -86,15 +87,14 @@ class Parallelized:
 
     def end_step(self, *, applied: bool) -> None:
         """After the loss guard's verdict on the step (agreed on every rank): delayed fp8 scaling rolls the step's
-        amaxes into the history, MAX all-reduced over dp, then over tp, or, for a step not applied, drops them."""
+        amaxes into the history, MAX all-reduced over dp x cp, then over tp, or, for a step not applied, drops them."""
         if self.fp8_backend is None:
             return
         if not applied:
             discard_amax(self.named_parts())
             return
-        groups = [
-            self.mesh[name].get_group() for name, size in (("dp", self.dims.dp), ("tp", self.dims.tp)) if size > 1
-        ]
+        replicas = batch_mesh(self.dims, self.mesh)
+        groups = [m.get_group() for m in (replicas, self.mesh["tp"]) if m.size() > 1]
         sync_amax_history(self.named_parts(), *groups)
 
     @torch.no_grad()
@@ -126,15 +126,17 @@ class Parallelized:
         return loss
 
     def global_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss of the whole global batch on every rank: from the last stage, averaged over dp."""
+        """The loss of the whole global batch on every rank: from the last stage, averaged over dp (x cp: each cp rank's
+        loss is the mean over as many positions of the same rows)."""
         if self.dims.world_size == 1:
             return loss
         loss = loss.clone().float()
         if self.dims.pp_enabled:
             dist.all_reduce(loss, group=self.mesh["pp"].get_group())  # only the last stage is non-zero
-        if self.dims.dp > 1:
-            dist.all_reduce(loss, group=self.mesh["dp"].get_group())
-            loss /= self.dims.dp
+        replicas = batch_mesh(self.dims, self.mesh)
+        if replicas.size() > 1:
+            dist.all_reduce(loss, group=replicas.get_group())
+            loss /= replicas.size()
         return loss
 
     def clip_grad_norm(self, max_norm: float) -> float:
@@ -191,7 +193,7 @@ def parallelize_model(
     fp8_amax_history: int = 16,
     kernel_cache: str = "",
 ) -> Parallelized:
-    """Apply the layout in torchtitan's fixed order: pipeline split, fp8 linears and tensor parallel per chunk,
+    """Apply the layout in torchtitan's fixed order: pipeline split, fp8 linears, tensor and context parallel per chunk,
     data parallel (which holds the modules it is given, so the fp8 swap comes before it). Tensor parallel shards a
     Float8Linear as it shards an nn.Linear (trainflow.fp8.linear's note says how its GEMMs run on the shards).
 
@@ -217,11 +219,14 @@ def parallelize_model(
     if dims.tp > 1:
         for part in result.parts:
             apply_tp(part, mesh["tp"])
+    if dims.cp > 1:
+        apply_cp(result.parts, mesh["cp"])
     if dims.fsdp_enabled:
         apply_fsdp(result.parts, fsdp_mesh(dims, mesh), compute_dtype=compute_dtype, pipelined=dims.pp_enabled)
         result.autocast = None  # FSDP gathers the parameters in the compute dtype
-    elif dims.dp > 1:
-        result.parts, result.reducer = apply_dp(result.parts, dims, mesh["dp"], bucket_mb=bucket_mb, overlap=overlap)
+    elif dims.dp * dims.cp > 1:
+        replicas = batch_mesh(dims, mesh)
+        result.parts, result.reducer = apply_dp(result.parts, dims, replicas, bucket_mb=bucket_mb, overlap=overlap)
     if dims.pp_enabled:
         result.schedule = build_schedule(stages, dims=dims, loss_fn=loss_fn)
         if tied:

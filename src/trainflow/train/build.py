@@ -39,7 +39,7 @@ def build_model(
         device=device,
         bucket_mb=cfg.parallel.bucket_mb,
         overlap=cfg.parallel.overlap,
-        activation_shape=(dims.microbatch_size(t.global_batch), m.seq_len, m.dim),
+        activation_shape=(dims.microbatch_size(t.global_batch), m.seq_len // dims.cp, m.dim),
         compute_dtype=getattr(torch, PRECISIONS[t.precision].dtype),
         fp8=t.fp8,
         fp8_amax_history=t.fp8_amax_history,
