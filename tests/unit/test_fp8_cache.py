@@ -20,7 +20,7 @@ import torch
 from tests.conftest import make_config
 from trainflow.fp8 import build, kernels
 from trainflow.fp8.build import BuildOutcome, KernelsReport, build_campaign_kernels, build_extension
-from trainflow.fp8.cache import RECORD, BuildLock, BuildRecord, LockHolder, build_folder, cached_library
+from trainflow.fp8.cache import RECORD, BuildLock, BuildRecord, LockHolder, build_folder, cached_library, find_library
 from trainflow.host import hostname
 from trainflow.records import read_record
 from trainflow.stages import build_kernels
@@ -132,3 +132,13 @@ def test_the_stage_is_a_no_op_saying_why_where_nothing_can_be_compiled(tmp_path,
     monkeypatch.setattr(build, "find_nvcc", lambda: None)
     toolless = build_campaign_kernels("delayed", tmp_path / "cache", capability=(9, 0))
     assert toolless.outcome == BuildOutcome.SKIPPED and toolless.reason.startswith("no CUDA toolkit here")
+
+
+def test_a_rank_finds_a_container_image_s_prebuilt_build_when_the_run_s_cache_has_none(tmp_path, monkeypatch):
+    key = kernels.kernel_key(SM90)
+    image, run = tmp_path / "image", tmp_path / "run"
+    fake_build(image, key)
+    assert find_library(run, key)[0] is None
+    monkeypatch.setenv("TRAINFLOW_KERNEL_CACHE", str(image))  # containers/trainflow.def's %environment
+    library, fact = find_library(run, key)
+    assert library == build_folder(image, key) / "trainflow_fp8_sm90.so" and "built on builder" in fact

@@ -18,7 +18,16 @@ import torch
 
 from trainflow.atomic import write_json
 from trainflow.errors import ConfigError
-from trainflow.fp8.cache import LOCK_TIMEOUT_S, RECORD, BuildLock, BuildRecord, build_folder, cached_library, find_nvcc
+from trainflow.fp8.cache import (
+    LOCK_TIMEOUT_S,
+    RECORD,
+    BuildLock,
+    BuildRecord,
+    build_folder,
+    cached_library,
+    find_library,
+    find_nvcc,
+)
 from trainflow.fp8.kernels import (
     KERNEL_BUILDS,
     KernelBuild,
@@ -127,6 +136,9 @@ def build_campaign_kernels(fp8: str, cache: Path, capability: tuple[int, int] | 
     backend, why = choose_backend(capability, read_measured(), device, key)
     if backend == "scaled_mm":
         return skip(f"the dispatch runs torch._scaled_mm here, so nothing to build: {why}")
-    build, library, what = build_extension(capability, cache)
-    outcome = BuildOutcome.CACHED if what.startswith("cached") else BuildOutcome.BUILT
+    library, what = find_library(cache, key)  # a container image's prebuilt cache may hold it already
+    outcome = BuildOutcome.CACHED
+    if library is None:
+        build, library, what = build_extension(capability, cache)
+        outcome = BuildOutcome.CACHED if what.startswith("cached") else BuildOutcome.BUILT
     return KernelsReport(outcome, f"{build.source}: {what}", str(cache), build.arch, key.digest(), str(library))

@@ -83,6 +83,19 @@ def cache_folder(folder: str | Path = "") -> Path:
     return Path(folder or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
 
 
+def find_library(folder: str | Path, key: BuildKey) -> tuple[Path | None, str]:
+    """`key`'s build in the run's cache `folder`, else in $TRAINFLOW_KERNEL_CACHE's (a container image's prebuilt
+    one), else in the default: (its library or None, the fact in words, naming every folder looked in)."""
+    folders = list(dict.fromkeys(cache_folder(f) for f in (folder, os.environ.get(CACHE_ENV, ""))))
+    facts = []
+    for cache in folders:
+        library, fact = cached_library(cache, key)
+        if library is not None:
+            return library, fact
+        facts.append(fact)
+    return None, "; ".join(facts)
+
+
 def find_nvcc() -> Path | None:
     """nvcc of $CUDA_HOME, else from PATH, else /usr/local/cuda: the one torch's extension builder would use."""
     candidates = [Path(os.environ["CUDA_HOME"]) / "bin/nvcc"] if os.environ.get("CUDA_HOME") else []

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from trainflow.errors import ConfigError
-from trainflow.fp8.cache import BuildKey, build_key, cache_folder, cached_library, find_nvcc, nvcc_release
+from trainflow.fp8.cache import BuildKey, build_key, find_library, find_nvcc, nvcc_release
 from trainflow.fp8.ops import OP, SCHEMA, scaled_mm_fp8_gemm
 from trainflow.records import Record, read_record
 
@@ -194,8 +194,8 @@ def read_measured(folder: Path | None = None) -> dict[str, list[KernelMeasuremen
 
 def load_backend(device: torch.device, kernel_cache: str | Path = "") -> str:
     """Make fp8_gemm runnable on `device`; which implementation will run there: "reference" (CPU),
-    "sm89_kernel", "sm90_kernel" or "scaled_mm". A kernel is loaded from the build cache (`kernel_cache`, else
-    trainflow.fp8.cache.cache_folder's default), never compiled. `backend_reason` says why."""
+    "sm89_kernel", "sm90_kernel" or "scaled_mm". A kernel is loaded from the build cache (`kernel_cache`, else a
+    container image's, trainflow.fp8.cache.find_library), never compiled. `backend_reason` says why."""
     return _backend(device, kernel_cache)[0]
 
 
@@ -242,7 +242,7 @@ def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Pat
         warnings.warn(f"trainflow.fp8: no build key for {build.source} ({err}); torch._scaled_mm runs", stacklevel=5)
     backend, reason = choose_backend(capability, read_measured(), device, key)
     if backend != "scaled_mm":
-        library, fact = cached_library(cache_folder(kernel_cache), key)
+        library, fact = find_library(kernel_cache, key)
         if library is not None:
             torch.ops.load_library(str(library))
             torch.library.impl(OP, "cuda")(_kernel_op(build))
