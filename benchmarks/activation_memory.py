@@ -39,6 +39,7 @@ from trainflow.config import ParallelDims, compose
 from trainflow.model import Llama, cross_entropy
 from trainflow.plan.memory import device_memory
 from trainflow.plan.peak import peak_bytes
+from trainflow.plan.setup import model_counts
 from trainflow.train.activations import apply_activations
 from trainflow.train.controls import build_optimizer
 
@@ -117,6 +118,7 @@ def main() -> None:
         e = device_memory(
             m,
             dims,
+            counts=model_counts(m, dims),
             microbatch_size=args.batch,
             precision=args.precision,
             activations=activations,

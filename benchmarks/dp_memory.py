@@ -52,6 +52,7 @@ from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.data_parallel import apply_ddp, apply_fsdp
 from trainflow.parallel.grad_reducer import local
 from trainflow.plan.memory import device_memory
+from trainflow.plan.setup import model_counts
 from trainflow.train.controls import build_optimizer
 
 MODEL = dict(vocab_size=256, n_layers=8, n_heads=8, dim=512, seq_len=64)
@@ -124,9 +125,11 @@ def main() -> None:
     for mode in MODES:
         log(f"dp_memory: dp={DP} {mode}")
         ranks = run_ranks(rank_fn, DP, mode, shape)
+        dims = ParallelDims(dp=DP, tp=1, pp=1, world_size=DP, dp_mode=mode)
         e = device_memory(
             m,
-            ParallelDims(dp=DP, tp=1, pp=1, world_size=DP, dp_mode=mode),
+            dims,
+            counts=model_counts(m, dims),
             microbatch_size=1,
             precision="fp32",
             activations="keep",

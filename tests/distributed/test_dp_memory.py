@@ -14,6 +14,7 @@ from trainflow.config import ParallelDims, compose
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.data_parallel import apply_ddp, apply_fsdp
 from trainflow.plan.memory import device_memory
+from trainflow.plan.setup import model_counts
 from trainflow.tensors import local
 from trainflow.train.controls import build_optimizer
 
@@ -58,9 +59,11 @@ def test_shard_keeps_half_the_state_of_replicate_at_dp2():
     m = compose("train_segment", []).model
     for rank, state in measured.items():
         for mode in MODES:
+            dims = ParallelDims(dp=WORLD, tp=1, pp=1, world_size=WORLD, dp_mode=mode)
             e = device_memory(
                 m,
-                ParallelDims(dp=WORLD, tp=1, pp=1, world_size=WORLD, dp_mode=mode),
+                dims,
+                counts=model_counts(m, dims),
                 microbatch_size=1,
                 precision="fp32",
                 activations="keep",

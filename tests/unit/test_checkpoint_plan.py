@@ -9,7 +9,7 @@ import pytest
 
 from trainflow.config import compose
 from trainflow.plan.campaign import plan_campaign as campaign_of
-from trainflow.plan.fit import plan_memory
+from trainflow.plan.memory import plan_memory
 from trainflow.plan.setup import plan_setup
 
 SEED = ("experiment=llama70b_alps",)

@@ -21,6 +21,7 @@ from trainflow.parallel.data_parallel import apply_fsdp
 from trainflow.parallel.pipeline import split_model
 from trainflow.plan.memory import FP32, chunks_in_flight, device_memory
 from trainflow.plan.peak import peak_bytes
+from trainflow.plan.setup import model_counts
 from trainflow.train.activations import apply_activations
 from trainflow.train.controls import build_optimizer
 
@@ -47,7 +48,8 @@ def model_config(name: str, *overrides: str):
 
 
 def estimate(m, dims=SINGLE, **kw):
-    return device_memory(m, dims, **{"microbatch_size": 1, "precision": "fp32", "activations": "keep", **kw})
+    kw = {"microbatch_size": 1, "precision": "fp32", "activations": "keep", **kw}
+    return device_memory(m, dims, counts=model_counts(m, dims), **kw)
 
 
 def sharded(dp: int, pp: int = 1) -> ParallelDims:

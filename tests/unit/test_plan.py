@@ -23,9 +23,10 @@ from trainflow.plan.collectives import (
     bucketed_allreduce_seconds,
     group_link,
 )
-from trainflow.plan.fit import capacity_bytes, overflow, plan_memory
-from trainflow.plan.memory import device_memory
-from trainflow.plan.setup import layout_setup, plan_setup
+from trainflow.plan.core import plan_core
+from trainflow.plan.fit import capacity_bytes
+from trainflow.plan.memory import device_memory, plan_memory
+from trainflow.plan.setup import layout_setup, model_counts, plan_setup
 from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, StepSplit, step_plan
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
@@ -134,9 +135,10 @@ def test_memory_capacity_and_shard_groups():
         == cfg.cluster.hardware.device_memory_gb * 1e9
     )
     hsdp = ParallelDims(dp=4, tp=1, pp=1, world_size=4, dp_mode="shard", dp_shard=2)
+    fp32_keep = {"microbatch_size": 1, "precision": "fp32", "activations": "keep"}
     fsdp, replicate = dataclasses.replace(hsdp, dp_shard=4), dataclasses.replace(hsdp, dp_mode="replicate", dp_shard=1)
     state = {
-        name: device_memory(cfg.model, dims, microbatch_size=1, precision="fp32", activations="keep").optimizer_state
+        name: device_memory(cfg.model, dims, counts=model_counts(cfg.model, dims), **fp32_keep).optimizer_state
         for name, dims in (("hsdp", hsdp), ("fsdp", fsdp), ("replicate", replicate))
     }
     assert state["hsdp"] == -(-state["replicate"] // 2) and state["fsdp"] == -(-state["replicate"] // 4)
@@ -172,8 +174,7 @@ def test_seed_campaign_within_stated_bands():
 
 def test_overflow_names_the_term_and_the_fix():
     def fit(cfg):
-        setup = plan_setup(cfg)
-        return overflow(cfg, setup, plan_memory(cfg, setup))
+        return plan_core(cfg).overflow
 
     line = fit(config("experiment=llama70b_alps", "train.precision=fp32", "train.activations=keep"))
     assert line is not None and "\n" not in line

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass, field
 
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan, plan_campaign
-from trainflow.plan.fit import capacity_bytes, overflow, plan_memory
+from trainflow.plan.core import plan_core
 from trainflow.plan.goodput import GoodputPlan, plan_goodput
 from trainflow.plan.memory import MemoryEstimate
 from trainflow.plan.remedies import Remedy, remedies
 from trainflow.plan.seed import SeedComparison, is_seed_layout, seed_comparison
-from trainflow.plan.setup import PlanSetup, plan_setup
-from trainflow.plan.step import StepPlan, plan_step
+from trainflow.plan.setup import PlanSetup
+from trainflow.plan.step import StepPlan
 from trainflow.records import Record
 
 
@@ -45,20 +45,23 @@ class Plan(Record):
 def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
     """Memory, step split, throughput, checkpoint interval, campaign energy and goodput of cfg; the fit first, and no
     goodput where it fails."""
-    setup = plan_setup(cfg)
-    memory = plan_memory(cfg, setup)
-    overflows = overflow(cfg, setup, memory)
-    step = plan_step(cfg, setup)
-    campaign = plan_campaign(cfg, setup, step_s=step.step_s, memory=memory)
+    core = plan_core(cfg)
+    setup, step = core.setup, core.step
+    campaign = plan_campaign(cfg, setup, step_s=step.step_s, memory=core.memory)
+    goodput = None if core.overflow else plan_goodput(cfg, setup, step_s=step.step_s, campaign=campaign)
+    rows = remedies(cfg, setup) if with_remedies else []
+    seed = None
+    if is_seed_layout(cfg):
+        seed = seed_comparison(cfg, setup, step)
     return Plan(
         setup=setup,
         hardware=asdict(cfg.cluster.hardware),
-        memory=memory,
-        capacity_bytes=capacity_bytes(cfg.cluster, setup.ranks_per_node),
-        overflow=overflows,
+        memory=core.memory,
+        capacity_bytes=core.capacity_bytes,
+        overflow=core.overflow,
         step=step,
         campaign=campaign,
-        goodput=None if overflows else plan_goodput(cfg, setup, step_s=step.step_s, campaign=campaign),
-        remedies=remedies(cfg, setup) if with_remedies else [],
-        seed=seed_comparison(cfg, setup, step) if is_seed_layout(cfg) else None,
+        goodput=goodput,
+        remedies=rows,
+        seed=seed,
     )

@@ -2,7 +2,9 @@
 energy, tokens per joule.
 
     python -c "from trainflow.config import compose; from trainflow.plan.campaign import plan_campaign; \
-        print(plan_campaign(compose('train_segment', ['experiment=llama70b_alps']), step_s=3.53))"
+        cfg = compose('train_segment', ['experiment=llama70b_alps']); \
+        from trainflow.plan.core import plan_core; core = plan_core(cfg); \
+        print(plan_campaign(cfg, core.setup, step_s=3.53, memory=core.memory))"
 
 A checkpoint holds what trainflow.checkpoint.state saves: fp32 weights and AdamW's two fp32 moments,
 12 bytes per parameter; it is written at cluster.hardware.storage_write_gbps (aggregate, all ranks together).
@@ -31,7 +33,6 @@ from dataclasses import dataclass
 
 from trainflow.checkpoint.interval import async_interval_steps, young_daly_steps
 from trainflow.config.schema import TrainflowConfig
-from trainflow.config.shape import total_params
 from trainflow.energy.accounting import campaign_gwh
 from trainflow.plan.memory import MemoryEstimate
 from trainflow.plan.setup import PlanSetup
@@ -123,9 +124,10 @@ def plan_async(
 def plan_campaign(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, memory: MemoryEstimate) -> CampaignPlan:
     """The campaign of train.total_steps steps of step_s seconds each; memory is the step's (plan.fit)."""
     c, t = cfg.cluster, cfg.train
-    n = total_params(cfg.model)
+    n = setup.counts.total_params
     checkpoint_bytes = CHECKPOINT_BYTES_PER_PARAM * n
     save_s = checkpoint_bytes / (c.hardware.storage_write_gbps * GB)
+    asynchronous = plan_async(cfg, setup, step_s=step_s, write_s=save_s, memory=memory)
     mtbf_s = c.hardware.mtbf_hours * 3600
     interval_steps = min(
         cfg.checkpoint.max_interval_steps, young_daly_steps(save_s=save_s, mtbf_s=mtbf_s, step_s=step_s)
@@ -133,7 +135,6 @@ def plan_campaign(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, memo
     if cfg.checkpoint.interval_steps:
         interval_steps = cfg.checkpoint.interval_steps
     interval_s = interval_steps * step_s
-    asynchronous = plan_async(cfg, setup, step_s=step_s, write_s=save_s, memory=memory)
     steps = t.total_steps
     if cfg.checkpoint.mode == "async" and asynchronous.refused is None:
         seconds = steps * step_s + steps // asynchronous.interval_steps * asynchronous.blocking_s

@@ -58,32 +58,53 @@ def group_link(hw: HardwareConfig, *, size: int, stride: int, ranks_per_node: in
 
 
 @dataclass(frozen=True)
-class GroupLinks(Record):
-    """The link each of the layout's groups is limited by."""
+class Group(Record):
+    """One of the layout's groups: its ranks, the link it is limited by and the all-reduce algorithm it runs
+    (cluster.hardware.allreduce_algorithm); its collectives' times are the functions below on these three."""
 
-    tp: Link
-    dp: Link
-    pp: Link
-    shard: Link
+    size: int
+    link: Link
+    algorithm: str
+
+    def allreduce_s(self, nbytes: float) -> float:
+        return allreduce_seconds(nbytes, self.size, self.link, self.algorithm)
+
+    def bucketed_allreduce_s(self, nbytes: float, *, bucket_bytes: float) -> float:
+        return bucketed_allreduce_seconds(nbytes, self.size, self.link, self.algorithm, bucket_bytes=bucket_bytes)
+
+    def shard_s(self, nbytes: float) -> float:
+        """A reduce-scatter or all-gather of nbytes in total (shard_seconds)."""
+        return shard_seconds(nbytes, self.size, self.link)
+
+
+@dataclass(frozen=True)
+class MeshGroups(Record):
+    """Each of the layout's groups, with the link it is limited by."""
+
+    tp: Group
+    dp: Group
+    pp: Group
+    shard: Group
     """An FSDP / HSDP shard group (dp_mode=shard; the dp group itself under FSDP)."""
-    replica: Link
+    replica: Group
     """HSDP's group of the shards' replicas."""
 
 
-def group_links(hw: HardwareConfig, dims: ParallelDims, *, ranks_per_node: int) -> GroupLinks:
-    """Every group's link. Strides from the mesh's (pp, dp, tp) row-major order; dp's shard groups are tp apart, their
-    replicas tp x shard apart."""
+def mesh_groups(hw: HardwareConfig, dims: ParallelDims, *, ranks_per_node: int) -> MeshGroups:
+    """Every group, its link from its stride in the mesh's (pp, dp, tp) row-major order; dp's shard groups are tp
+    apart, their replicas tp x shard apart."""
     shard = dims.shard_size
 
-    def link(size: int, stride: int) -> Link:
-        return group_link(hw, size=size, stride=stride, ranks_per_node=ranks_per_node)
+    def group(size: int, stride: int) -> Group:
+        link = group_link(hw, size=size, stride=stride, ranks_per_node=ranks_per_node)
+        return Group(size=size, link=link, algorithm=hw.allreduce_algorithm)
 
-    return GroupLinks(
-        tp=link(dims.tp, 1),
-        dp=link(dims.dp, dims.tp),
-        pp=link(dims.pp, dims.dp * dims.tp),
-        shard=link(shard, dims.tp),
-        replica=link(dims.dp // shard, dims.tp * shard),
+    return MeshGroups(
+        tp=group(dims.tp, 1),
+        dp=group(dims.dp, dims.tp),
+        pp=group(dims.pp, dims.dp * dims.tp),
+        shard=group(shard, dims.tp),
+        replica=group(dims.dp // shard, dims.tp * shard),
     )
 
 

@@ -1,7 +1,7 @@
 """Does the plan fit in device memory: the capacity a rank has, and the one line that stops the DAG when not.
 
-    python -c "from trainflow.config import compose; from trainflow.plan.fit import overflow; \
-        print(overflow(compose('train_segment', ['experiment=llama70b_alps'])))"
+    python -c "from trainflow.config import compose; from trainflow.plan.core import plan_core; \
+        print(plan_core(compose('train_segment', ['experiment=llama70b_alps'])).overflow)"
 
 On a GPU the capacity is cluster.hardware.device_memory_gb; on a CPU device, where it is the node's host memory (the
 CPU presets set it to cluster.allocation.mem_gb), a rank's share of it: device_memory_gb / ranks per node. The estimate
@@ -12,8 +12,7 @@ for that term.
 from __future__ import annotations
 
 from trainflow.config.schema import ClusterConfig, TrainflowConfig
-from trainflow.plan.memory import MemoryEstimate, device_memory
-from trainflow.plan.setup import PlanSetup
+from trainflow.plan.memory import MemoryEstimate
 
 GB = 1e9
 
@@ -25,22 +24,8 @@ def capacity_bytes(cluster: ClusterConfig, ranks_per_node: int) -> float:
     return cluster.hardware.device_memory_gb * GB
 
 
-def plan_memory(cfg: TrainflowConfig, setup: PlanSetup) -> MemoryEstimate:
-    """The memory estimate of a composed config's training step."""
-    return device_memory(
-        cfg.model,
-        setup.layout,
-        microbatch_size=setup.microbatch_size,
-        precision=setup.precision,
-        activations=setup.activations,
-        offload_to_disk=bool(cfg.train.offload_dir),
-        device=cfg.cluster.runtime.device,
-    )
-
-
-def overflow(cfg: TrainflowConfig, setup: PlanSetup, memory: MemoryEstimate) -> str | None:
-    """One line naming the term that overflows and its fix; None when the plan fits."""
-    capacity = capacity_bytes(cfg.cluster, setup.ranks_per_node)
+def overflow(cfg: TrainflowConfig, memory: MemoryEstimate, capacity: float) -> str | None:
+    """One line naming the term that overflows `capacity` (capacity_bytes) and its fix; None when the plan fits."""
     if memory.total <= capacity:
         return None
     terms = {

@@ -1,8 +1,9 @@
 """Bytes one device holds at the peak of a training step, from the model's shape alone (no torch).
 
     python -c "from trainflow.config import compose, ParallelDims; from trainflow.plan.memory import device_memory; \
-        print(device_memory(compose('train_segment', ['model=llama3_8b']).model, ParallelDims(1, 8, 4, 32, \
-        microbatches=8), microbatch_size=1, precision='bf16', activations='recompute'))"
+        from trainflow.plan.setup import model_counts; m = compose('train_segment', ['model=llama3_8b']).model; \
+        d = ParallelDims(1, 8, 4, 32, microbatches=8); print(device_memory(m, d, counts=model_counts(m, d), \
+        microbatch_size=1, precision='bf16', activations='recompute'))"
 
 The state is fp32 in both precisions: master weights, gradients and AdamW's two moments (bf16 is autocast:
 nothing is stored in it but what autograd saves). Replicated data parallel keeps all of it on every rank, sharded
@@ -45,16 +46,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainflow.config.layout import ParallelDims
-from trainflow.config.schema import PRECISIONS, ModelConfig
-from trainflow.config.shape import (
-    block_params,
-    embedding_params,
-    head_params,
-    linear_params,
-    output_params,
-    stage_params,
-)
+from trainflow.config.schema import PRECISIONS, ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
+from trainflow.plan.setup import ModelCounts, PlanSetup
 from trainflow.records import Record
 
 FP32, BF16 = 4, 2
@@ -153,13 +147,13 @@ def block_kept_and_live(
     return 0, offloaded_block_live(m, tp=tp, compute=compute)
 
 
-def fsdp_gathered(m: ModelConfig, dims: ParallelDims, rank: int, *, compute: int) -> int:
+def fsdp_gathered(counts: ModelCounts, dims: ParallelDims, rank: int, *, compute: int) -> int:
     """What FSDP holds unsharded on pipeline rank `rank` at the step's peak (the module docstring)."""
-    params, block = stage_params(m, pp_rank=rank, pp=dims.pp, tp=dims.tp), block_params(m, tp=dims.tp)
-    ends = (rank == 0) * embedding_params(m) + (rank == dims.pp - 1) * head_params(m, pp=dims.pp)
+    params, block = counts.stage_params[rank], counts.block_params
+    ends = (rank == 0) * counts.embedding_params + (rank == dims.pp - 1) * counts.head_params
     if dims.pp_enabled:  # the whole stage, its gradients unsharded in fp32, the last reduce-scatter's input
         return params * (compute + FP32) + max(block, ends) * FP32
-    at_work = (3 * block + head_params(m)) * compute + block * FP32  # the root beside the blocks at work
+    at_work = (3 * block + counts.head_params) * compute + block * FP32  # the root beside the blocks at work
     return ends * compute + max(ends * compute, at_work)
 
 
@@ -179,6 +173,7 @@ def device_memory(
     m: ModelConfig,
     dims: ParallelDims,
     *,
+    counts: ModelCounts,
     microbatch_size: int,
     precision: str,
     activations: str,
@@ -189,7 +184,8 @@ def device_memory(
 
     microbatch_size is sequences per microbatch (train.global_batch / (dp * microbatches)); offload_to_disk
     is whether train.offload_dir is set; device is cluster.runtime.device (it decides where host offload lands).
-    dims is a checked layout (ParallelDims.from_config holds it against the model's shape).
+    dims is a checked layout (ParallelDims.from_config holds it against the model's shape), counts m's counts on it
+    (plan.setup.model_counts).
     """
     if microbatch_size < 1:
         raise ConfigError(
@@ -207,7 +203,7 @@ def device_memory(
 
     def on_rank(rank: int) -> MemoryEstimate:
         first, last = rank == 0, rank == pp - 1
-        params = stage_params(m, pp_rank=rank, pp=pp, tp=tp)
+        params = counts.stage_params[rank]
         heads_held = (dims.microbatches if dims.schedule == "gpipe" else 1) * last
         stored = chunks_in_flight(dims, rank) * (chunk_layers * kept + first * INDEX)
         stored += heads_held * head_saved(m, compute=compute)
@@ -215,8 +211,8 @@ def device_memory(
         peak = max(last * head_transient(m), live - last * head_saved(m, compute=compute))
         shard = dims.shard_size
         held = -(-params // shard)  # FSDP pads every shard to the same size
-        copies = (layers * linear_params(m, tp=tp) + last * output_params(m)) * BF16 if precision == "bf16" else 0
-        gathered = fsdp_gathered(m, dims, rank, compute=compute) if shard > 1 else 0
+        copies = (layers * counts.linear_params + last * counts.output_params) * BF16 if precision == "bf16" else 0
+        gathered = fsdp_gathered(counts, dims, rank, compute=compute) if shard > 1 else 0
         copies = 0 if shard > 1 else copies  # FSDP's mixed precision gathers bf16 in place of autocast's copies
         return MemoryEstimate(
             parameters=held * FP32,
@@ -229,3 +225,17 @@ def device_memory(
         )
 
     return max((on_rank(rank) for rank in range(pp)), key=lambda e: e.total)
+
+
+def plan_memory(cfg: TrainflowConfig, setup: PlanSetup) -> MemoryEstimate:
+    """The memory estimate of a composed config's training step."""
+    return device_memory(
+        cfg.model,
+        setup.layout,
+        counts=setup.counts,
+        microbatch_size=setup.microbatch_size,
+        precision=setup.precision,
+        activations=setup.activations,
+        offload_to_disk=bool(cfg.train.offload_dir),
+        device=cfg.cluster.runtime.device,
+    )

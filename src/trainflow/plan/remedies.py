@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from trainflow.config.checks import validate
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
-from trainflow.plan.fit import capacity_bytes, plan_memory
-from trainflow.plan.setup import PlanSetup, plan_setup
-from trainflow.plan.step import StepPlan, plan_step
+from trainflow.plan.core import plan_core
+from trainflow.plan.setup import PlanSetup
+from trainflow.plan.step import StepPlan
 from trainflow.records import Record
 
 
@@ -94,9 +94,6 @@ def remedies(cfg: TrainflowConfig, setup: PlanSetup) -> list[Remedy]:
         except ConfigError as err:
             rows.append(Remedy(name=name, overrides=label, refused=str(err)))
             continue
-        resolved = plan_setup(changed)
-        memory = plan_memory(changed, resolved)
-        fits = memory.total <= capacity_bytes(changed.cluster, resolved.ranks_per_node)
-        step = plan_step(changed, resolved, fp8=fp8)
-        rows.append(Remedy(name, label, step=step, memory_bytes=memory.total, fits=fits))
+        core = plan_core(changed, fp8=fp8)
+        rows.append(Remedy(name, label, step=core.step, memory_bytes=core.memory.total, fits=core.overflow is None))
     return rows

@@ -96,7 +96,7 @@ def scenario_times(
     cfg: TrainflowConfig, r: Remedies, *, step_s: float, campaign: CampaignPlan, replicas: int, jobs: int
 ) -> Timeline:
     """The campaign's times under scenario `r` (module docstring)."""
-    h, a = cfg.cluster.hardware, campaign.asynchronous
+    h, a, share = cfg.cluster.hardware, campaign.asynchronous, eval_share(cfg)
     load = load_s(cfg, campaign) * (1 if r.single_read else replicas)
     if r.uses_async(cfg, campaign):  # a save due before the last one's write ends waits for it
         blocking_s, write_s, steps = (
@@ -119,5 +119,5 @@ def scenario_times(
         held_s=held_s,
         mtbf_s=h.mtbf_hours * 3600,
         jobs_s=jobs * (h.requeue_wait_s + h.startup_s) + (jobs - 1) * (campaign.save_s + load),
-        eval_share=eval_share(cfg),
+        eval_share=share,
     )

@@ -43,8 +43,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from trainflow.config.schema import PRECISIONS, ClusterConfig, ModelConfig, TrainflowConfig
-from trainflow.config.shape import block_flops_per_token, flops_per_token, mfu, output_params, stage_params
-from trainflow.plan.collectives import Link, allreduce_seconds, bucketed_allreduce_seconds, shard_seconds
+from trainflow.config.shape import mfu
+from trainflow.plan.collectives import Group
 from trainflow.plan.memory import FP32
 from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
@@ -112,7 +112,7 @@ def step_plan(
     works = _microbatch_work(m, setup, cluster, tokens=tokens, compute_bytes=compute_bytes, fp8=fp8)
     w_max = max(c + x for c, x, _ in works)
     exchanges = 2 * v * mb if p > 1 else 0
-    activation = exchanges * setup.links.pp.seconds(tokens * m.dim * FP32)
+    activation = exchanges * setup.groups.pp.link.seconds(tokens * m.dim * FP32)
     schedule = (mb + (p - 1) / v) * w_max + activation
     splits, dp_totals = _rank_splits(
         m,
@@ -128,7 +128,7 @@ def step_plan(
     worst = max(range(p), key=lambda r: splits[r].total)
     slowest = splits[worst]
     tokens_per_device = dims.dp * mb * tokens / slowest.total / dims.world_size
-    flops = flops_per_token(m)
+    flops = setup.counts.flops_per_token
     return StepPlan(
         split=slowest,
         per_pp_rank=splits,
@@ -155,21 +155,16 @@ def _rank_splits(
 ) -> tuple[list[StepSplit], list[float]]:
     """Each pipeline rank's split of the step, and its whole dp communication before overlap."""
     dims = setup.layout
-    p, mb, tp, dp = dims.pp, dims.microbatches, dims.tp, dims.dp
-    algorithm = cluster.hardware.allreduce_algorithm
+    p, mb, dp = dims.pp, dims.microbatches, dims.dp
     splits, dp_totals = [], []
     for rank, (compute, tp_comm, backward) in enumerate(works):
-        params = stage_params(m, pp_rank=rank, pp=p, tp=tp)
+        params = setup.counts.stage_params[rank]
         if dims.fsdp_enabled:
-            dp_total, dp_exposed = _sharded_dp(
-                params, setup, cluster, compute_bytes, window=mb * (compute + tp_comm), algorithm=algorithm
-            )
+            dp_total, dp_exposed = _sharded_dp(params, setup, cluster, compute_bytes, window=mb * (compute + tp_comm))
             held = -(-params // dims.shard_size)
         else:
             hidden = cluster.hardware.overlap_fraction * backward if p == 1 and overlap and dp > 1 else None
-            dp_total, dp_exposed = _replicated_dp(
-                params, dp, setup.links.dp, algorithm, bucket_mb=bucket_mb, hidden=hidden
-            )
+            dp_total, dp_exposed = _replicated_dp(params, setup.groups.dp, bucket_mb=bucket_mb, hidden=hidden)
             held = params
         splits.append(
             StepSplit(
@@ -189,59 +184,51 @@ def _microbatch_work(
     m: ModelConfig, setup: PlanSetup, cluster: ClusterConfig, *, tokens: int, compute_bytes: int, fp8: bool
 ) -> list[tuple[float, float, float]]:
     """Per pipeline rank, one microbatch's compute, tp all-reduces, and the backward's share (compute + tp) of them."""
-    hw, p, tp, tp_link = cluster.hardware, setup.layout.pp, setup.layout.tp, setup.links.tp
+    hw, p, tp_group = cluster.hardware, setup.layout.pp, setup.groups.tp
     recompute = setup.activations == "recompute"
     flops_s = hw.peak_tflops * 1e12 * hw.matmul_efficiency
     linear_s = flops_s * (hw.fp8_speedup if fp8 else 1.0)
-    algorithm = hw.allreduce_algorithm
     layers = m.n_layers // p
-    linear_flops, attention_flops = block_flops_per_token(m, tp=tp)
+    linear_flops, attention_flops = setup.counts.block_linear_flops, setup.counts.block_attention_flops
     passes = 4 if recompute else 3  # forward, backward (2x), and the recomputed forward
     block_linear_s = layers * tokens * linear_flops / linear_s
     block_attention_s = layers * tokens * attention_flops / flops_s
-    head_s = tokens * 2 * output_params(m) / flops_s
+    head_s = tokens * 2 * setup.counts.output_params / flops_s
     activation_bytes = tokens * m.dim
     tp_s = layers * (
-        (TP_FORWARD * (2 if recompute else 1))
-        * allreduce_seconds(activation_bytes * compute_bytes, tp, tp_link, algorithm)
-        + TP_BACKWARD * allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
+        (TP_FORWARD * (2 if recompute else 1)) * tp_group.allreduce_s(activation_bytes * compute_bytes)
+        + TP_BACKWARD * tp_group.allreduce_s(activation_bytes * FP32)
     )
 
     def work(rank: int) -> tuple[float, float, float]:
         last = rank == p - 1
         compute = passes * (block_linear_s + block_attention_s) + last * 3 * head_s
         backward = 2 * (block_linear_s + block_attention_s + last * head_s) + layers * TP_BACKWARD * (
-            allreduce_seconds(activation_bytes * FP32, tp, tp_link, algorithm)
+            tp_group.allreduce_s(activation_bytes * FP32)
         )
         return compute, tp_s, backward
 
     return [work(r) for r in range(p)]
 
 
-def _replicated_dp(
-    params: int, dp: int, link: Link, algorithm: str, *, bucket_mb: float, hidden: float | None
-) -> tuple[float, float]:
+def _replicated_dp(params: int, dp: Group, *, bucket_mb: float, hidden: float | None) -> tuple[float, float]:
     """The bucketed gradient all-reduce of a replicated rank, in total and exposed: `hidden` seconds of backward
     (None: no overlap) hide all of it but the last bucket, which fills as backward ends."""
-    total = bucketed_allreduce_seconds(params * FP32, dp, link, algorithm, bucket_bytes=bucket_mb * 2**20)
+    total = dp.bucketed_allreduce_s(params * FP32, bucket_bytes=bucket_mb * 2**20)
     if hidden is None:
         return total, total
-    last_bucket = allreduce_seconds(min(bucket_mb * 2**20, params * FP32), dp, link, algorithm)
+    last_bucket = dp.allreduce_s(min(bucket_mb * 2**20, params * FP32))
     return total, total - min(total - last_bucket, hidden)
 
 
 def _sharded_dp(
-    params: int, setup: PlanSetup, cluster: ClusterConfig, compute_bytes: int, *, window: float, algorithm: str
+    params: int, setup: PlanSetup, cluster: ClusterConfig, compute_bytes: int, *, window: float
 ) -> tuple[float, float]:
     """FSDP / HSDP's communication of one step, in total and exposed (module docstring)."""
-    dims, shard_link = setup.layout, setup.links.shard
-    shard = dims.shard_size
-    replicas = dims.dp // shard
+    dims, shard = setup.layout, setup.groups.shard
     gathers = 1 if dims.pp_enabled else 2
-    total = shard_seconds(params * FP32, shard, shard_link) + gathers * shard_seconds(
-        params * compute_bytes, shard, shard_link
-    )
-    if replicas > 1:
-        total += allreduce_seconds(params * FP32 / shard, replicas, setup.links.replica, algorithm)
+    total = shard.shard_s(params * FP32) + gathers * shard.shard_s(params * compute_bytes)
+    if setup.groups.replica.size > 1:
+        total += setup.groups.replica.allreduce_s(params * FP32 / shard.size)
     exposed = total if dims.pp_enabled else max(0.0, total - cluster.hardware.overlap_fraction * window)
     return total, exposed
