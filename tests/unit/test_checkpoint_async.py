@@ -99,7 +99,7 @@ def test_a_full_disk_during_the_background_write_fails_in_one_line(tiny_tmpfs): 
     assert line.startswith(f"no space left on {tiny_tmpfs} writing step 2 ({tiny_tmpfs}/step-00000002.tmp/__0_")
     assert "rank 0; needs ~0.000524 GB" in line and "\n" not in line
     assert list_steps(tiny_tmpfs) == [1] and not (tiny_tmpfs / "step-00000002.tmp").exists()
-    assert manager.newest_valid(at_most=10) == 1
+    assert manager.newest_complete(at_most=10) == 1
     assert_loads(manager, 1, want)
     manager.close()
 

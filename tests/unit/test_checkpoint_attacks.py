@@ -68,7 +68,7 @@ def test_bytes_metadata_pointing_at_a_pickle_runs_nothing(tmp_path):
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
     forge_manifest(folder)
 
-    assert manager.newest_valid(at_most=10) == 3  # every byte matches the forged manifest
+    assert manager.newest_complete(at_most=10) == 3  # every byte matches the forged manifest
     with pytest.raises(ChecksumError) as err:
         manager.load(3, blank_like(state))
     assert not marker.exists()
@@ -111,7 +111,7 @@ def test_a_shard_replaced_by_a_foreign_file_is_named_in_one_line(tmp_path, conte
 def test_an_unlisted_file_makes_the_loader_fall_back_and_the_stage_report_it(tmp_path):
     manager, state = saved(tmp_path, 2, 3)
     (step_dir(tmp_path, 3) / "__0_9.distcp").write_bytes(b"planted")
-    assert manager.newest_valid(at_most=10) == 2
+    assert manager.newest_complete(at_most=10) == 2
     manager.close()
     with pytest.raises(VerifyError, match=r"holds '__0_9\.distcp', which manifest\.json does not list"):
         verify_all(tmp_path)
@@ -127,7 +127,7 @@ def test_a_full_disk_fails_the_save_in_one_line_and_leaves_no_checkpoint(tiny_tm
     assert "rank 0; needs ~0.000524 GB" in str(err.value)
     assert "\n" not in str(err.value)
     assert list_steps(tiny_tmpfs) == [1] and not (tiny_tmpfs / "step-00000002.tmp").exists()
-    assert manager.newest_valid(at_most=10) == 1
+    assert manager.newest_complete(at_most=10) == 1
 
 
 def test_a_write_error_in_a_dcp_writer_thread_fails_the_save(tmp_path, monkeypatch):

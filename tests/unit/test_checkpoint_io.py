@@ -18,6 +18,7 @@ from trainflow.checkpoint.manager import CheckpointManager, list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, verify, write_manifest
 from trainflow.checkpoint.reader import InPlaceReader
 from trainflow.checkpoint.reading import ShortReadError, read_into
+from trainflow.checkpoint.single_read import SingleReader
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
@@ -31,13 +32,13 @@ def test_save_checksums_match_a_reread_and_load_reads_in_place(tmp_path, monkeyp
     assert len(verify(step_dir(tmp_path, 5)).files) == 3  # two shard files + .metadata, re-read and CRC'd
 
     fell_back = []
-    dcp_read = dcp.FileSystemReader.read_data
+    dcp_read = SingleReader.read_copied
 
-    def spy(self, plan, planner):
-        fell_back.extend(item.dest_index.fqn for item in plan.items)
-        return dcp_read(self, plan, planner)
+    def spy(self, f, item, planner):
+        fell_back.append(item.dest_index.fqn)
+        return dcp_read(self, f, item, planner)
 
-    monkeypatch.setattr(dcp.FileSystemReader, "read_data", spy)
+    monkeypatch.setattr(SingleReader, "read_copied", spy)
     loaded = blank_like(state)
     loaded["model"]["w_t"] = torch.zeros(16, 48).t()
     manager.load(5, loaded)
@@ -62,6 +63,7 @@ def test_metadata_naming_anything_else_is_refused_in_one_line(tmp_path):
     manager.save(3, state)
     manager.close()
     (step_dir(tmp_path, 3) / ".metadata").write_bytes(pickle.dumps(os.getcwd))
+    write_manifest(step_dir(tmp_path, 3))  # forged to match, as an attacker would: else its CRC refuses it first
     with pytest.raises(
         ChecksumError,
         match=r"failed on rank 0: .*\.metadata is not a trainflow checkpoint file "

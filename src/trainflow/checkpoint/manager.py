@@ -10,8 +10,10 @@ one-line CheckpointWriteError on every rank and removes `step-N.tmp/`; nothing i
 checkpoint.mode (SaveMode) chooses, once, how a save runs (checkpoint.saves): sync writes it inline; async stages
 the state to host memory and writes it in a background process, with the same commit at a later step boundary
 (checkpoint.async_saves; `poll` at every boundary, `finish` at the end).
-Load: rank 0 verifies the manifest of the newest candidate, falls back to older ones on a mismatch,
-and all ranks load the step it chose, trusting nothing in the folder (checkpoint.reader).
+Load: rank 0 checks the newest candidate's manifest is complete (newest_complete), and all ranks load it, trusting
+nothing in the folder (checkpoint.reader), reading each file once between them and checking its CRC-32C as they read
+(checkpoint.single_read); a file that fails its check raises CorruptFileError on every rank, and the caller falls back
+to the next older checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,16 +33,37 @@ from trainflow.checkpoint.async_saves import AsyncSaves
 from trainflow.checkpoint.commit import Committer
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.interval import SaveDone
-from trainflow.checkpoint.manifest import NO_PROVENANCE, ChecksumError, Provenance
-from trainflow.checkpoint.manifest import verify as verify_manifest
-from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
+from trainflow.checkpoint.manifest import NO_PROVENANCE, ChecksumError, Provenance, check_complete, read_manifest
+from trainflow.checkpoint.reader import ExactLoadPlanner
 from trainflow.checkpoint.saves import SaveMode, SyncSaves, tensor_bytes
+from trainflow.checkpoint.single_read import CorruptFileError, SingleReader
 from trainflow.checkpoint.writer import CheckpointWriteError
+from trainflow.records import Record
 
-__all__ = ["CheckpointManager", "CheckpointWriteError", "SaveMode", "list_steps", "step_dir", "tensor_bytes"]
+__all__ = [
+    "CheckpointManager",
+    "CheckpointWriteError",
+    "CorruptFileError",
+    "SaveMode",
+    "list_steps",
+    "step_dir",
+    "tensor_bytes",
+]
 
 log = logging.getLogger(__name__)
 CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class LoadDone(Record):
+    """What a load read (CheckpointManager.load): the bytes this rank and all ranks read from the checkpoint's
+    files, beside the checkpoint's own size (its manifest's files)."""
+
+    step: int
+    seconds: float
+    bytes_read: int
+    bytes_read_all: int
+    checkpoint_bytes: int
 
 
 class CheckpointManager:
@@ -59,8 +83,8 @@ class CheckpointManager:
         self.root = Path(root)
         self.io_threads, self.rank = io_threads, dist.get_rank()
         self.committer = Committer(self.root, keep=keep, pinned=pinned)
-        collectives = device if dist.get_backend() == "nccl" else CPU
-        """Where the small tensors of the saves' own collectives live (NCCL takes device tensors only)."""
+        self.collectives = collectives = device if dist.get_backend() == "nccl" else CPU
+        """Where the small tensors of the saves' and loads' own collectives live (NCCL takes device tensors only)."""
         self.mode = SaveMode(mode)
         self.saves = (
             AsyncSaves(
@@ -119,13 +143,14 @@ class CheckpointManager:
         self.saves.close()
         self.committer.close()
 
-    def newest_valid(self, at_most: int) -> int:
-        """The newest checkpoint <= at_most whose files match their manifest (-1: none); agreed by all ranks."""
+    def newest_complete(self, at_most: int) -> int:
+        """The newest checkpoint <= at_most whose manifest is complete (-1: none), agreed by all ranks; its files'
+        CRCs are checked by the ranks that read them, in `load`."""
         chosen = torch.tensor(-1)
         if self.rank == 0:
             for step in reversed([s for s in list_steps(self.root) if s <= at_most]):
                 try:
-                    verify_manifest(step_dir(self.root, step))
+                    check_complete(step_dir(self.root, step), read_manifest(step_dir(self.root, step)))
                     chosen.fill_(step)
                     break
                 except ChecksumError as err:
@@ -133,20 +158,34 @@ class CheckpointManager:
         dist.broadcast(chosen, src=0)
         return int(chosen)
 
-    def load(self, step: int, state: dict) -> None:
+    def load(self, step: int, state: dict) -> LoadDone:
+        """Load checkpoint `step` into `state`, each file read by one rank (checkpoint.single_read); CorruptFileError
+        on every rank where a file fails its CRC, ChecksumError where the folder is not what trainflow writes."""
         self.saves.wait_staged()  # an async save's background copy reads the tensors this load writes
-        start = time.perf_counter()
-        reader = InPlaceReader(step_dir(self.root, step), thread_count=self.io_threads)
+        start, folder = time.perf_counter(), step_dir(self.root, step)
+        manifest = read_manifest(folder)
+        reader = SingleReader(folder, manifest=manifest, thread_count=self.io_threads, device=self.collectives)
         try:
             dcp.load(state, storage_reader=reader, planner=ExactLoadPlanner())
         except CheckpointException as err:  # its text holds every failing rank's traceback
             rank, (cause, _) = next(iter(err.failures.items()))
             cause = reader.metadata_error or cause  # 2.11 says only "metadata is None"; 2.12+ append the error
+            if isinstance(cause, CorruptFileError):  # the same on every rank: the caller falls back
+                raise CorruptFileError(str(cause)) from err
             cause = " ".join(str(cause).split())  # one line, whatever the cause's own text looks like
             raise ChecksumError(
-                f"loading {step_dir(self.root, step)} failed on rank {rank}: {cause}; the seed's remedy: check its "
+                f"loading {folder} failed on rank {rank}: {cause}; the seed's remedy: check its "
                 f"CRCs (python -m trainflow.stages.verify_checkpoint io.checkpoints={self.root}) and, on Lustre, "
                 "the folder's stripe count "
                 "(lfs getstripe -c, seed: >= 4)"
             ) from err
-        log.info("Loaded checkpoint step %d in %.2f s", step, time.perf_counter() - start)
+        total = torch.tensor(reader.bytes_read, dtype=torch.int64, device=self.collectives)
+        dist.all_reduce(total)
+        done = LoadDone(step, time.perf_counter() - start, reader.bytes_read, int(total), manifest.nbytes)
+        log.info(
+            "Loaded checkpoint step %d in %.2f s: this rank read %d bytes of its files, all %d ranks %d bytes (%.2f x "
+            "the checkpoint's %d)",
+            *(step, done.seconds, done.bytes_read, dist.get_world_size(), done.bytes_read_all),
+            *(done.bytes_read_all / max(done.checkpoint_bytes, 1), done.checkpoint_bytes),
+        )
+        return done

@@ -92,6 +92,18 @@ def check_metadata(metadata: object, path: str | os.PathLike) -> None:
             raise not_trainflows(path, f"{name!r} is stored through transforms, which trainflow never writes")
 
 
+def unpickled_metadata(f: io.RawIOBase | io.BufferedIOBase, path: str | os.PathLike) -> Metadata:
+    """The `.metadata` in `f` (the file `path`), unpickled by MetadataUnpickler and checked by check_metadata."""
+    try:
+        metadata = MetadataUnpickler(f).load()
+    except OSError:
+        raise
+    except Exception as err:
+        raise not_trainflows(path, f"{type(err).__name__}: {' '.join(str(err).split())}") from err
+    check_metadata(metadata, path)
+    return metadata
+
+
 class ExactLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner for a checkpoint whose keys are exactly those of the state being loaded.
     Keys the state has and the checkpoint lacks DCP refuses itself; keys only the checkpoint has, which
@@ -146,14 +158,7 @@ class InPlaceReader(InPlaceReading, dcp.FileSystemReader):
     def _checked_metadata(self) -> Metadata:
         path = self._get_metadata_path()
         with self.fs.create_stream(path, "rb") as f:
-            try:
-                metadata = MetadataUnpickler(f).load()
-            except OSError:
-                raise
-            except Exception as err:
-                raise not_trainflows(path, f"{type(err).__name__}: {' '.join(str(err).split())}") from err
-        check_metadata(metadata, path)
-        return metadata
+            return unpickled_metadata(f, path)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         for item in plan.items:

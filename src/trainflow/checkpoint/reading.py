@@ -37,6 +37,34 @@ def read_into(f: io.RawIOBase | io.BufferedIOBase, into: torch.Tensor, *, name: 
         )
 
 
+class HeldFile(io.RawIOBase):
+    """A file's bytes held in memory (`data`), read as the file `name` would be: what checkpoint.single_read parses
+    once a file was read, or received from the rank that read it, without copying it into a BytesIO."""
+
+    def __init__(self, name: str, data: memoryview) -> None:
+        super().__init__()
+        self.name, self.data, self.pos = name, data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # noqa: ANN001 (any writable buffer)
+        n = max(0, min(len(b), len(self.data) - self.pos))
+        memoryview(b).cast("B")[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: len(self.data)}[whence] + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
 class InPlaceReading(ABC):
     """Mixed in before a torch StorageReader: its read_data, reading each item in place where `read_in_place` can
     and the rest through the reader's own read_data, a file at a time. `thread_count` files are read at once."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import torch
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
-from trainflow.checkpoint.manager import CheckpointManager
+from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError
 from trainflow.checkpoint.manifest import MANIFEST, Provenance, read_manifest, scaling_mismatch
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
 from trainflow.config import TrainflowConfig
@@ -100,15 +100,30 @@ class SegmentCheckpoints:
 
     def load(self, at_most: int, why: str) -> tuple[int, GuardState]:
         """Load the newest verified checkpoint at or before `at_most` (this run's, else io.resume_from's, resharded
-        to this layout); its step and the guard state its manifest holds (-1 and an empty one: none)."""
-        source, step = self.manager, self.manager.newest_valid(at_most=at_most)
-        if step < 0 and self.cfg.io.resume_from:
-            source = CheckpointManager(
+        to this layout); its step and the guard state its manifest holds (-1 and an empty one: none). A checkpoint
+        whose file fails its CRC as it is read is skipped for the next older one, as one whose manifest is not
+        complete is (CheckpointManager.newest_complete)."""
+        for source in self.sources():
+            step = source.newest_complete(at_most=at_most)
+            while step >= 0:
+                try:
+                    return self.load_step(source, step, why)
+                except CorruptFileError as err:  # raised alike on every rank (checkpoint.single_read)
+                    if self.is_logger:
+                        log.warning("Skipped checkpoint step %d: %s", step, err)
+                    step = source.newest_complete(at_most=step - 1)
+        return -1, GuardState(skipped=[], losses=[])
+
+    def sources(self) -> Iterator[CheckpointManager]:
+        """Where a load looks, in order: this run's checkpoints, then io.resume_from's."""
+        yield self.manager
+        if self.cfg.io.resume_from:
+            yield CheckpointManager(
                 self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads
             )
-            step = source.newest_valid(at_most=at_most)
-        if step < 0:
-            return -1, GuardState(skipped=[], losses=[])
+
+    def load_step(self, source: CheckpointManager, step: int, why: str) -> tuple[int, GuardState]:
+        """Load checkpoint `step` of `source` into the model and optimizers; the step loaded and its guard state."""
         started = time.time()
         self.on_phase("load", step)
         folder = step_dir(source.root, step)

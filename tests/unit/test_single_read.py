@@ -1,0 +1,84 @@
+"""The checkpoint read once per job start (checkpoint.single_read): who reads which file, and on 2 gloo ranks that a
+load reads each byte of the checkpoint once between them, loads what one rank would, and that a damaged file is caught
+by the rank that read it and refused on both in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.support import blank_like, flat, free_port, sample_state
+from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError, step_dir
+from trainflow.checkpoint.manifest import METADATA, read_manifest
+from trainflow.checkpoint.single_read import schedule
+
+
+def test_replicated_files_are_read_once_and_shared_out_evenly():
+    files = {f"__{r}_{i}.distcp": 100 + 10 * r + i for r in range(4) for i in range(2)}
+    shares = schedule(files, {name: {0, 1, 2, 3} for name in files}, 4)
+    assert sorted(s.name for s in shares) == sorted(files)  # every file once
+    per_rank = [sum(s.bytes for s in shares if s.reader == r) for r in range(4)]
+    assert max(per_rank) - min(per_rank) <= max(files.values())
+    assert all(set(s.receivers) == {0, 1, 2, 3} - {s.reader} for s in shares)
+
+
+def test_a_file_only_its_rank_needs_is_read_by_it_and_one_nobody_needs_is_still_read():
+    """FSDP's shards stay with their rank; an empty or unneeded file is still read, so its CRC is checked."""
+    files = {"__0_0.distcp": 500, "__1_0.distcp": 500, "__1_1.distcp": 0}
+    shares = {s.name: s for s in schedule(files, {"__0_0.distcp": {0}, "__1_0.distcp": {1}}, 2)}
+    assert (shares["__0_0.distcp"].reader, shares["__1_0.distcp"].reader) == (0, 1)
+    assert all(s.receivers == () for s in shares.values()) and "__1_1.distcp" in shares
+
+
+def rank_main(rank: int, world: int, port: int, folder: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    state, out = sample_state(), {}
+    manager = CheckpointManager(folder, keep=1, pinned=set())
+    manager.save(3, state)
+    manager.wait()
+    loaded = blank_like(state)
+    done = manager.load(3, loaded)
+    out["equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
+    out["done"] = done.to_json()
+    dist.barrier()
+    if rank == 0:  # the largest shard file, whichever rank's share it is
+        victim = max(step_dir(Path(folder), 3).glob("__*.distcp"), key=lambda p: p.stat().st_size)
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    dist.barrier()
+    try:
+        manager.load(3, blank_like(state))
+    except CorruptFileError as err:
+        out["error"] = str(err)
+    out["newest"] = manager.newest_complete(at_most=10)  # the manifest is complete: only the read finds it
+    manager.close()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo over TCP on this host")
+def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp_path):
+    mp.spawn(rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    manifest = read_manifest(step_dir(tmp_path, 3))
+    metadata = manifest.files[METADATA].bytes
+    for out in outs:
+        assert out["equal"]
+        # The shard files once between the two ranks, .metadata once by each (DCP plans from it).
+        assert out["done"]["bytes_read_all"] == manifest.nbytes + metadata
+        assert out["done"]["checkpoint_bytes"] == manifest.nbytes
+        assert out["done"]["bytes_read"] < manifest.nbytes
+    assert outs[0]["error"] == outs[1]["error"] and "\n" not in outs[0]["error"]
+    victim = max(step_dir(tmp_path, 3).glob("__*.distcp"), key=lambda p: p.stat().st_size)
+    assert outs[0]["error"].startswith(f"{victim} (read by rank ")
+    reader = int(outs[0]["error"].split("(read by rank ", 1)[1].split(")")[0])
+    assert outs[reader]["done"]["bytes_read"] >= manifest.files[victim.name].bytes
+    assert "manifest says" in outs[0]["error"] and "the file is corrupt" in outs[0]["error"]
+    assert outs[0]["newest"] == outs[1]["newest"] == 3
