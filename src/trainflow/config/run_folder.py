@@ -125,6 +125,12 @@ class RunFolder:
         return [self.segment_report(i) for i in range(segments)]
 
     @property
+    def run_terms(self) -> str:
+        """The campaign's measured terms so far (plan.from_run.RunTerms), train_segment after each segment: what
+        `python -m trainflow.plan --from-run` and the report plan from."""
+        return f"{self.train_dir}/terms.json"
+
+    @property
     def run_record(self) -> str:
         """What the campaign is (train.run_record.RunRecord, rank 0 at each job's start): trainflow.status's entry."""
         return f"{self.train_dir}/run.json"

@@ -2,11 +2,14 @@
 
     python -m trainflow.plan experiment=llama70b_alps train.precision=bf16 train.activations=recompute
     python -m trainflow.plan --json parallel=dp2_tp2_pp2
+    python -m trainflow.plan --from-run runs/default      # a finished run's goodput, planned from its own terms
 
 Takes the Hydra overrides training takes (composed as train_segment composes them) and prints the plan
 as a table, or with --json as one JSON object on stdout. A bad override is one error line and exit 1; so is a plan
 that does not fit in device memory (printed first, then the line that would stop validate_nccl), and a campaign that
-cannot finish at the configured MTBF (the line that says why).
+cannot finish at the configured MTBF (the line that says why). With --from-run it plans a run's goodput from the terms
+it measured (trainflow.plan.from_run) and prints it beside the measured one; a run folder that does not read is one
+line and exit 1.
 """
 
 from __future__ import annotations
@@ -18,14 +21,18 @@ import sys
 from trainflow.config import compose
 from trainflow.errors import TrainflowError
 from trainflow.plan.build import build_plan
+from trainflow.plan.from_run import plan_run, read_terms, render_run_plan
 from trainflow.plan.table import render
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainflow.plan", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("--from-run", metavar="RUN", help="plan a finished run's goodput from its own terms (runs/<run>)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for training (e.g. experiment=llama70b_alps)")
     args = ap.parse_args(argv)
+    if args.from_run:
+        return from_run(args.from_run, as_json=args.json)
     try:
         plan = build_plan(compose("train_segment", args.overrides))
     except TrainflowError as err:
@@ -36,6 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     if verdict:
         print(f"trainflow.plan: {verdict}", file=sys.stderr)
         return 1
+    return 0
+
+
+def from_run(run: str, *, as_json: bool) -> int:
+    try:
+        plan = plan_run(read_terms(run))
+    except TrainflowError as err:
+        print(f"trainflow.plan: {err}", file=sys.stderr)
+        return 1
+    lines = [json.dumps(plan.to_json(), indent=1)] if as_json else render_run_plan(plan)
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -1,7 +1,7 @@
 """The report's goodput section: where each segment's wall time went, the jobs it took, the loss guard's skips and
 rollbacks, and the ranks slower than the rest.
 
-    lines = goodput_section(segments, plot, here, straggler_factor=1.5)   # stages.report does
+    lines = goodput_section(segments, plot, here, straggler_factor=1.5, planned=plan)   # stages.report does
 """
 
 from __future__ import annotations
@@ -10,21 +10,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
 
+from trainflow.plan.from_run import TERMS, RunPlan, mtbf
 from trainflow.report.sections import relative, table
 from trainflow.resilience.ledger import JobOutcome
 from trainflow.resilience.timing import stragglers
-from trainflow.train.goodput import TERMS
+from trainflow.train.goodput import TERMS as MEASURED
 from trainflow.train.summary import SegmentSummary
 
 SLOWEST = 16
 """Ranks the per-rank table shows, slowest first (a 4096-rank job's table would bury the report)."""
 
 
-def goodput_section(segments: Sequence[SegmentSummary], plot: str, here: Path, *, straggler_factor: float) -> list[str]:
+def goodput_section(
+    segments: Sequence[SegmentSummary],
+    plot: str,
+    here: Path,
+    *,
+    straggler_factor: float,
+    planned: RunPlan | None = None,
+) -> list[str]:
     measured = [s for s in segments if s.goodput is not None]
     rows = [
         [s.segment, f"{s.goodput.wall_s:.1f}", f"{s.goodput.goodput:.1%}", len(s.goodput.jobs)]
-        + [f"{s.goodput.seconds.get(term, 0.0):.1f}" for term in TERMS]
+        + [f"{s.goodput.seconds.get(term, 0.0):.1f}" for term in MEASURED]
         + [f"{s.goodput.unaccounted:.1%}"]
         for s in measured
     ]
@@ -34,15 +42,50 @@ def goodput_section(segments: Sequence[SegmentSummary], plot: str, here: Path, *
         "Each segment's wall time, from its first job's submission to its last job's end, in seconds by where it "
         "went (train.goodput); goodput is the productive steps' share.",
         "",
-        table(rows, ["segment", "wall s", "goodput", "jobs", *TERMS, "unaccounted"]),
+        table(rows, ["segment", "wall s", "goodput", "jobs", *MEASURED, "unaccounted"]),
         "",
         f"![goodput]({relative(plot, here)})",
         "",
+        *planned_against_measured(planned),
         *jobs(measured),
         *guard(segments),
         *slow_ranks(segments, straggler_factor),
     ]
     return lines
+
+
+def planned_against_measured(plan: RunPlan | None) -> list[str]:
+    """The campaign's goodput planned from its own terms (plan.from_run) beside the measured, term by term."""
+    if plan is None:
+        return []
+    met, m = plan.met, plan.measured_seconds
+    rows = [[k, f"{met.seconds[k]:.1f}", f"{m[k]:.1f}", f"{m[k] - met.seconds[k]:+.1f}"] for k in (*TERMS, "wall")]
+    rows.append(["goodput", f"{met.goodput:.1%}", f"{plan.measured:.1%}", f"{plan.measured - met.goodput:+.1%}"])
+    band = f"{met.low:.1%}-{met.high:.1%}"
+    verdict = (
+        f"The measured goodput lies outside the plan's 5-95 % band ({band}): {plan.differs_most} differs most."
+        if plan.differs_most
+        else f"The measured goodput lies inside the plan's 5-95 % band ({band})."
+    )
+    injected = plan.injected
+    prior = (
+        f" At the injected fault.mtbf_s ({injected.mtbf_s:.4g} s) the plan gives {injected.goodput:.1%} "
+        f"({injected.low:.1%}-{injected.high:.1%}), {injected.failures:.3g} failures expected."
+        if injected
+        else ""
+    )
+    return [
+        "### Planned against measured",
+        "",
+        f"The campaign's goodput planned from its own measured terms (trainflow.plan.from_run: the planner's "
+        f"simulation of its step, save, evaluation, detection, restart and job-start times at the failure rate it met, "
+        f"MTBF {mtbf(met.mtbf_s)}, {met.failures:.3g} failures expected), in seconds over every segment.{prior}",
+        "",
+        table(rows, ["term", "planned", "measured", "difference"]),
+        "",
+        verdict,
+        "",
+    ]
 
 
 def jobs(segments: Sequence[SegmentSummary]) -> list[str]:

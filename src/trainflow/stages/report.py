@@ -14,10 +14,11 @@ from pathlib import Path
 from trainflow.atomic import write_text_atomic
 from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config import TrainflowConfig
-from trainflow.config.run_folder import PLOTS
+from trainflow.config.run_folder import PLOTS, RunFolder
 from trainflow.energy.metrics import StageFigures
 from trainflow.energy.report import EnergyReport
 from trainflow.gate.report import NcclReport
+from trainflow.plan.from_run import RunPlan, load_terms, plan_run
 from trainflow.records import read_record
 from trainflow.report import sections
 from trainflow.report.checklist import checklist
@@ -31,6 +32,12 @@ from trainflow.train.report_log import log_report
 from trainflow.train.summary import SegmentSummary
 
 log = stage_log(__file__)
+
+
+def planned_run(cfg: TrainflowConfig) -> RunPlan | None:
+    """The campaign's goodput planned from its own terms (train_segment's terms.json), where it has them."""
+    path = Path(RunFolder.of(cfg).run_terms)
+    return plan_run(load_terms(path)) if path.is_file() else None
 
 
 def run(cfg: TrainflowConfig) -> StageFigures:
@@ -62,7 +69,9 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         *sections.calibration(nccl.calibration),
         *sections.top_operators(last.profile, here),
         *sections.checkpoints(segments, verify, io.verify_report, here),
-        *goodput_section(segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor),
+        *goodput_section(
+            segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor, planned=planned_run(cfg)
+        ),
         *sections.gate(nccl, io.nccl_report, here),
         *stack_section(nccl, segments),
         *energy_section(energy, cfg, plots["power"], here),

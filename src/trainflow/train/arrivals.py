@@ -10,16 +10,15 @@ the sum of k exponential gaps of mean fault.mtbf_s; it is a stalled rank (STALL)
 cluster.hardware.hang_share, else a killed one (KILL), on a rank drawn uniformly from the job's world.
 
 It strikes only while a job holds its ranks, the time the planner's failures strike in (trainflow.plan.failures):
-from a restart's process start (its start-up and load are at risk), and in a segment's first job from its first step
-(the start-up and load of a planned job start are not). An arrival in between (a queue, a detection, the gap between
-segments) strikes nobody: dropping a Poisson process's arrivals over some stretches leaves a Poisson process of the
-same rate on the rest. The rank it names strikes at its next step boundary (trainflow.train.faults.maybe_arrive), and
-appends the failure to the ledger first.
+from a restart's ranks loading the job's code (its start-up and load are at risk), and in a segment's first job
+from its first step (the start-up and load of a planned job start are not). An arrival in between (a queue, a
+detection, the gap between segments) strikes nobody: dropping a Poisson process's arrivals over some stretches leaves
+a Poisson process of the same rate on the rest. The rank it names strikes at its next step boundary
+(trainflow.train.faults.maybe_arrive), and appends the failure to the ledger first.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +34,8 @@ from trainflow.journal import Journal
 from trainflow.records import Record
 
 IMPORTED = time.time()
-"""The process's start where /proc does not say it."""
+"""When the rank's process loaded the job's code (unpickling the job imports the trainer, which imports this): a
+restart's ranks are at risk from here, about where its task marker ends the queue (train.goodput)."""
 
 
 class ArrivalKind(StrEnum):
@@ -88,16 +88,6 @@ def start_clock(ledger: Path, *, mtbf_s: float, seed: int, hang_share: float) ->
     return start.time
 
 
-def process_started() -> float:
-    """This process's start (Linux: /proc, to the second), else when this module was imported."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line[:5] == "btime")
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return IMPORTED
-
-
 @dataclass
 class Arrivals:
     """One rank's view of the process in one job: the failures due to it, each once."""
@@ -105,7 +95,7 @@ class Arrivals:
     pending: Iterator[Arrival]
     rank: int
     opens: float | None
-    """When the job's ranks are at risk (a restart: its process start); None: at the first step boundary."""
+    """When the job's ranks are at risk (a restart: IMPORTED); None: from the first step boundary."""
     ledger: Path
     host: str
     segment: int
@@ -149,5 +139,5 @@ class Arrivals:
         pending = schedule(
             started=start.time, mtbf_s=fault.mtbf_s, seed=fault.seed, hang_share=start.hang_share, world=world
         )
-        opens = process_started() if attempt else None
+        opens = IMPORTED if attempt else None
         return cls(pending, rank, opens, ledger, hostname(), segment)

@@ -1,0 +1,117 @@
+"""A campaign's measured terms (plan.from_run.RunTerms), from its segments' goodput (train.goodput: the jobs ledger
+and spans.jsonl): what the plan from the run's own terms is made of. train_segment writes them after every segment
+(terms.json, beside the segments' summaries), so `python -m trainflow.plan --from-run` and the report read them.
+
+    python -m trainflow.plan --from-run runs/default
+
+A job after a failed one is a restart: its gap since the failure and its queue are the restart's wait, its start-up
+and load up to its first step or evaluation its held time. Everything else that is neither a step, an evaluation, a
+save, work redone nor a failure's detection is the planned job starts' (queue, start-up, load, shutdown, the gaps
+inside a job).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainflow.atomic import write_text_atomic
+from trainflow.config import TrainflowConfig
+from trainflow.config.run_folder import RunFolder
+from trainflow.journal import Journal
+from trainflow.plan.from_run import RunTerms
+from trainflow.records import read_record
+from trainflow.resilience.ledger import JobOutcome, JobRun
+from trainflow.train.step_log import Span
+from trainflow.train.summary import SegmentSummary
+
+WORK = ("step", "skipped", "eval")
+"""The spans a restart's held time ends at."""
+
+
+@dataclass
+class Restarts:
+    """The restarts of a campaign: how many, their waits and their held time, in seconds."""
+
+    count: int = 0
+    wait_s: float = 0.0
+    held_s: float = 0.0
+
+    def add(self, job: JobRun, before: JobRun, spans: Sequence[Span]) -> None:
+        work = [s.started for s in spans if s.kind in WORK and job.started <= s.started <= job.ended]
+        self.count += 1
+        self.wait_s += (job.submitted - before.ended) + (job.started - job.submitted)
+        self.held_s += (min(work) if work else job.started) - job.started
+
+
+def run_terms(
+    segments: Sequence[SegmentSummary], spans: Sequence[Span], *, mtbf_s: float, hang_share: float
+) -> RunTerms:
+    """The campaign's terms over `segments` (each with its measured goodput) from rank 0's spans."""
+    measured = [s for s in segments if s.goodput is not None]
+    total = {k: sum(s.goodput.seconds[k] for s in measured) for k in measured[0].goodput.seconds}
+    restarts, saves, steps, failed, hangs = Restarts(), [], 0, 0, 0
+    for s in measured:
+        jobs = s.goodput.jobs
+        mine = [p for p in spans if p.segment == s.segment and jobs[0].submitted <= p.started <= jobs[-1].ended]
+        saves += [p.seconds for p in mine if p.kind == "save"]
+        steps += len({p.step for p in mine if p.kind == "step"})
+        for before, job in zip(jobs, jobs[1:]):
+            if before.outcome != JobOutcome.COMPLETED:
+                restarts.add(job, before, mine)
+        failed += sum(j.outcome != JobOutcome.COMPLETED for j in jobs)
+        hangs += sum(j.outcome == JobOutcome.HANG for j in jobs)
+    lost = total["recomputed"] + total["skipped"]
+    restart = restarts.wait_s + restarts.held_s
+    around = ("queue", "start-up", "load", "shutdown", "other", "restart")
+    blocking = sum(saves) / len(saves) if saves else 0.0
+    interval = measured[0].setup.checkpoint_interval.interval_steps
+    written = [v.background_s for s in measured for v in s.saves if v.background_s is not None]
+    seconds = {
+        "checkpoint": total["checkpoint"],
+        "lost work": lost,
+        "detection": total["detection"],
+        "restart": restart,
+        "start-up": sum(total[k] for k in around) - restart,
+        "evaluation": total["evaluation"],
+        "productive": total["productive"],
+        "wall": sum(s.goodput.wall_s for s in measured),
+    }
+    return RunTerms(
+        segments=len(measured),
+        steps=steps,
+        failures=failed,
+        hangs=hangs,
+        step_s=total["productive"] / steps if steps else 0.0,
+        eval_share=total["evaluation"] / total["productive"] if total["productive"] else 0.0,
+        interval_steps=interval,
+        blocking_s=blocking,
+        write_s=sum(written) / len(written) if written else 0.0,
+        detect_s=total["detection"] / failed if failed else 0.0,
+        wait_s=restarts.wait_s / restarts.count if restarts.count else 0.0,
+        held_s=restarts.held_s / restarts.count if restarts.count else 0.0,
+        starts_s=seconds["start-up"],
+        boundary_saves_s=max(0.0, total["checkpoint"] - (math.ceil(steps / max(interval, 1)) - 1) * blocking),
+        at_risk_s=sum(total[k] for k in ("productive", "evaluation", "checkpoint", "other")) + lost + restarts.held_s,
+        mtbf_s=mtbf_s,
+        hang_share=hang_share,
+        measured=seconds,
+    )
+
+
+def write_terms(cfg: TrainflowConfig, summary: SegmentSummary) -> RunTerms:
+    """The campaign's terms up to this segment (`summary`, the segments before it on disk), written to terms.json."""
+    folder = RunFolder.of(cfg)
+    earlier = [
+        read_record(SegmentSummary, path, rerun="train_segment")
+        for path in folder.segment_reports(cfg.segment)
+        if Path(path).is_file()
+    ]
+    spans = Journal(RunFolder.spans_log(cfg.io.checkpoints), Span).read()
+    h = cfg.cluster.hardware
+    terms = run_terms([*earlier, summary], spans, mtbf_s=cfg.fault.mtbf_s, hang_share=h.hang_share)
+    write_text_atomic(folder.run_terms, json.dumps(terms.to_json(), indent=1) + "\n")
+    return terms
