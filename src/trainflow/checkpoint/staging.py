@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch.distributed as dist
 from torch.cuda._pin_memory_utils import pin_memory, unpin_memory
 
 from trainflow.errors import TrainflowError
+from trainflow.host import hostname
 from trainflow.tensors import local, storage_ptr
 
 
@@ -140,7 +140,7 @@ def available_host_bytes() -> tuple[int, str]:
 def check_host_memory(staging_bytes: int) -> None:
     """At start-up, on every rank (collective): refuse async checkpoints, in one line on every rank, when the ranks
     of some host cannot each hold `staging_bytes` more."""
-    host = socket.gethostname()
+    host = hostname()
     hosts: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(hosts, host)
     ranks = hosts.count(host)

@@ -36,7 +36,7 @@ from trainflow.train.arrivals import start_clock
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_terms import write_terms
 from trainflow.train.step_log import Span
-from trainflow.train.summary import RankEnergy, SegmentSummary
+from trainflow.train.summary import RankEnergy, RankResult
 from trainflow.train.trainer import Trainer
 
 log = stage_log(__file__)
@@ -47,7 +47,7 @@ class TrainSegment(submitit.helpers.Checkpointable):
         self.cfg, self.attempt = cfg, attempt
         """Which job of the segment this is (0: the first; a restart after a failure counts up)."""
 
-    def __call__(self) -> SegmentSummary:
+    def __call__(self) -> RankResult:
         cfg, env = self.cfg, submitit.JobEnvironment()
         power = RunFolder.of(cfg).power
         with (
@@ -72,8 +72,8 @@ class TrainSegment(submitit.helpers.Checkpointable):
         # Each rank's own CPU time (its whole process: the task is started for this job), and the node's counters
         # (NVML, RAPL) only from its local rank 0's window.
         energy = RankEnergy(cpu_s=cpu_seconds(), node=window.result())
-        stack = [NodeStack(hostname(), versions())]  # as this rank sees it, inside the job's container if any
-        return dataclasses.replace(summary, energy=energy, slurm_job_id=os.environ.get("SLURM_JOB_ID"), stack=stack)
+        stack = NodeStack(hostname(), versions())
+        return RankResult(summary=summary, energy=energy, stack=stack, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
 
     def stop(self, signame: str) -> None:
         """After the agreed checkpoint every task ends without a result. On USR2 (Slurm's pre-timeout or
@@ -96,8 +96,8 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     if cfg.fault.mtbf_s:  # failures at a rate: the campaign's clock, before its first job (train.arrivals)
         ledger = Path(RunFolder.faults_log(cfg.io.checkpoints))
         start_clock(ledger, mtbf_s=cfg.fault.mtbf_s, seed=cfg.fault.seed, hang_share=cfg.cluster.hardware.hang_share)
-    results = run_jobs(cfg, functools.partial(TrainSegment, cfg))
-    summary: SegmentSummary = results[0]
+    results: list[RankResult] = run_jobs(cfg, functools.partial(TrainSegment, cfg))
+    summary = results[0].summary
     if not summary.completed:
         raise StageError(f"segment {cfg.segment} stopped at step {summary.end_step} before its end; rerun it to resume")
     if not summary.steps or not summary.evals:
@@ -110,7 +110,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         *(cfg.segment, summary.start_step, summary.end_step, summary.steps[-1].loss, summary.evals[-1].val_loss),
         summary.speed.tokens_per_s_per_device,
     )
-    windows = [r.energy.node for r in results if r.energy and r.energy.node]
+    windows = [r.energy.node for r in results if r.energy.node]
     for action in actions_taken(windows):
         log.info("Energy: %s", action)
     jobs = segment_jobs(Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read(), cfg.segment)
@@ -119,12 +119,14 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         "Goodput of segment %d: %.1f %% of %.1f s over %d job(s)",
         *(cfg.segment, 100 * goodput.goodput, goodput.wall_s, len(jobs)),
     )
-    summary = dataclasses.replace(summary, goodput=goodput, stack=per_node(s for r in results for s in r.stack))
+    summary = dataclasses.replace(
+        summary, goodput=goodput, slurm_job_id=results[0].slurm_job_id, stack=per_node(r.stack for r in results)
+    )
     write_json(cfg.io.segment_report, summary.to_json())
     write_terms(cfg, summary)  # the campaign's measured terms so far: python -m trainflow.plan --from-run
     return StageFigures(
         ranks=len(results),
-        rank_cpu_s=sum(r.energy.cpu_s for r in results if r.energy),
+        rank_cpu_s=sum(r.energy.cpu_s for r in results),
         nodes=sum_nodes(windows),
         node_windows=windows,
         slurm_job_id=summary.slurm_job_id,

@@ -5,8 +5,10 @@ account_energy and report read. Nothing here imports torch: the stages that only
         print(read_record(SegmentSummary, 'runs/default/train/<hash>/segment-0.json').speed.median_step_s)"
 
 Its fields group into what the segment ran with (SegmentSetup), how fast (SegmentSpeed), the records of its steps,
-evaluations and saves, and what the stage's task and the stage add after training (energy, the Slurm job, the
-software stack, goodput): the trainer assembles all but the last group.
+evaluations and saves, which the trainer assembles, and what the stage adds once from every rank's RankResult (the
+Slurm job, the nodes' software stacks) and its jobs (goodput). A rank's task hands the stage a RankResult: the
+trainer's summary beside what the task measured around it (its energy, its stack, its Slurm job), so each field has
+one place that sets it.
 """
 
 from __future__ import annotations
@@ -132,12 +134,23 @@ class SegmentSummary(Record):
     ranks: list[RankTiming] = field(default_factory=list)
     """Every rank's own compute time (on rank 0's summary; the others gather none)."""
     goodput: Goodput | None = None
-    """Added by the stage: where the segment's wall time went, over every job it took (train.goodput)."""
-    energy: RankEnergy | None = None
-    """Added by the stage's task: this rank's share of the job's energy."""
+    """Set by the stage: where the segment's wall time went, over every job it took (train.goodput)."""
     slurm_job_id: str | None = None
+    """Set by the stage: the job's, from its ranks' results."""
     mixture: list[SourceShare] = field(default_factory=list)
     """The realised mixture of the segment's applied steps: each source's tokens and share (data.mixture)."""
     stack: list[NodeStack] = field(default_factory=list)
-    """Added by the stage's task (this rank's) and the stage (every node's of the job's ranks): the software stack
-    training ran on, read inside its environment (trainflow.stack)."""
+    """Set by the stage: the software stack training ran on, every node's of the job's ranks (trainflow.stack)."""
+
+
+@dataclass(frozen=True)
+class RankResult(Record):
+    """What one rank's task hands the stage: the trainer's summary (without what the stage sets) and what the task
+    measured around training."""
+
+    summary: SegmentSummary
+    energy: RankEnergy
+    """This rank's share of the job's energy."""
+    stack: NodeStack
+    """The software stack as this rank sees it, inside the job's container if any (trainflow.stack)."""
+    slurm_job_id: str | None
