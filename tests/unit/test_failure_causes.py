@@ -3,8 +3,11 @@ interconnect errors restarted however often and on however many ranks they strik
 
 from __future__ import annotations
 
+import subprocess
+
 import submitit
 
+from trainflow.launch import job_end
 from trainflow.launch.failure import analyse, exception_line
 from trainflow.resilience.ledger import JobOutcome
 from trainflow.resilience.verdict import JobFailure, judge
@@ -81,3 +84,23 @@ def test_the_rank_that_raised_first_is_not_one_that_lost_its_peer(tmp_path):
     outcomes = [("error", trace(lost)), ("error", trace(ILLEGAL))]
     failure = analyse(job, "local", ("", 0), outcomes)
     assert failure.rank == 1 and "an illegal memory access" in failure.line
+
+
+def test_a_node_failure_is_a_death_on_that_node_restarted_without_it(tmp_path, monkeypatch):
+    # Slurm ended the job NODE_FAIL (or BOOT_FAIL): the node Slurm now holds down is the failure's host, and the
+    # restart leaves it out; a job whose nodes are all up again blames none (and is still restarted).
+    job = submitit.SlurmJob(tmp_path, "12", tasks=(0, 1))
+    for state in ("NODE_FAIL", "BOOT_FAIL"):
+        failure = analyse(job, "slurm", (state, 0), [None, None], lost=["n2"])
+        assert failure.kind == JobOutcome.DIED and failure.host == "n2" and f"{state}: node n2 failed" in failure.line
+        verdict = judge(failure, [], max_restarts=3, restarts=0)
+        assert verdict.restart and verdict.exclude == {"n2"}, verdict.why
+    failure = analyse(job, "slurm", ("NODE_FAIL", 0), [None, None])
+    assert judge(failure, [], max_restarts=3, restarts=0).exclude == frozenset()
+
+    def fake(command, **kwargs):  # scontrol's job line, then sinfo's node states
+        out = "JobId=12 JobState=NODE_FAIL NodeList=n[1-2]" if command[0] == "scontrol" else "n1 idle\nn2 down\n"
+        return subprocess.CompletedProcess(command, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(job_end.subprocess, "run", fake)
+    assert job_end.lost_nodes("12") == ["n2"]

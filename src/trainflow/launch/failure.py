@@ -2,8 +2,9 @@
 
     failure = analyse(job, "local", ("", 0), outcomes)   # launch.job_end does, for every failed job
 
-The line names the likeliest cause: a hang the job's own ranks diagnosed (launch.heartbeat), else the state of a job
-Slurm stopped (TIMEOUT, CANCELLED, NODE_FAIL...), else the first rank that died (its host, and the signal or exit
+The line names the likeliest cause: a hang the job's own ranks diagnosed (launch.heartbeat), else a node that failed
+(NODE_FAIL, BOOT_FAIL: the node Slurm holds down), else the state of a job Slurm stopped (TIMEOUT, CANCELLED...),
+else the first rank that died (its host, and the signal or exit
 code that srun, or for a local job executors.LocalController, wrote in the job's log), else the first rank that
 raised. Each task's marker (task.py) says where it ran, whether its code ended and, if it raised, whether the error
 was one of trainflow's own (a TrainflowError: a config, data or checkpoint problem that no restart fixes); a rank
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import submitit
@@ -35,6 +37,9 @@ ENDED = frozenset(
 """Slurm's final job states; a requeued job is PENDING again under the same id."""
 STOPPED = ENDED - {"COMPLETED", "FAILED"}
 """Final states set by Slurm or an operator, not by the tasks: the state itself is the cause."""
+NODE_FAULTS = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+"""Final states of a job whose node failed (while it ran, or as it booted): the node is the cause, and the job is a
+rank's death on it (JobOutcome.DIED), which a restart leaves out (resilience.verdict)."""
 
 REMEDIES = (
     (
@@ -53,8 +58,9 @@ REMEDIES = (
 """(what a failed rank's last line matches, what to do about it): the seed's troubleshooting guide (section 4.1)."""
 
 
-def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) -> JobFailure:
-    """Why the job ended without every task's result (the module docstring's order of causes)."""
+def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, lost: Sequence[str] = ()) -> JobFailure:
+    """Why the job ended without every task's result (the module docstring's order of causes); `lost`: the job's nodes
+    Slurm holds down or failed, for a NODE_FAIL or BOOT_FAIL (launch.job_end.lost_nodes)."""
     state, requeues = end
     ended = f" {state}" if state else ""
     if requeues:
@@ -72,6 +78,19 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list) 
             rank=hang.rank,
             host=hang.host,
             step=hang.step,
+            errors=errors,
+            expected=expected,
+            world=job.num_tasks,
+        )
+    if state in NODE_FAULTS:
+        host = lost[0] if lost else ""
+        which = f"node {host}" if host else "a node Slurm no longer lists as down"
+        line = f"{kind} job {job.job_id} ended{ended}: {which} failed (full log: {job.paths.stderr})"
+        return JobFailure(
+            line=line,
+            kind=JobOutcome.DIED,
+            state=state,
+            host=host,
             errors=errors,
             expected=expected,
             world=job.num_tasks,

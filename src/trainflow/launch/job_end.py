@@ -24,7 +24,7 @@ from submitit.core.utils import pickle_load
 from submitit.local.local import LocalJob
 
 from trainflow.errors import TrainflowError
-from trainflow.launch.failure import ENDED, analyse
+from trainflow.launch.failure import ENDED, NODE_FAULTS, analyse
 from trainflow.resilience.verdict import JobFailure
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ def wait_job(job: submitit.Job, *, max_pending_s: float = 0.0) -> list:
     ]
     if all(outcome and outcome[0] == "success" for outcome in outcomes):
         return [outcome[1] for outcome in outcomes]
-    failure = analyse(job, kind, end or ("", 0), outcomes)
+    end = end or ("", 0)
+    failure = analyse(job, kind, end, outcomes, lost_nodes(job.job_id) if end[0] in NODE_FAULTS else [])
     raise LaunchError(failure.line, failure)
 
 
@@ -114,6 +115,22 @@ def job_state(job: submitit.Job, kind: str) -> tuple[tuple[str, int] | None, str
     acct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job.job_id], capture_output=True, text=True)
     words = acct.stdout.split() if acct.returncode == 0 else []
     return ((words[0] if words else "UNKNOWN"), 0), ""  # "CANCELLED by 0": the state is the first word
+
+
+NODE_DOWN = re.compile(r"down|drain|fail|not_responding|boot", re.IGNORECASE)
+"""A node state (sinfo's %T) in which Slurm keeps jobs off the node."""
+
+
+def lost_nodes(job_id: str) -> list[str]:
+    """The nodes of a Slurm job that Slurm now holds down, drained or failed (its NodeList, read from scontrol while
+    slurmctld remembers the job), in order; [] where none is or the job is forgotten."""
+    job = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    nodelist = re.search(r"\bNodeList=(\S+)", job.stdout)
+    if not nodelist or nodelist[1] == "(null)":
+        return []
+    out = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist[1], "-o", "%N %T"], capture_output=True, text=True)
+    states = dict(line.split(maxsplit=1) for line in out.stdout.splitlines() if " " in line)
+    return [node for node, state in states.items() if NODE_DOWN.search(state)]
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

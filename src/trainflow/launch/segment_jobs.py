@@ -6,7 +6,9 @@ one line, and keep each job in the run's jobs ledger; the stage (stages/train_se
 Before each job: the hosts to leave out, the gate's and every one the run's ledger blames (at most
 cluster.allocation.max_excluded_nodes). After a failure: its verdict, with the restarts in a row that made no
 progress (cluster.allocation.max_restarts); after a hang whose evidence names nobody, the gate's checks on a new
-allocation first (launch.gate_job.slow_hosts), so no host is left out on a guess.
+allocation first (launch.gate_job.slow_hosts), so no host is left out on a guess. With cluster.allocation.spare_nodes
+the job is a launch.supervisor, which restarts inside its allocation (a new job step on a spare) and hands back only
+what it does not restart: those failures are judged here as a job's.
 """
 
 from __future__ import annotations

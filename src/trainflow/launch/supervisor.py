@@ -177,8 +177,8 @@ class Supervisor:
                     return Supervised(run, failure=err.failure, failures=failures, why=why)
                 ledger.append(dataclasses.replace(run, verdict=verdict.why, left_out=sorted(verdict.exclude)))
                 out = verdict.exclude & set(active)
-                active = [h for h in active if h not in out] + spares[: len(out)]
-                spares, left_out, failures = spares[len(out) :], left_out | out, [*failures, err.failure]
+                active, spares = swapped(active, spares, out)
+                left_out, failures = left_out | out, [*failures, err.failure]
                 log.warning("Hot restart %d (job step %s.%d): %s; %s", index + 1, job_id, index + 1, err, verdict.why)
                 failed_at, submitted = run.ended, time.time()
                 continue
@@ -215,6 +215,13 @@ class Supervisor:
         if len(verdict.exclude & set(active)) > len(spares):
             return verdict, f"the job's {a.spare_nodes} spare node(s) are used up: a new job"
         return verdict, ""
+
+
+def swapped(active: list[str], spares: list[str], out: set[str]) -> tuple[list[str], list[str]]:
+    """The next step's hosts and the spares left, once the hosts `out` are left out: each replaced by the next spare,
+    the step's order kept (its first host serves the rendezvous)."""
+    given = iter(spares[: len(out)])
+    return [next(given) if h in out else h for h in active], spares[len(out) :]
 
 
 def submit_supervisor(executor: submitit.Executor, supervisor: Supervisor) -> submitit.Job:
