@@ -70,6 +70,9 @@ def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
     for plot in ("loss", "throughput", "breakdown", "power", "goodput"):
         assert (run / f"report/{plot}.png").stat().st_size > 1000
     assert "## Goodput" in report and "![goodput](goodput.png)" in report
+    # No failure injected: the plan from the run's own terms keeps what the run kept (trainflow.plan.from_run).
+    assert "### Planned against measured" in report and "MTBF none (no failure)" in report
+    assert "The measured goodput lies inside the plan's 5-95 % band" in report
     energy = read_json(run / "energy.json")
     assert {s["stage"] for s in energy["stages"]} >= {"prepare_data", "train_segment", "validate_nccl"}
     assert read_json(run / "verify.json")["failures"] == []

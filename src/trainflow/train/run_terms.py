@@ -7,7 +7,7 @@ and spans.jsonl): what the plan from the run's own terms is made of. train_segme
 A job after a failed one is a restart: its gap since the failure and its queue are the restart's wait, its start-up
 and load up to its first step or evaluation its held time. Everything else that is neither a step, an evaluation, a
 save, work redone nor a failure's detection is the planned job starts' (queue, start-up, load, shutdown, the gaps
-inside a job).
+inside a job, and what no term of train.goodput holds), so the terms add up to the wall time.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ def run_terms(
         hangs += sum(j.outcome == JobOutcome.HANG for j in jobs)
     lost = total["recomputed"] + total["skipped"]
     restart = restarts.wait_s + restarts.held_s
-    around = ("queue", "start-up", "load", "shutdown", "other", "restart")
     blocking = sum(saves) / len(saves) if saves else 0.0
     interval = measured[0].setup.checkpoint_interval.interval_steps
     written = [v.background_s for s in measured for v in s.saves if v.background_s is not None]
@@ -75,11 +74,11 @@ def run_terms(
         "lost work": lost,
         "detection": total["detection"],
         "restart": restart,
-        "start-up": sum(total[k] for k in around) - restart,
         "evaluation": total["evaluation"],
         "productive": total["productive"],
-        "wall": sum(s.goodput.wall_s for s in measured),
     }
+    wall = sum(s.goodput.wall_s for s in measured)
+    seconds |= {"start-up": max(0.0, wall - sum(seconds.values())), "wall": wall}
     return RunTerms(
         segments=len(measured),
         steps=steps,
