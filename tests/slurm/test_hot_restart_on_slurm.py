@@ -1,0 +1,117 @@
+"""Hot restarts on the local Slurm cluster of three emulated nodes, 2 + 1 spare (cluster.allocation.spare_nodes=1,
+launch.supervisor): after a dead, a stalled rank or a node Slurm marks down, a new job step inside the same job runs
+on the healthy node and the spare, the failed node left out, and the segment ends bit for bit where a run without the
+fault ends. No second job is submitted.
+
+bash scripts/slurm_cluster.sh start --nodes 3 && .venv/bin/python -m pytest tests/slurm/test_hot_restart_on_slurm.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+
+from tests.conftest import make_config, run_segment
+from tests.slurm.conftest import idle_nodes
+from tests.support import RESTART_RUN as BASE
+from tests.support import ledgers
+from trainflow.launch.failure import read_markers
+from trainflow.resilience.ledger import JobRun
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SLURM = ("cluster=slurm_local", "cluster.allocation.nodes=2", "cluster.allocation.spare_nodes=1")
+
+
+def three_nodes() -> None:
+    if len(idle_nodes()) < 3:
+        pytest.skip("2 nodes + 1 spare need 3 idle nodes: bash scripts/slurm_cluster.sh start --nodes 3")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tokens) -> dict:
+    return run_segment(tmp_path_factory.mktemp("reference"), tokens, *BASE)  # locally, no fault
+
+
+def step_hosts(root: Path, run: JobRun, *extra: str) -> set[str]:
+    """The nodes the ranks of the ledger's job step `run` ran on (their task markers)."""
+    folder = Path(make_config("train_segment", root, *BASE, *SLURM, *extra).io.submitit)
+    job = run.job_id.split(".")[0]
+    return {m.host for m in read_markers(submitit.SlurmJob(folder / run.job_id, job, tasks=(0, 1))).values()}
+
+
+def assert_hot_restarted(root: Path, summary: dict, reference: dict, *extra: str) -> list[JobRun]:
+    """One job of two steps, the second on the first's healthy node and the spare, within 60 s, ending bitwise."""
+    jobs, _ = ledgers(root, *SLURM, *extra)
+    assert [j.step for j in jobs] == [0, 1] and jobs[1].outcome == "completed", jobs
+    job = jobs[0].job_id.removesuffix(".0")
+    assert jobs[1].job_id == f"{job}.1" and {j.job_id.split(".")[0] for j in jobs} == {job}
+    folder = Path(make_config("train_segment", root, *BASE, *SLURM, *extra).io.submitit)
+    assert len(list(folder.glob("*_submitted.pkl"))) == 1  # the supervisor's: no second job
+    (failed,) = jobs[0].left_out
+    before, after = step_hosts(root, jobs[0], *extra), step_hosts(root, jobs[1], *extra)
+    assert failed in before and failed not in after and len(after) == 2 and before & after, (before, after)
+    assert 0 < jobs[1].first_step_s < 60, jobs[1]
+    assert summary["state_digest"] == reference["state_digest"]
+    return jobs
+
+
+def test_a_dead_rank_s_node_is_left_out_of_a_new_step_in_the_same_job(tmp_path, tokens, reference):
+    three_nodes()
+    summary = run_segment(tmp_path, tokens, *BASE, *SLURM, "fault.step=3", "fault.rank=1", "fault.signal=KILL")
+    jobs = assert_hot_restarted(tmp_path, summary, reference)
+    assert jobs[0].outcome == "died"
+    assert re.match(rf"rank 1 on host {jobs[0].left_out[0]} was killed by SIGKILL", jobs[0].line), jobs[0].line
+
+
+def test_a_stalled_rank_s_node_is_left_out_of_a_new_step_in_the_same_job(tmp_path, tokens, reference):
+    three_nodes()
+    stall = ("cluster.runtime.hang_detect_s=5",)
+    summary = run_segment(tmp_path, tokens, *BASE, *SLURM, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *stall)
+    jobs = assert_hot_restarted(tmp_path, summary, reference, *stall)
+    assert jobs[0].outcome == "hang"
+    assert jobs[0].line.startswith(f"rank 1 on host {jobs[0].left_out[0]} made no progress"), jobs[0].line
+
+
+def test_a_node_slurm_marks_down_is_left_out_of_a_new_step_in_the_same_job(tmp_path, tokens, reference):
+    # While step 0 trains (rank 1 slowed to 1 s a step), rank 1's node is set down as a failed node would be: the job
+    # survives it (--no-kill), its step does not, and step 1 runs on the other node and the spare. The node is
+    # resumed at the end, whatever happens.
+    three_nodes()
+    slow = ("fault.rank=1", "fault.slow_ms=1000")
+    drill = threading.Thread(target=down_rank_1_node, args=(tmp_path, slow), daemon=True)
+    drill.start()
+    summary = run_segment(tmp_path, tokens, *BASE, *SLURM, *slow)
+    drill.join()
+    jobs = assert_hot_restarted(tmp_path, summary, reference, *slow)
+    assert jobs[0].outcome == "died" and f"on host {jobs[0].left_out[0]}" in jobs[0].line, jobs[0].line
+
+
+def down_rank_1_node(root: Path, extra: tuple[str, ...]) -> None:
+    """Set the node of step 0's rank 1 down once that rank has trained a step; resume it once step 1 started."""
+    folder = Path(make_config("train_segment", root, *BASE, *SLURM, *extra).io.submitit)
+    deadline, node = time.monotonic() + 300, None
+    try:
+        while time.monotonic() < deadline and node is None:
+            for marker in folder.glob("*.0/*_1_task.json"):
+                job = submitit.SlurmJob(marker.parent, marker.name.split("_")[0], tasks=(0, 1))
+                if (m := read_markers(job).get(1)) and m.first_step is not None:
+                    node = m.host
+            time.sleep(0.5)
+        if node:
+            scontrol("update", f"nodename={node}", "state=down", "reason=trainflow-drill")
+            while time.monotonic() < deadline and not list(folder.glob("*.1/*_1_task.json")):
+                time.sleep(0.5)
+    finally:
+        if node:
+            scontrol("update", f"nodename={node}", "state=resume")
+
+
+def scontrol(*args: str) -> None:
+    subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True)
