@@ -2,7 +2,7 @@
 rank's Python stacks (and, over NCCL, PyTorch's Flight Recorder), and the one line the stage fails with.
 
     <submitit folder>/<job>_hang.json          HangReport (launch.heartbeat's verdict)
-    <submitit folder>/<job>_<rank>_stacks.txt  faulthandler's dump of every thread of that rank
+    <submitit folder>/<job>_<rank>_stacks.txt  faulthandler's dump of every thread of that rank (StacksWatchdog)
     <submitit folder>/<job>_<rank>_flight.pkl  torch's NCCL Flight Recorder trace of that rank (NCCL only)
     <submitit folder>/<job>_nccl_trace_rank_<rank>  the same, dumped by torch's watchdog on a collective timeout
 """
@@ -99,6 +99,31 @@ def waiting_in(thread: threading.Thread) -> str:
         return f"no torch call ({where})"
     module = call.filename.split("/torch/")[-1].removesuffix(".py").replace("/", ".").removesuffix(".__init__")
     return f"torch.{module}.{call.name} ({where})"
+
+
+class StacksWatchdog:
+    """A rank's stacks written by faulthandler's own C thread where the heartbeat's thread cannot run: a main thread
+    stuck in a C call that holds the GIL stops every Python thread, so the abort that dumps the others' stacks never
+    runs on it. The heartbeat re-arms it every beat; a beat that does not come for `arm`'s timeout (the hang
+    threshold, so it fires before rank 0's verdict ends the job) writes every thread's stack into the rank's stacks
+    file without the GIL. A stopped process (SIGSTOP) stops this thread too: its file stays empty. The file is open
+    from the start (faulthandler writes to an open descriptor) and removed at a clean end when nothing was written."""
+
+    def __init__(self, paths: JobPaths, rank: int) -> None:
+        self.path = stacks_path(paths, rank)
+        self.file = open(self.path, "w")  # noqa: SIM115 (held open for faulthandler's thread until close)
+
+    def arm(self, timeout_s: float) -> None:
+        faulthandler.dump_traceback_later(timeout_s, file=self.file)  # cancels the previous one
+
+    def cancel(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+
+    def close(self) -> None:
+        self.cancel()
+        self.file.close()
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            self.path.unlink()
 
 
 def dump_stacks(paths: JobPaths, rank: int, *, nccl: bool) -> None:

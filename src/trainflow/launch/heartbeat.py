@@ -58,7 +58,7 @@ from trainflow.atomic import write_json
 from trainflow.config import RuntimeConfig
 from trainflow.config.cluster import hang_threshold_s
 from trainflow.host import hostname
-from trainflow.launch.hang import HANG_EXIT, collective_counts, dump_stacks, waiting_in, write_report
+from trainflow.launch.hang import HANG_EXIT, StacksWatchdog, collective_counts, dump_stacks, waiting_in, write_report
 from trainflow.launch.task import mark_first_step
 from trainflow.resilience.hang import Evidence, HangReport, culprits
 from trainflow.resilience.timing import RankTiming
@@ -123,6 +123,7 @@ class Heartbeat:
         self.said: set[type] = set()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, name="trainflow-heartbeat", daemon=True)
+        self.watchdog = StacksWatchdog(paths, rank)
 
     @classmethod
     @contextlib.contextmanager
@@ -137,6 +138,7 @@ class Heartbeat:
         finally:
             beat.stopped.set()
             beat.thread.join()
+            beat.watchdog.close()
 
     def progress(self, phase: str, step: int) -> None:
         """The main thread's marker: it entered `phase` of `step` (the trainer's on_phase)."""
@@ -160,6 +162,7 @@ class Heartbeat:
         return hang_threshold_s(self.runtime, statistics.median(self.step_times) if self.step_times else 0.0)
 
     def publish(self) -> None:
+        self.watchdog.arm(self.threshold_s)  # a beat that does not come: a main thread holding the GIL (hang.py)
         self.counter += 1
         forward = statistics.median(self.forward) if self.forward else None
         beat = {"counter": self.counter, "step": self.step, "phase": self.phase, "marks": self.marks}
@@ -262,6 +265,7 @@ class Heartbeat:
         if self.rank == 0:
             with contextlib.suppress(OSError):  # the last word on who was slow; the stacks matter more
                 self.write_timing()
+        self.watchdog.cancel()
         dump_stacks(self.paths, self.rank, nccl=self.backend == "nccl")
         with contextlib.suppress(Exception):
             done = self.store.add(DUMPED, 1)
