@@ -38,7 +38,6 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainflow.config.schema import PRECISIONS, TrainflowConfig
-from trainflow.config.shape import block_flops_per_token, output_params
 from trainflow.gate.report import Calibration, Constant, PatternRow, SweepRow
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.tensor_parallel import apply_tp
@@ -185,12 +184,12 @@ def compute_rate(
 ) -> tuple[float, Probe]:
     """The slowest rank's model FLOP/s over its probed stage (its blocks, and the head on the last stage), its tp
     all-reduces left out, and that rank."""
-    m, p = cfg.model, cfg.parallel
-    tokens = setup.microbatch_size * m.seq_len
-    block_flops = tokens * 3 * sum(block_flops_per_token(m, tp=p.tp))
+    p, counts = cfg.parallel, setup.counts
+    tokens = setup.microbatch_size * cfg.model.seq_len
+    block_flops = tokens * 3 * (counts.block_linear_flops + counts.block_attention_flops)
 
     def rate(probe: Probe) -> float:
-        flops = probe.blocks * block_flops + (probe.pp_rank == p.pp - 1) * tokens * 3 * 2 * output_params(m)
+        flops = probe.blocks * block_flops + (probe.pp_rank == p.pp - 1) * tokens * 3 * 2 * counts.output_params
         return flops / max(probe.stage_s - probe.blocks * tp_block_s, probe.stage_s * 0.1)  # tp never takes it all
 
     slowest = min(probes, key=rate)
