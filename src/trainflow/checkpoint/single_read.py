@@ -124,20 +124,21 @@ class SingleReader(InPlaceReader):
         items: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        sent = [
-            dist.isend(held[s.name].to(self.device), dst=r, tag=i)
-            for i, s in enumerate(shares)
-            if s.reader == rank and s.bytes
-            for r in s.receivers
-        ]
+        sent = []
+        for i, s in enumerate(shares):
+            if s.reader == rank and s.bytes and s.receivers:
+                data = held[s.name].to(self.device)  # one copy on the device per file, sent to each receiver
+                sent += [dist.isend(data, dst=r, tag=i) for r in s.receivers]
+        # Every receive posted at once, so each sender's bytes flow while this rank loads what it already holds.
+        coming = [(i, s) for i, s in enumerate(shares) if rank in s.receivers]
+        coming = [(i, s, torch.empty(s.bytes, dtype=torch.uint8, device=self.device)) for i, s in coming]
+        received = [dist.irecv(data, src=s.reader, tag=i) if s.bytes else None for i, s, data in coming]
         for name, data in held.items():
             self.read_held(name, data, items.get(name, []), planner)
-        for i, s in enumerate(shares):
-            if rank in s.receivers:
-                data = torch.empty(s.bytes, dtype=torch.uint8, device=self.device)
-                if s.bytes:
-                    dist.recv(data, src=s.reader, tag=i)
-                self.read_held(s.name, data.cpu(), items.get(s.name, []), planner)
+        for (_, s, data), work in zip(coming, received, strict=True):
+            if work is not None:
+                work.wait()
+            self.read_held(s.name, data.cpu(), items.get(s.name, []), planner)
         for work in sent:
             work.wait()
         done: Future[None] = Future()
