@@ -39,6 +39,15 @@ EXPORT_CLI = "tests/unit/test_export.py::test_a_corrupt_shard_fails_in_one_line_
 EXPORT = "tests/unit/test_export.py::test_exported_model_computes_trainflows_logits"
 STATUS = "tests/unit/test_status.py::test_the_command_prints_lines_and_json_without_torch"
 DRILL = "tests/integration/test_restarts.py::test_a_dead_rank_ends_the_job_fast_and_the_stage_restarts_it_bitwise"
+GOODPUT_DRILL = (  # slow
+    "tests/workflow/test_goodput_drill.py::test_measured_goodput_is_the_plan_from_the_runs_terms_at_both_mtbfs"
+)
+FROM_RUN = "tests/unit/test_plan_from_run.py::test_from_run_prints_the_plan_beside_the_measurement"
+MTBF_DRILL = (
+    "experiment=smoke train.segments=2 train.segment_steps=90 checkpoint.interval_steps=3 "
+    "cluster.hardware.hang_share=0.4 cluster.runtime.hang_detect_s=2 cluster.runtime.heartbeat_s=0.5 "
+    "cluster.allocation.max_restarts=40 fault.seed=2 fault.mtbf_s=36"
+)
 
 COMMANDS: dict[str, tuple[Ran | str, ...]] = {
     "bash scripts/bootstrap.sh": (Ran("scripts/test.sh", "bash scripts/bootstrap.sh"),),
@@ -50,6 +59,11 @@ COMMANDS: dict[str, tuple[Ran | str, ...]] = {
     f".venv/bin/snakemake {LOCAL} --forcerun verify_checkpoint": (DRY_RUN,),
     f'.venv/bin/snakemake {LOCAL} --config run=drill overrides="experiment=smoke fault.step=7 fault.rank=1 '
     'fault.signal=KILL"': (DRY_RUN, Ran(DRILL, '"fault.signal=KILL"')),
+    f'.venv/bin/snakemake {LOCAL} --config run=mtbf overrides="{MTBF_DRILL}"': (
+        DRY_RUN,
+        Ran(GOODPUT_DRILL, "fault.mtbf_s="),
+    ),
+    ".venv/bin/python -m trainflow.plan --from-run runs/mtbf": (Ran(FROM_RUN, '"--from-run"'),),
     "bash scripts/slurm_cluster.sh start --nodes 2": (Ran("scripts/test.sh", "slurm_cluster.sh start --nodes 2"),),
     '.venv/bin/snakemake --profile profiles/slurm_local --config overrides="experiment=smoke"': (
         Ran(SLURM_RUN, "profiles/slurm_local"),

@@ -1,0 +1,72 @@
+"""The drill campaign (issue 33): failures injected at a rate (fault.mtbf_s) through the whole DAG, local launcher,
+dead and hung ranks mixed, and the measured goodput against the plan from the run's own terms (plan.from_run); then
+the same campaign at a third of the MTBF, which loses the goodput the plan says it will."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.support import SNAKEMAKE
+from trainflow.journal import Journal
+from trainflow.plan.from_run import plan_run, read_terms
+from trainflow.train.arrivals import Arrival, ArrivalKind
+
+DRILL = (
+    "experiment=smoke",
+    "train.segments=2",
+    "train.segment_steps=90",
+    "checkpoint.interval_steps=3",
+    "cluster.hardware.hang_share=0.4",
+    "cluster.runtime.hang_detect_s=2",
+    "cluster.runtime.heartbeat_s=0.5",
+    "cluster.allocation.max_restarts=40",
+    "fault.seed=2",
+)
+MTBF_S = 36.0
+"""About 6 failures over the drill's time at risk on the 2-core VM."""
+POINTS = 0.02
+TIMEOUT_S = 3600
+"""A drill's restarts each start the ranks' processes again: minutes over a campaign, more than tests.support's
+snakemake() allows on a loaded machine."""
+
+
+def campaign(workdir, *overrides: str) -> tuple[float, object, list[Arrival]]:
+    """Run the drill through the whole DAG; its wall time, its plan from its own terms, its injected failures."""
+    started = time.time()
+    args = ["--directory", str(workdir), "--profile", str(REPO / "profiles/local")]
+    done = subprocess.run(
+        [*SNAKEMAKE, *args, "--config", f"overrides={' '.join(overrides)}"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    run = workdir / "runs/default"
+    plan = plan_run(read_terms(run))
+    (ledger,) = (p for p in run.glob("capacity/checkpoints/*/faults.jsonl") if p.stat().st_mtime >= started)
+    struck = [a for a in Journal(ledger, Arrival).read() if a.kind is not ArrivalKind.START]
+    print(json.dumps({"wall_s": time.time() - started, "plan": plan.to_json(), "struck": len(struck)}))
+    return time.time() - started, plan, struck
+
+
+@pytest.mark.slow
+def test_measured_goodput_is_the_plan_from_the_runs_terms_at_both_mtbfs(tmp_path):
+    _, long, struck = campaign(tmp_path, *DRILL, f"fault.mtbf_s={MTBF_S:g}")
+    assert 4 <= len(struck) <= 12, struck
+    assert {a.kind for a in struck} == {ArrivalKind.KILL, ArrivalKind.STALL}
+    assert long.met.low <= long.measured <= long.met.high
+    assert long.measured == pytest.approx(long.met.goodput, abs=POINTS), long
+    report = (tmp_path / "runs/default/report/report.md").read_text()
+    assert "### Planned against measured" in report and "At the injected fault.mtbf_s (36 s)" in report
+
+    # A third of the MTBF, a new checkpoint series in the same run folder (train.seed is hashed, fault.* is not).
+    _, short, struck_short = campaign(tmp_path, *DRILL, f"fault.mtbf_s={MTBF_S / 3:g}", "train.seed=1")
+    assert len(struck_short) > len(struck)
+    assert short.measured == pytest.approx(short.met.goodput, abs=POINTS), short
+    lost, planned_loss = long.measured - short.measured, long.met.goodput - short.met.goodput
+    assert lost > POINTS and lost == pytest.approx(planned_loss, abs=POINTS)
