@@ -195,7 +195,8 @@ def planned(terms: RunTerms, mtbf_s: float) -> Planned:
             f"the run's terms at an MTBF of {mtbf_s:.4g} s give a campaign the simulation cannot finish (detection "
             f"{t.detect_s:.3g} s and restart {t.restart_s:.3g} s against that MTBF); its goodput is about 0"
         )
-    (low, high), wall, expects = np.percentile(sim, BAND), float(np.mean(t.work_s / sim)), failures(t)
+    (low, high), wall = np.percentile(sim, BAND), float(np.mean(t.work_s / sim))
+    expects = failures(t) if mtbf_s < NO_FAILURES_S else 0.0  # 1e-14, not 0, in floating point
     pieces = max(1, math.ceil(t.run_s / t.stretch_s))
     seconds = {
         "checkpoint": (pieces - 1) * t.blocking_s + terms.boundary_saves_s,
