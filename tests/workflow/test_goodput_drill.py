@@ -19,16 +19,17 @@ from trainflow.train.arrivals import Arrival, ArrivalKind
 DRILL = (
     "experiment=smoke",
     "train.segments=2",
-    "train.segment_steps=90",
+    "train.segment_steps=120",
     "checkpoint.interval_steps=3",
     "cluster.hardware.hang_share=0.4",
-    "cluster.runtime.hang_detect_s=2",
+    "cluster.runtime.hang_detect_s=20",
     "cluster.runtime.heartbeat_s=0.5",
     "cluster.allocation.max_restarts=40",
     "fault.seed=2",
 )
-MTBF_S = 36.0
-"""About 6 failures over the drill's time at risk on the 2-core VM."""
+MTBF_S = 30.0
+"""Three to ten failures over the drill's time at risk (its steps, evaluations, saves and restarts: 2-5 min), as fast
+as the machine steps."""
 POINTS = 0.02
 TIMEOUT_S = 3600
 """A drill's restarts each start the ranks' processes again: minutes over a campaign, more than tests.support's
@@ -57,12 +58,12 @@ def campaign(workdir, *overrides: str) -> tuple[float, object, list[Arrival]]:
 @pytest.mark.slow
 def test_measured_goodput_is_the_plan_from_the_runs_terms_at_both_mtbfs(tmp_path):
     _, long, struck = campaign(tmp_path, *DRILL, f"fault.mtbf_s={MTBF_S:g}")
-    assert 4 <= len(struck) <= 12, struck
+    assert 3 <= len(struck) <= 15, struck
     assert {a.kind for a in struck} == {ArrivalKind.KILL, ArrivalKind.STALL}
     assert long.met.low <= long.measured <= long.met.high
     assert long.measured == pytest.approx(long.met.goodput, abs=POINTS), long
     report = (tmp_path / "runs/default/report/report.md").read_text()
-    assert "### Planned against measured" in report and "At the injected fault.mtbf_s (36 s)" in report
+    assert "### Planned against measured" in report and "At the injected fault.mtbf_s (30 s)" in report
 
     # A third of the MTBF, a new checkpoint series in the same run folder (train.seed is hashed, fault.* is not).
     _, short, struck_short = campaign(tmp_path, *DRILL, f"fault.mtbf_s={MTBF_S / 3:g}", "train.seed=1")
