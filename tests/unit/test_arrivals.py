@@ -7,7 +7,9 @@ import itertools
 
 import pytest
 
+from tests.conftest import make_config
 from trainflow.config import FaultConfig
+from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.journal import Journal
 from trainflow.train.arrivals import Arrival, ArrivalKind, Arrivals, clock, schedule, start_clock
@@ -79,3 +81,11 @@ def test_the_clock_starts_once_per_settings_and_a_job_without_it_stops(tmp_path)
     assert Arrivals.for_job(FaultConfig(), ledger=ledger, rank=0, world=2, attempt=0, segment=0) is None
     arrivals = Arrivals.for_job(FaultConfig(mtbf_s=30.0, seed=5), ledger=ledger, rank=0, world=2, attempt=1, segment=0)
     assert arrivals.opens is not None and arrivals.opens <= started + 1
+
+
+def test_the_rate_is_in_no_hash(tmp_path):
+    """fault.mtbf_s and fault.seed change no checkpoint series: a drill and its rerun without it share one."""
+    plain = make_config("train_segment", tmp_path)
+    drill = make_config("train_segment", tmp_path, "fault.mtbf_s=30", "fault.seed=2")
+    assert (drill.fault.mtbf_s, drill.fault.seed) == (30.0, 2)
+    assert RunFolder.of(drill).train_hash == RunFolder.of(plain).train_hash
