@@ -34,6 +34,7 @@ def reference(tmp_path_factory, tokens) -> dict:
     return run_segment(tmp_path_factory.mktemp("reference"), tokens, *RESTART_RUN)
 
 
+@pytest.mark.slow  # a reference run and a job of two steps: 230 s at load 18-25 on the 2-core VM
 def test_a_dead_rank_is_restarted_inside_its_job_on_a_spare_bitwise(tmp_path, tokens, reference):
     summary = segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=KILL")
     jobs, spans = ledgers(tmp_path, *HOT)
@@ -44,4 +45,33 @@ def test_a_dead_rank_is_restarted_inside_its_job_on_a_spare_bitwise(tmp_path, to
     assert 0 < jobs[1].first_step_s < 60, jobs[1]
     first = min(s.started + s.seconds for s in spans if s.kind == "step" and s.started > jobs[0].ended)
     assert jobs[1].first_step_s == pytest.approx(first - jobs[0].ended, abs=1.0)  # the marker's time is the span's
+    assert summary["state_digest"] == reference["state_digest"]
+
+
+@pytest.mark.slow  # a job of two steps, the first ended by the heartbeat after 4 s
+def test_a_stalled_rank_is_named_and_restarted_inside_its_job_bitwise(tmp_path, tokens, reference):
+    # Rank 1's main thread blocks at step 3 while its heartbeat thread beats on: the heartbeat names it after 4 s.
+    hang = ("cluster.runtime.hang_detect_s=4",)
+    summary = segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *hang)
+    jobs, _ = ledgers(tmp_path, *HOT, *hang)
+    assert [(j.outcome, j.step) for j in jobs] == [("hang", 0), ("completed", 1)]
+    host = socket.gethostname()
+    assert jobs[0].line.startswith(f"rank 1 on host {host} made no progress"), jobs[0].line
+    assert jobs[0].left_out == [host] and len(submitted_jobs(tmp_path, *hang)) == 1
+    assert 0 < jobs[1].first_step_s < 60, jobs[1]
+    assert summary["state_digest"] == reference["state_digest"]
+
+
+@pytest.mark.slow  # three steps of two jobs: ~60 s on a quiet machine
+def test_once_the_spares_are_used_up_the_next_restart_is_a_new_job(tmp_path, tokens, reference, caplog):
+    # Rank 1 dies at step 3 and, in the hot-restarted step, at step 5: the one spare is spent, so the stage submits a
+    # new job (a supervisor again, with its own spare), which meets no fault.
+    twice = ("fault.step=3", "fault.rank=1", "fault.signal=KILL", "fault.strikes=2", "fault.stride=2")
+    summary = segment(tmp_path, tokens, *twice)
+    jobs, _ = ledgers(tmp_path, *HOT)
+    assert [(j.outcome, j.step) for j in jobs] == [("died", 0), ("died", 1), ("completed", 0)]
+    assert jobs[1].verdict.startswith("restart") and len(submitted_jobs(tmp_path)) == 2
+    assert jobs[2].job_id.split(".")[0] != jobs[0].job_id.split(".")[0]
+    handed = [r.getMessage() for r in caplog.records if "handed back" in r.getMessage()]
+    assert len(handed) == 1 and handed[0].endswith("the job's 1 spare node(s) are used up: a new job"), handed
     assert summary["state_digest"] == reference["state_digest"]

@@ -90,7 +90,8 @@ def test_a_node_slurm_marks_down_is_left_out_of_a_new_step_in_the_same_job(tmp_p
     summary = run_segment(tmp_path, tokens, *BASE, *SLURM, *slow)
     drill.join()
     jobs = assert_hot_restarted(tmp_path, summary, reference, *slow)
-    assert jobs[0].outcome == "died" and f"on host {jobs[0].left_out[0]}" in jobs[0].line, jobs[0].line
+    assert jobs[0].outcome == "died" and f"node {jobs[0].left_out[0]} failed" in jobs[0].line, jobs[0].line
+    assert len(idle_nodes()) == 3  # the node is back for the tests after this one
 
 
 def down_rank_1_node(root: Path, extra: tuple[str, ...]) -> None:
@@ -109,9 +110,9 @@ def down_rank_1_node(root: Path, extra: tuple[str, ...]) -> None:
             while time.monotonic() < deadline and not list(folder.glob("*.1/*_1_task.json")):
                 time.sleep(0.5)
     finally:
-        if node:
+        if node:  # Slurm may have returned it to service already (ReturnToService=2): then resume is refused
             scontrol("update", f"nodename={node}", "state=resume")
 
 
 def scontrol(*args: str) -> None:
-    subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True)
+    subprocess.run(["scontrol", *args], capture_output=True, text=True)

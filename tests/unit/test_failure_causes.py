@@ -104,3 +104,15 @@ def test_a_node_failure_is_a_death_on_that_node_restarted_without_it(tmp_path, m
 
     monkeypatch.setattr(job_end.subprocess, "run", fake)
     assert job_end.lost_nodes("12") == ["n2"]
+
+
+def test_a_node_failure_srun_reports_in_a_job_that_outlives_it_blames_that_node(tmp_path):
+    # A supervised job (sbatch --no-kill) loses only its step on the failed node; srun then kills the step's other
+    # ranks and reports them killed too: the failed node is the cause, not the first rank reported.
+    job = submitit.SlurmJob(tmp_path, "51", tasks=(0, 1))
+    job.paths.stderr.write_text(
+        "srun: error: Node failure on n2\nsrun: error: n1: task 0: Killed\nsrun: Force Terminated StepId=51.0\n"
+    )
+    failure = analyse(job, "slurm", ("", 0), [None, None])
+    assert failure.kind == JobOutcome.DIED and failure.host == "n2" and "node n2 failed" in failure.line
+    assert judge(failure, [], max_restarts=3, restarts=0).exclude == {"n2"}

@@ -3,8 +3,8 @@
     failure = analyse(job, "local", ("", 0), outcomes)   # launch.job_end does, for every failed job
 
 The line names the likeliest cause: a hang the job's own ranks diagnosed (launch.heartbeat), else a node that failed
-(NODE_FAIL, BOOT_FAIL: the node Slurm holds down), else the state of a job Slurm stopped (TIMEOUT, CANCELLED...),
-else the first rank that died (its host, and the signal or exit
+(NODE_FAIL, BOOT_FAIL: the node Slurm holds down; srun's "Node failure on" line in a job that outlives it), else the
+state of a job Slurm stopped (TIMEOUT, CANCELLED...), else the first rank that died (its host, and the signal or exit
 code that srun, or for a local job executors.LocalController, wrote in the job's log), else the first rank that
 raised. Each task's marker (task.py) says where it ran, whether its code ended and, if it raised, whether the error
 was one of trainflow's own (a TrainflowError: a config, data or checkpoint problem that no restart fixes); a rank
@@ -28,6 +28,9 @@ from trainflow.resilience.verdict import JobFailure
 
 TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+): (.+)$", re.MULTILINE)
 """The line srun writes into the job's log for each task that ended abnormally; LocalController writes it too."""
+NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.MULTILINE)
+"""srun's line for a node of its step that failed (a job that survives it, sbatch --no-kill, loses only its steps
+there): the ranks it kills elsewhere are reported too, and are not the cause."""
 SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsignal(s))}
 """srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
 
@@ -82,7 +85,8 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, 
             expected=expected,
             world=job.num_tasks,
         )
-    if state in NODE_FAULTS:
+    lost = [*lost, *reported_node_failures(job.paths.stderr)]
+    if state in NODE_FAULTS or lost:
         host = lost[0] if lost else ""
         which = f"node {host}" if host else "a node Slurm no longer lists as down"
         line = f"{kind} job {job.job_id} ended{ended}: {which} failed (full log: {job.paths.stderr})"
@@ -90,6 +94,7 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, 
             line=line,
             kind=JobOutcome.DIED,
             state=state,
+            rank=min((k for k, m in markers.items() if m.host == host), default=None),
             host=host,
             errors=errors,
             expected=expected,
@@ -176,6 +181,12 @@ def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:
                 ends.pop(rank, None)
                 ends[rank] = (host, what)
     return ends
+
+
+def reported_node_failures(log_file: Path) -> list[str]:
+    """The nodes srun reported failed in the job's (or job step's) log, in order."""
+    text = log_file.read_text(errors="replace") if log_file.exists() else ""
+    return list(dict.fromkeys(NODE_FAILURE.findall(text)))
 
 
 def remedy(what: str) -> str:
