@@ -124,6 +124,15 @@ def test_from_run_on_a_hostile_folder_is_one_line(tmp_path, capsys, text, messag
     assert err.count("\n") == 1 and message in err, err
 
 
+def test_from_run_reads_no_device_behind_the_name(tmp_path, capsys):
+    folder = tmp_path / "train/abc123"
+    folder.mkdir(parents=True)
+    (folder / "terms.json").symlink_to("/dev/zero")
+    assert main(["--from-run", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a regular file" in err
+
+
 def test_from_run_without_terms_says_what_to_pass(tmp_path, capsys):
     assert main(["--from-run", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err

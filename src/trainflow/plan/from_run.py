@@ -175,6 +175,8 @@ def read_terms(run: str | Path) -> RunTerms:
 
 def load_terms(path: Path) -> RunTerms:
     """terms.json at `path`, every value checked; else one RunTermsError naming the file."""
+    if not path.is_file():  # a device or a pipe: /dev/zero would be read for ever
+        raise RunTermsError(f"{path} is not a regular file; rerun train_segment to rewrite it")
     if path.stat().st_size > MAX_BYTES:
         raise RunTermsError(f"{path} is {path.stat().st_size} bytes, more than terms hold; rerun train_segment")
     try:
