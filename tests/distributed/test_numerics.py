@@ -33,10 +33,14 @@ BF16_RUN = (
     "checkpoint.interval_steps=1000",
     "train.eval_every=1000",
 )
-BF16_TOLERANCE = {"window_of_10": 0.05, "last_10": 0.03}
-"""bf16 rounding moves each step's loss a little and the runs' trajectories drift apart (single steps differ by
-up to 0.25 on this batch of 4), so the bound is on means: every 10-step moving mean of the bf16 losses within 5 %
-of fp32's, the last 10 steps' mean within 3 %. Measured on every layout: at most 2.3 % and 2.0 %."""
+BF16_TOLERANCE = {"first_20": 0.02, "window_of_10": 0.10, "last_10": 0.03}
+"""bf16 rounding moves each step's loss a little, then the runs' trajectories part (this tiny model at this batch of
+4 answers a hard batch with a transient that rounding can make larger or smaller), so the bounds are: each of the
+first 20 steps within 0.02 of fp32's (a layout that reduces or sends bf16 wrongly parts there at once), every 10-step
+moving mean within 10 % of fp32's, the last 10 steps' mean within 3 %. Measured on a CPU with AVX512-BF16 kernels
+(torch 2.13): the first 20 steps within 0.0034 on every layout; the windows 2.4 % (one process), 4.0 % (tp2), 2.5 %
+(pp2) and 9.3 % (tp2 x pp2, a bump at steps 30-35 that tp2 has too, smaller; fp32 tp2 x pp2 matches one process
+within 1e-4, so the bump is bf16's trajectory, not the layout); the last 10 within 2.2 %."""
 
 FP8_TOLERANCE = {"window_of_10": 0.10, "last_10": 0.05}
 """The same means with e4m3 / e5m2 rounding of every block GEMM (the reference GEMMs on CPU), batch of 4, one
@@ -102,11 +106,10 @@ def test_bf16_stays_within_tolerance_of_fp32(layout, tmp_path, fixed_tokens, fp3
     summary = run_segment(tmp_path, fixed_tokens, f"parallel={layout}", *BF16_RUN, "train.precision=bf16")
     bf16 = step_losses(summary)
     window, last = drift(bf16, fp32_losses)
-    step = max(abs(a - b) for a, b in zip(bf16, fp32_losses))
-    print(
-        f"{layout}: bf16 vs fp32, {BF16_STEPS} steps: windows {window:.2%}, last 10 {last:.2%}, worst step {step:.3f}"
-    )
+    first = max(abs(a - b) for a, b in zip(bf16[:20], fp32_losses[:20]))
+    print(f"{layout}: bf16 vs fp32, {BF16_STEPS} steps: first 20 {first:.4f}, windows {window:.2%}, last 10 {last:.2%}")
     assert summary["setup"]["precision"] == "bf16" and len(bf16) == BF16_STEPS
+    assert first <= BF16_TOLERANCE["first_20"]
     assert window <= BF16_TOLERANCE["window_of_10"] and last <= BF16_TOLERANCE["last_10"]
     assert bf16[-1] < bf16[0] - 1.0  # and it learns
 
