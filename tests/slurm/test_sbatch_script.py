@@ -72,7 +72,7 @@ def test_alps_70b_script(tmp_path, monkeypatch):
     flags = sbatch_flags(text)
     # dp64 x tp8 x pp8 = 4096 ranks on 1024 GH200 nodes: one task per GPU.
     assert flags["nodes"] == "1024" and flags["ntasks-per-node"] == "4" and flags["gpus-per-node"] == "4"
-    assert flags["cpus-per-task"] == "72" and flags["mem"] == "460GB" and flags["time"] == "720"
+    assert flags["cpus-per-task"] == "72" and flags["mem"] == "460GB" and flags["time"] == "1440"  # 24 h
     assert flags["signal"] == "USR2@300"  # five minutes to save a 70B checkpoint before the limit
     assert flags["partition"] == "normal" and flags["account"] == "a-trainflow"
     assert flags["constraint"] == "'thp_never&vboost'"

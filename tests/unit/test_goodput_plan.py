@@ -32,26 +32,29 @@ def by_name(plan: GoodputPlan) -> dict:
 
 
 def test_the_seeds_campaign_as_configured_and_with_every_remedy():
-    """The seed's 70B campaign at MTBF 4 h. As configured (async checkpoints, trainflow's detection, a new job per
-    restart whose load each of the 64 dp replicas reads for itself: 7130 s) about 49 %; with the single read (not
-    built) 87 %; with every remedy 90 %, short of the goal by the job starts (2.3 %) and evaluation (5.3 %) alone."""
+    """The seed's 70B campaign at MTBF 4 h, as its experiment configures it (issue 32): async checkpoints every 20
+    steps, trainflow's detection, hot restarts on 12 spare nodes (hot_restart_s: the local drill's 51 s) and the load
+    read once (111 s at 7.6 GB/s, then 0.5 s gathering over the dp links), 24 h jobs, evaluation every 1000 steps:
+    95.5 %, every remedy built. The baseline (sync, the collective timeout, a new job whose load each of the 64 replicas
+    reads for itself: 7130 s) keeps 36.5 %. Were the single read and the hot restart missing (the plan before them),
+    the configured campaign kept 48.8 %."""
     s = by_name(goodput(*SEED))
     base, configured, best = s["baseline (sync, timeout)"], s["as configured"], s["all remedies"]
-    assert base.blocking_s == pytest.approx(121, abs=1) and base.interval_steps == 151
-    assert base.detect_s == 300 and base.restart_s == pytest.approx(7730, abs=5) and base.built
+    assert base.blocking_s == pytest.approx(121, abs=1) and base.interval_steps == 20  # checkpoint.interval_steps
+    assert base.detect_s == 300 and base.restart_s == pytest.approx(300 + 300 + 7130, abs=5) and base.built
     assert configured.blocking_s < 1 and configured.interval_s >= configured.write_s == base.blocking_s
     assert configured.detect_s == pytest.approx(0.78 * 30 + 0.22 * 124, abs=1) and configured.built
-    assert configured.restart_s == base.restart_s and configured.simulated == pytest.approx(0.488, abs=0.01)
-    single = s["+ single read"]
-    assert single.restart_s == pytest.approx(711, abs=2) and single.simulated == pytest.approx(0.871, abs=0.01)
-    assert not single.built and not s["+ hot restart"].built and "+ async checkpoints" not in s  # configured: async
-    assert best.restart_s == pytest.approx(171, abs=2) and best.simulated == pytest.approx(0.903, abs=0.005)
-    assert not best.meets_goal and not best.built
-    assert best.terms["evaluation"] == pytest.approx(8 / 150) and best.terms["job starts"] == pytest.approx(
-        0.023, abs=0.002
+    assert configured.restart_s == pytest.approx(51 + 111.9, abs=1)  # hot restart + the single read, no queue
+    assert configured.simulated == pytest.approx(0.955, abs=0.005) and configured.meets_goal
+    assert set(s) == {"baseline (sync, timeout)", "as configured", "all remedies"}  # async and spares configured
+    assert best.restart_s == configured.restart_s and best.built and best.meets_goal
+    assert best.terms["evaluation"] == pytest.approx(8 / 3000) and best.terms["job starts"] == pytest.approx(
+        0.012, abs=0.001
     )
     assert best.simulated_low < best.simulated < best.simulated_high
-    assert "+ async checkpoints" in by_name(goodput())  # the default checkpoints synchronously
+    unbuilt = by_name(goodput(*SEED, "cluster.allocation.spare_nodes=0"))
+    assert unbuilt["as configured"].restart_s == pytest.approx(300 + 300 + 111.9, abs=1)  # a new job, read once
+    assert "+ hot restart" in unbuilt and "+ async checkpoints" in by_name(goodput())  # the default: sync, no spares
 
 
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: " ".join(o) or "default")
@@ -122,7 +125,7 @@ def test_the_command_prints_the_goodput_section_and_its_json(capsys):
     table = capsys.readouterr().out
     assert "Goodput under failures (MTBF 4 h" in table
     assert all(s.name in table for s in goodput(*SEED).scenarios) and f"misses {GOAL:.0%}" in table
-    assert table.count("(not built)") == 3 and "evaluation 5.3% in every scenario" in table
+    assert "(not built)" not in table and "evaluation 0.3% in every scenario" in table
     assert main(["--json", *SEED]) == 0
     carried = json.loads(capsys.readouterr().out)["goodput"]
     assert GoodputPlan.from_json(carried) == goodput(*SEED) and carried["goal"] == GOAL

@@ -36,7 +36,7 @@ import numpy as np
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
-from trainflow.plan.scenarios import SCENARIOS, Remedies, detection_s, eval_share, load_s, scenario_times
+from trainflow.plan.scenarios import SCENARIOS, LoadTimes, Remedies, detection_s, eval_share, load_times, scenario_times
 from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
@@ -111,21 +111,26 @@ class GoodputPlan(Record):
 
 
 def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> int:
-    """Jobs of a campaign without failures: train.segments, each as many as its steps need of the time limit."""
-    a, t = cfg.cluster.allocation, cfg.train
+    """Jobs of a campaign without failures: train.segments, each as many as its steps need of the time limit, each
+    step paying its share of the configured mode's save blocking."""
+    a, t, aw = cfg.cluster.allocation, cfg.train, campaign.asynchronous
     job_s = a.time_min * 60 - a.signal_delay_s  # the pre-timeout signal ends a job's training
-    per_job = max(1, math.floor(job_s / (step_s + campaign.save_s / campaign.interval_steps)))
+    if cfg.checkpoint.mode == "async" and not aw.refused:  # a save blocks for its copy (and a wait for the last one)
+        save_s, interval = aw.blocking_s + max(0.0, aw.background_s - aw.interval_s), aw.interval_steps
+    else:
+        save_s, interval = campaign.save_s, campaign.interval_steps
+    per_job = max(1, math.floor(job_s / (step_s + save_s / interval)))
     return t.segments * math.ceil(t.segment_steps / per_job)
 
 
 def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> GoodputPlan:
     """Every scenario's goodput for cfg's campaign."""
-    replicas = setup.layout.dp // setup.layout.shard_size  # each loads its own copy of the state
+    loads = load_times(cfg, campaign, setup)
     h, rt = cfg.cluster.hardware, cfg.cluster.runtime
     mtbf_s = h.mtbf_hours * 3600
     jobs = job_count(cfg, campaign, step_s)
     scenarios = [
-        scenario(r, scenario_times(cfg, r, step_s=step_s, campaign=campaign, replicas=replicas, jobs=jobs), steps)
+        scenario(r, scenario_times(cfg, r, step_s=step_s, campaign=campaign, loads=loads, jobs=jobs), steps)
         for r, steps in ((r, r.interval_steps(cfg, campaign)) for r in SCENARIOS if r.listed(cfg))
     ]
     dead, hung = detection_s(cfg, step_s)
@@ -137,14 +142,14 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
         f"{configured.terms['job starts']:.1%} of the steps' time as configured in allocation waits, start-ups, saves "
         f"and loads; evaluation {eval_share(cfg):.1%} in every scenario (train.eval_batches {cfg.train.eval_batches} "
         f"every train.eval_every {cfg.train.eval_every} steps)",
-        *caveats(scenarios, refused=campaign.asynchronous.refused, replicas=replicas, load_s=load_s(cfg, campaign)),
+        *caveats(scenarios, refused=campaign.asynchronous.refused, loads=loads),
     ]
     return GoodputPlan(
         goal=GOAL,
         mtbf_s=mtbf_s,
         productive_s=cfg.train.total_steps * step_s,
         jobs=jobs,
-        load_s=load_s(cfg, campaign),
+        load_s=loads.single_s,
         trials=TRIALS,
         seed=SEED,
         scenarios=scenarios,
@@ -154,8 +159,8 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
     )
 
 
-def caveats(scenarios: list[GoodputScenario], *, refused: str | None, replicas: int, load_s: float) -> list[str]:
-    """The notes that hold only for some plans: scenarios not sampled, async refused, each replica's own load."""
+def caveats(scenarios: list[GoodputScenario], *, refused: str | None, loads: LoadTimes) -> list[str]:
+    """The notes that hold only for some plans: scenarios not sampled, async refused, the replicas' loads."""
     notes = []
     if expected_only := [s for s in scenarios if s.method is Method.EXPECTED]:
         notes.append(
@@ -165,11 +170,12 @@ def caveats(scenarios: list[GoodputScenario], *, refused: str | None, replicas: 
         )
     if refused:
         notes.append(f"the async scenarios checkpoint synchronously: {refused}")
-    if replicas > 1:
+    if loads.replicas > 1:
         notes.append(
-            f"each of the {replicas} dp replicas reads its own copy of the checkpoint: a load takes "
-            f"{replicas * load_s:.4g} s unless the file servers' caches serve the repeats (not measured), "
-            f"{load_s:.4g} s read once (the single read, not built)"
+            f"a load reads the checkpoint once ({loads.read_s:.4g} s) and gathers each rank's replicated state over "
+            f"its {loads.replicas} dp replicas' links ({loads.exchange_s:.3g} s; checkpoint.single_read); the "
+            f"baseline's replicas each read their own copy: {loads.per_replica_s:.4g} s unless the file servers' "
+            "caches serve the repeats (not measured)"
         )
     return notes
 

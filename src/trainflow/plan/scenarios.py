@@ -5,19 +5,20 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
 
 - baseline: synchronous checkpoints, and D the collective timeout, which the survivors of a dead or hung rank wait
   out without trainflow's heartbeat and srun's kill-on-bad-exit (over NCCL on RDMA a dead peer is as silent as a
-  hung one); R a new job: requeue_wait_s + startup_s + the load.
-- as configured: the experiment's checkpoint.mode and trainflow's detection (built, always on): a dead rank ends the
-  job within runtime.failure_detect_s, a hung one within the heartbeat's threshold (config.cluster.hang_threshold_s),
-  each at most the collective timeout, mixed by hardware.hang_share; R a new job (launch.restart).
+  hung one); R a new job: requeue_wait_s + startup_s + the load, which each dp replica reads for itself (DCP's own
+  loader: replicas x the single read's time, unless the file servers' caches serve the repeats, not measured).
+- as configured: the experiment's checkpoint.mode, trainflow's detection (built, always on: a dead rank ends the job
+  within runtime.failure_detect_s, a hung one within the heartbeat's threshold, config.cluster.hang_threshold_s, each
+  at most the collective timeout, mixed by hardware.hang_share) and the single read (built, always on:
+  checkpoint.single_read): a load is the checkpoint read once at hardware.checkpoint_read_gbps, then each rank's
+  replicated state exchanged over its replica group's links (an all-gather, plan.collectives). R: with
+  cluster.allocation.spare_nodes > 0 a hot restart (launch.supervisor: hot_restart_s + the load, no new job; the
+  spares' idle node-hours are not in a goodput of time), else a new job (launch.restart).
 - + async checkpoints (built; listed where the experiment checkpoints synchronously): C, tau and the write as
   plan.campaign's async mode gives them; a checkpoint is durable once its background write ends, and a fixed
   interval shorter than the write adds its wait for the last one to C. Where campaign refuses async (host memory),
   the scenario checkpoints synchronously, and a note says why.
-- + hot restart (not built): an in-job restart onto spare nodes the job holds: R = hot_restart_s + the load (the
-  spares' idle node-hours are not in a goodput of time).
-- + single read (not built): the load reads the checkpoint once at hardware.checkpoint_read_gbps. trainflow's loader
-  (DCP) has every rank read its own state, so each dp replica reads its copy: unless the file servers' caches serve
-  the repeats a load takes replicas x as long, which every other scenario pays (not measured either way).
+- + hot restart (built; listed where the experiment holds no spare nodes): R = hot_restart_s + the load.
 - all remedies: every one of them.
 """
 
@@ -29,36 +30,44 @@ from trainflow.config.cluster import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import Timeline
+from trainflow.plan.setup import PlanSetup
 
-HOT_RESTART_BUILT = False
-"""An in-job restart onto spare nodes: trainflow's restart (launch.restart) submits a new job."""
-SINGLE_READ_BUILT = False
-"""Replicated state read once per job start and exchanged over the dp group: each replica reads its own copy."""
+HOT_RESTART_BUILT = True
+"""An in-job restart onto spare nodes (launch.supervisor, cluster.allocation.spare_nodes)."""
+SINGLE_READ_BUILT = True
+"""Replicated state read once per job start and exchanged over the dp group (checkpoint.single_read)."""
 
 
 @dataclass(frozen=True)
 class Remedies:
     """What a scenario assumes: async checkpoints (None: checkpoint.mode as configured), trainflow's fast detection, a
-    hot restart, the single read."""
+    hot restart (None: where cluster.allocation.spare_nodes holds spares), the single read."""
 
     name: str
     asynchronous: bool | None
     fast_detection: bool
-    hot_restart: bool
+    hot_restart: bool | None
     single_read: bool
     only_if_sync: bool = False
     """Listed only where the experiment checkpoints synchronously (else it is what "as configured" does)."""
+    only_if_no_spares: bool = False
+    """Listed only where the experiment holds no spare nodes (else it is what "as configured" does)."""
 
     @property
     def built(self) -> bool:
         return (HOT_RESTART_BUILT or not self.hot_restart) and (SINGLE_READ_BUILT or not self.single_read)
 
     def listed(self, cfg: TrainflowConfig) -> bool:
-        return not self.only_if_sync or cfg.checkpoint.mode != "async"
+        return not (self.only_if_sync and cfg.checkpoint.mode == "async") and not (
+            self.only_if_no_spares and cfg.cluster.allocation.spare_nodes > 0
+        )
 
     def uses_async(self, cfg: TrainflowConfig, campaign: CampaignPlan) -> bool:
         wanted = cfg.checkpoint.mode == "async" if self.asynchronous is None else self.asynchronous
         return wanted and not campaign.asynchronous.refused
+
+    def uses_hot_restart(self, cfg: TrainflowConfig) -> bool:
+        return cfg.cluster.allocation.spare_nodes > 0 if self.hot_restart is None else self.hot_restart
 
     def interval_steps(self, cfg: TrainflowConfig, campaign: CampaignPlan) -> int:
         return campaign.asynchronous.interval_steps if self.uses_async(cfg, campaign) else campaign.interval_steps
@@ -66,12 +75,31 @@ class Remedies:
 
 SCENARIOS = (
     Remedies("baseline (sync, timeout)", False, False, False, False),
-    Remedies("as configured", None, True, False, False),
-    Remedies("+ async checkpoints", True, True, False, False, only_if_sync=True),
-    Remedies("+ hot restart", None, True, True, False),
-    Remedies("+ single read", None, True, False, True),
+    Remedies("as configured", None, True, None, True),
+    Remedies("+ async checkpoints", True, True, None, True, only_if_sync=True),
+    Remedies("+ hot restart", None, True, True, True, only_if_no_spares=True),
     Remedies("all remedies", True, True, True, True),
 )
+
+
+@dataclass(frozen=True)
+class LoadTimes:
+    """A job start's checkpoint load, both ways (module docstring)."""
+
+    read_s: float
+    """The checkpoint read once at hardware.checkpoint_read_gbps."""
+    exchange_s: float
+    """Each rank's replicated state gathered over its replica group (plan.collectives.shard_seconds)."""
+    replicas: int
+    """The dp replicas that each read their own copy without the single read."""
+
+    @property
+    def single_s(self) -> float:
+        return self.read_s + self.exchange_s
+
+    @property
+    def per_replica_s(self) -> float:
+        return self.replicas * self.read_s
 
 
 def eval_share(cfg: TrainflowConfig) -> float:
@@ -80,9 +108,12 @@ def eval_share(cfg: TrainflowConfig) -> float:
     return cfg.train.eval_batches / (3 * cfg.train.eval_every)
 
 
-def load_s(cfg: TrainflowConfig, campaign: CampaignPlan) -> float:
-    """The checkpoint read once at hardware.checkpoint_read_gbps."""
-    return campaign.checkpoint_bytes / (cfg.cluster.hardware.checkpoint_read_gbps * 1e9)
+def load_times(cfg: TrainflowConfig, campaign: CampaignPlan, setup: PlanSetup) -> LoadTimes:
+    """The load read once plus the exchange (checkpoint.single_read reads first, then exchanges), and the replicas."""
+    replica = setup.groups.replica
+    per_rank = campaign.checkpoint_bytes * replica.size / setup.layout.world_size  # what each rank of a replica holds
+    read_s = campaign.checkpoint_bytes / (cfg.cluster.hardware.checkpoint_read_gbps * 1e9)
+    return LoadTimes(read_s=read_s, exchange_s=replica.shard_s(per_rank), replicas=replica.size)
 
 
 def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
@@ -93,11 +124,11 @@ def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
 
 
 def scenario_times(
-    cfg: TrainflowConfig, r: Remedies, *, step_s: float, campaign: CampaignPlan, replicas: int, jobs: int
+    cfg: TrainflowConfig, r: Remedies, *, step_s: float, campaign: CampaignPlan, loads: LoadTimes, jobs: int
 ) -> Timeline:
     """The campaign's times under scenario `r` (module docstring)."""
     h, a, share = cfg.cluster.hardware, campaign.asynchronous, eval_share(cfg)
-    load = load_s(cfg, campaign) * (1 if r.single_read else replicas)
+    load = loads.single_s if r.single_read else loads.per_replica_s
     if r.uses_async(cfg, campaign):  # a save due before the last one's write ends waits for it
         blocking_s, write_s, steps = (
             a.blocking_s + max(0.0, a.background_s - a.interval_s),
@@ -106,7 +137,9 @@ def scenario_times(
         )
     else:
         blocking_s, write_s, steps = campaign.save_s, 0.0, campaign.interval_steps
-    wait_s, held_s = (0.0, h.hot_restart_s + load) if r.hot_restart else (h.requeue_wait_s, h.startup_s + load)
+    wait_s, held_s = (
+        (0.0, h.hot_restart_s + load) if r.uses_hot_restart(cfg) else (h.requeue_wait_s, h.startup_s + load)
+    )
     dead, hung = detection_s(cfg, step_s)
     fast = (1 - h.hang_share) * dead + h.hang_share * hung
     return Timeline(
