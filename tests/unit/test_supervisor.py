@@ -4,9 +4,13 @@ follows, which go back to the stage (a new job, or its end), and the hosts of th
 from __future__ import annotations
 
 import pytest
+from submitit.slurm.slurm import SlurmExecutor
 
 from trainflow.config import compose
-from trainflow.launch.supervisor import Supervisor, swapped
+from trainflow.launch import build_executor
+from trainflow.launch import supervisor as launch_supervisor
+from trainflow.launch.supervisor import SrunSteps, Supervisor, swapped
+from trainflow.launch.task import MASTER_ADDR
 from trainflow.resilience.ledger import JobOutcome
 from trainflow.resilience.verdict import JobFailure
 
@@ -45,3 +49,32 @@ def test_what_the_stage_must_judge_goes_back_to_it(supervisor):
     refused = JobFailure(line="x", kind=JobOutcome.RAISED, rank=0, host="n1", errors={0: "E: x"}, expected=True)
     verdict, why = supervisor.verdict(refused, None, [], [], (["n1", "n2"], ["n3"]))
     assert not verdict.restart and why == verdict.why and why.startswith("not restarted")
+
+
+SLURM = ["cluster=slurm_local", "cluster.allocation.nodes=2", "cluster.allocation.spare_nodes=1", "parallel=dp2"]
+
+
+def test_a_supervised_job_holds_the_spares_and_starts_one_task(tmp_path, monkeypatch):
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # no srun needed for the script
+    allocation = compose("train_segment", SLURM).cluster.allocation
+    slurm = build_executor(allocation, world_size=2, folder=tmp_path, name="hot", supervised=True)._executor
+    text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
+    assert "#SBATCH --nodes=3\n" in text and "#SBATCH --no-kill\n" in text, text
+    assert " --nodes=1 --ntasks=1 " in text and "--kill-on-bad-exit" not in text, text
+
+
+def test_a_step_runs_on_its_hosts_inside_the_allocation(tmp_path, monkeypatch):
+    started = {}
+
+    def popen(command, **kwargs):
+        started.update(command=command, env=kwargs["env"])
+
+    monkeypatch.setattr(launch_supervisor.subprocess, "Popen", popen)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    steps = SrunSteps(compose("train_segment", SLURM).cluster.allocation, 2)
+    job = steps.launch(print, ["n1", "n3"], tmp_path / "12.1")
+    command = started["command"]
+    shape = ("--nodelist=n1,n3", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1")
+    assert set(shape) | {"--overlap", "--kill-on-bad-exit=1"} <= set(command), command
+    assert command[-1] == str(tmp_path / "12.1") and started["env"][MASTER_ADDR] == "n1"
+    assert job.paths.submitted_pickle.exists() and job.num_tasks == 2
