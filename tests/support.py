@@ -38,7 +38,7 @@ LAYERS = {
     "host": 1,
     "config": 2,
     "journal": 2,
-    "fp8": 2,
+    "fp8": 3,
     "hf": 3,
     "data": 4,
     "model": 4,

@@ -26,6 +26,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 ROPE_SCALINGS = ("none", "llama3")
 """model.rope_scaling's kinds: none, or Llama 3.1's frequency scaling (Hugging Face's rope_type llama3)."""
 ACTIVATION_MODES = ("keep", "recompute", "offload")
+FP8_RECIPES = ("dynamic", "delayed", "rowwise")
+"""train.fp8's recipes besides none; trainflow.fp8.linear.Float8Linear implements each."""
 DP_MODES = ("replicate", "shard")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
 
@@ -208,10 +210,11 @@ class TrainConfig:
     """A folder on the fast tier (e.g. node SSD) for offloaded activations; empty: host memory."""
     compile: bool = False
     """torch.compile each block (regional compilation, as torchtitan does)."""
-    fp8: str = checked("none", one_of=("none", "dynamic", "delayed"))
+    fp8: str = checked("none", one_of=("none", *FP8_RECIPES))
     """FP8 matmuls in the blocks' linears (not the embedding or the head), inside bf16 training: e4m3 weights
     and activations, e5m2 gradients, scaled per tensor from the current amax (dynamic) or from the largest
-    of the last fp8_amax_history steps' amaxes (delayed, Transformer Engine's recipe)."""
+    of the last fp8_amax_history steps' amaxes (delayed, Transformer Engine's recipe), or per row of each GEMM
+    operand from its current amaxes (rowwise, torchao's recipe at scale; trainflow.fp8.rowwise)."""
     fp8_amax_history: int = checked(16, ge=1)
     """Steps of amax history under train.fp8=delayed."""
     spike: SpikeConfig = field(default_factory=SpikeConfig)

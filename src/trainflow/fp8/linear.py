@@ -1,4 +1,5 @@
-"""Float8Linear: an nn.Linear whose three GEMMs run in fp8, with dynamic or delayed (amax-history) scaling.
+"""Float8Linear: an nn.Linear whose three GEMMs run in fp8, with dynamic or delayed (amax-history) scaling per
+tensor, or rowwise scaling (trainflow.fp8.rowwise: a scale per row of each operand; its own design note).
 
     layer = Float8Linear(1024, 4096, bias=False, recipe="delayed", history_len=16)
     y = layer(x); y.sum().backward(); sync_amax_history([model], None)   # once per optimizer step
@@ -57,11 +58,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
+from trainflow.config.schema import FP8_RECIPES as RECIPES
 from trainflow.fp8.cast import E4M3, E5M2, amax, quantise, scale_from_amax
-from trainflow.fp8.ops import fp8_gemm
+from trainflow.fp8.ops import fp8_gemm, gemm_dtype
+from trainflow.fp8.rowwise import rowwise_matmul
 from trainflow.tensors import local
 
-RECIPES = ("dynamic", "delayed")
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2  # rows of amax_history / entries of amax_pending
 
 
@@ -84,11 +86,6 @@ SHARDS = {
     Shard(1): Shards(x=Shard(-1), y=Partial(), grad_y=Replicate(), grad_x=None),  # RowwiseParallel
 }
 """By the weight's placement on the tp mesh."""
-
-
-def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The output dtype fp8_gemm writes for a wanted `dtype`: bf16 directly, anything else via fp32."""
-    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
 def delayed_amax(past: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -208,11 +205,15 @@ class Float8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device_type = x.device.type
         out_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-        weight, tp = self.weight, None
+        weight, tp, shards = self.weight, None, None
         if isinstance(weight, DTensor):  # tensor parallel: the GEMMs on this rank's shards (module docstring)
             tp, w_placement, shards = weight.device_mesh, weight.placements[0], tp_shards(weight, x)
             grad_x = None if shards.grad_x is None else (shards.grad_x,)
             x, weight = x.to_local(grad_placements=grad_x), weight.to_local()
+        if self.recipe == "rowwise":  # K sharded: forward's amaxes over tp (RowwiseParallel); N: backward's
+            fwd, bwd = (None, None) if tp is None else tp_groups(tp, w_placement)
+            y = rowwise_matmul(x, weight, out_dtype=out_dtype, margin=self.margin, fwd_group=fwd, bwd_group=bwd)
+            return self._output(y, tp, shards)
         agree = tp is not None and (self.recipe == "dynamic" or not self.history_ready)
         x_amax, w_amax = amax(x), amax(weight)
         grad_past = grad_pending = grad_tp = None
@@ -229,7 +230,9 @@ class Float8Linear(nn.Linear):
         x_scale = scale_from_amax(x_amax, E4M3, self.margin)
         w_scale = scale_from_amax(w_amax, E4M3, self.margin)
         args = (x_scale, w_scale, grad_past, grad_pending, out_dtype, self.margin, grad_tp)
-        y = _Fp8Matmul.apply(x, weight, *args)
+        return self._output(_Fp8Matmul.apply(x, weight, *args), tp, shards)
+
+    def _output(self, y: torch.Tensor, tp: DeviceMesh | None, shards: Shards | None) -> torch.Tensor:
         if tp is not None:
             y = DTensor.from_local(y, tp, (shards.y,), run_check=False)
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -249,6 +252,13 @@ def tp_shards(weight: DTensor, x: torch.Tensor) -> Shards:
             "shard the block with trainflow.parallel.tensor_parallel.apply_tp"
         )
     return shards
+
+
+def tp_groups(mesh: DeviceMesh, w_placement: Placement) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """(forward's, backward's) group for the rowwise recipe's amaxes: the tp group where they reduce over a sharded
+    dimension (K under RowwiseParallel, Shard(1); N under ColwiseParallel, Shard(0))."""
+    group = mesh.get_group()
+    return (group, None) if w_placement == Shard(1) else (None, group)
 
 
 def delayed_layers(parts: list[nn.Module]) -> list[Float8Linear]:

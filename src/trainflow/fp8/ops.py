@@ -52,6 +52,11 @@ def fp8_gemm(
     return torch.ops.trainflow.fp8_gemm(a, b, scale_a, scale_b, out_dtype)
 
 
+def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The output dtype fp8_gemm writes for a wanted `dtype`: bf16 directly, anything else via fp32."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
 def _check(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype):
     torch._check(a.dim() == 2 and b.dim() == 2, lambda: f"fp8_gemm: a and b must be 2-D, got {a.shape}, {b.shape}")
     torch._check(a.shape[1] == b.shape[1], lambda: f"fp8_gemm: a {tuple(a.shape)} and b {tuple(b.shape)} differ in K")
