@@ -84,10 +84,12 @@ def linears(m: ModelConfig, prefix: str) -> dict[str, nn.Linear]:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Grouped-query attention of q (B, heads, Tq, hd) over k and v (B, kv_heads, Tk, hd): under the causal mask
     (Tq = Tk), or under `mask` (Tq, Tk), True where a query may attend a key."""
+    if mask is not None:  # SDPA's own grouping: repeated, the keys of a long sequence would be saved n_rep times
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, heads, Tq, hd)
     # Each key/value head serves heads / kv_heads consecutive query heads (as HF's repeat_kv).
     n_rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, heads, Tq, hd)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, heads, T, hd)
 
 
 class Attention(nn.Module):

@@ -97,10 +97,12 @@ def shard_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
     # than ranks some ranks would hold padding only, and every gather would move mostly padding.
     kv_rows = linear_shapes(m, tp=p.tp)["attention.wk"][1]  # a weight's rows are its out features: (out, in)
     rows, name = min((m.dim, "the norms' weights (model.dim)"), (kv_rows, "wk and wv"))
-    if shard > rows:
+    # Under context parallel FSDP shards over dp_shard x cp (parallel.mesh's dp_shard_cp): cp ranks hold one replica.
+    group, cp = shard * p.cp, f" x cp({p.cp})" if p.cp > 1 else ""
+    if group > rows:
         errors.append(
-            f"sharding over {shard} ranks splits {name} into fewer rows ({rows}) than ranks; "
-            f"shard over fewer ranks (HSDP: parallel.dp_shard dividing dp, at most {rows}) or use a larger model"
+            f"sharding over {shard}{cp} ranks splits {name} into fewer rows ({rows}) than ranks; shard over fewer "
+            f"ranks (HSDP: parallel.dp_shard dividing dp, at most {rows // p.cp}) or use a larger model"
         )
     return errors
 
@@ -124,10 +126,10 @@ class ParallelDims(Record):
 
     def __post_init__(self) -> None:
         if self.dp * self.cp * self.tp * self.pp != self.world_size:
+            cp = f" * cp({self.cp})" if self.cp > 1 else ""
             raise ConfigError(
-                f"dp({self.dp}) * cp({self.cp}) * tp({self.tp}) * pp({self.pp}) = "
-                f"{self.dp * self.cp * self.tp * self.pp} != world_size({self.world_size}); change the layout or "
-                "the number of ranks"
+                f"dp({self.dp}){cp} * tp({self.tp}) * pp({self.pp}) = {self.dp * self.cp * self.tp * self.pp} "
+                f"!= world_size({self.world_size}); change the layout or the number of ranks"
             )
 
     @classmethod
@@ -164,6 +166,12 @@ class ParallelDims(Record):
     def shard_size(self) -> int:
         """Ranks the state is sharded over: 1 when replicated, dp under FSDP, dp_shard under HSDP."""
         return (self.dp_shard or self.dp) if self.dp_mode == "shard" else 1
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks one FSDP shard group spans: shard_size x cp (the cp ranks share their dp rank's shard group:
+        parallel.mesh's dp_cp / dp_shard_cp); 1 when replicated."""
+        return self.shard_size * self.cp if self.fsdp_enabled else 1
 
     @property
     def pp_enabled(self) -> bool:

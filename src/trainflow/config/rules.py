@@ -35,8 +35,9 @@ def allocation_errors(cfg: TrainflowConfig) -> list[str]:
     """The layout's ranks fill whole nodes, one per GPU where there are GPUs."""
     p, a = cfg.parallel, cfg.cluster.allocation
     if p.world_size % a.nodes:
+        cp = f" * cp({p.cp})" if p.cp > 1 else ""
         return [
-            f"world size dp({p.dp}) * cp({p.cp}) * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
+            f"world size dp({p.dp}){cp} * tp({p.tp}) * pp({p.pp}) = {p.world_size} is not divisible by "
             f"cluster.allocation.nodes({a.nodes}); change the layout or the node count"
         ]
     if a.gpus_per_node and p.world_size // a.nodes != a.gpus_per_node:
