@@ -34,7 +34,7 @@ def test_every_experiment_composes(experiment):
 @pytest.mark.parametrize("layout", PARALLEL)
 def test_every_parallel_preset_composes(layout):
     cfg = compose(
-        "train_segment", [f"parallel={layout}"] + (["experiment=llama70b_alps"] if layout == "dp64_tp8_pp8" else [])
+        "train_segment", [f"parallel={layout}"] + (["experiment=llama70b_alps"] if layout in ALPS_ONLY else [])
     )
     assert cfg.parallel.name == layout
 
@@ -125,7 +125,7 @@ def test_config_hash_covers_only_what_a_stage_reads():
     assert config_hash(base, ("optim",)) != config_hash(lr, ("optim",))
 
 
-ALPS_ONLY = {"dp64_tp8_pp8", "alps_gh200"}  # 4096 ranks: they compose only with the 70B campaign
+ALPS_ONLY = {"dp64_tp8_pp8", "dp4_cp16_tp8_pp8", "alps_gh200"}  # 4096 ranks: they compose only with the 70B campaign
 GROUP_SCHEMAS = {f.name: f.default_factory for f in dataclasses.fields(TrainflowConfig) if (CONF_DIR / f.name).is_dir()}
 
 

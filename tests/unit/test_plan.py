@@ -216,7 +216,7 @@ def test_the_command_prints_the_plan_as_json():
     plan = json.loads(out.stdout)
     assert plan["setup"]["layout"]["world_size"] == 4096 and plan["campaign"]["parameters"] == 70_553_706_496
     assert plan["overflow"] is None  # the experiment trains bf16 with recompute, which fits
-    assert set(plan["step"]["split"]) == {"compute", "tp", "bubble", "activation", "dp", "optimizer"}
+    assert set(plan["step"]["split"]) == {"compute", "tp", "bubble", "activation", "dp", "optimizer", "cp"}
     assert Plan.from_json(plan) == build_plan(config(*SEED))  # the JSON reads back into the same record
 
 

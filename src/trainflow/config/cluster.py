@@ -13,7 +13,14 @@ from omegaconf import MISSING
 
 from trainflow.config.domain import BIND_MOUNT, CONTAINER_FILE, SLURM_WORD, checked
 
-GATE_PATTERNS = ("dp_all_reduce", "dp_reduce_scatter", "dp_all_gather", "tp_all_reduce", "pp_send_recv")
+GATE_PATTERNS = (
+    "dp_all_reduce",
+    "dp_reduce_scatter",
+    "dp_all_gather",
+    "tp_all_reduce",
+    "pp_send_recv",
+    "cp_all_gather",
+)
 """The collectives validate_nccl times on the layout's own groups: <mesh dim>_<op> (trainflow.gate)."""
 VERSION_COMPONENTS = ("image", "uenv", "torch", "cuda", "nccl", "libfabric", "aws_ofi_nccl")
 """The software stack validate_nccl and every training job read on every node, inside the ranks' environment
@@ -177,7 +184,8 @@ class GateConfig:
     sweep_mb: list[float] = checked(gt=0)
     sweep_iters: int = checked(ge=1)
     busbw_gbps: dict[str, float] = field(default_factory=dict)
-    """Per pattern of the layout (dp_all_reduce, dp_reduce_scatter, dp_all_gather, tp_all_reduce, pp_send_recv), on
+    """Per pattern of the layout (dp_all_reduce, dp_reduce_scatter, dp_all_gather, tp_all_reduce, pp_send_recv,
+    cp_all_gather), on
     the slowest group's bus bandwidth at the largest sweep_mb; a pattern left out is measured and reported, not
     gated."""
     versions_allowed: dict[str, list[str]] = field(default_factory=dict)

@@ -4,15 +4,17 @@ the whole world, which is one more pattern.
     rows = time_patterns(dims, mesh, nbytes=16 << 20, iters=5, device=device)   # on every rank
     table, exclude = judge(rows_of_every_rank, hosts, thresholds)                 # on rank 0
 
-| pattern           | groups          | what training sends there                      | busbw / algbw (nccl-tests) |
-| world_all_reduce  | the whole world | (the sweep: the network as a whole)            | 2 (n - 1) / n              |
-| dp_all_reduce     | data parallel   | replicated gradients (DDP, GradReducer; HSDP)  | 2 (n - 1) / n              |
-| dp_reduce_scatter | data parallel   | FSDP's gradient reduction                      | (n - 1) / n                |
-| dp_all_gather     | data parallel   | FSDP's parameter gathers                       | (n - 1) / n                |
-| tp_all_reduce     | tensor parallel | the row-parallel outputs inside every block    | 2 (n - 1) / n              |
-| pp_send_recv      | pipeline        | activations and their gradients between stages | 1                          |
+| pattern           | groups           | what training sends there                      | busbw / algbw (nccl-tests) |
+| world_all_reduce  | the whole world  | (the sweep: the network as a whole)            | 2 (n - 1) / n              |
+| dp_all_reduce     | data parallel    | replicated gradients (DDP, GradReducer; HSDP)  | 2 (n - 1) / n              |
+| dp_reduce_scatter | data parallel    | FSDP's gradient reduction                      | (n - 1) / n                |
+| dp_all_gather     | data parallel    | FSDP's parameter gathers                       | (n - 1) / n                |
+| tp_all_reduce     | tensor parallel  | the row-parallel outputs inside every block    | 2 (n - 1) / n              |
+| pp_send_recv      | pipeline         | activations and their gradients between stages | 1                          |
+| cp_all_gather     | context parallel | every layer's K and V (backward: reduce-scatter) | (n - 1) / n              |
 
-Every group of a pattern runs at once, as in training, so a slow link shows in the groups that cross it.
+Under context parallel the dp patterns run on dp x cp (parallel.mesh.batch_mesh), where training reduces the
+gradients. Every group of a pattern runs at once, as in training, so a slow link shows in the groups that cross it.
 algbw = bytes / time (reduce_scatter and all_gather: the whole buffer's bytes, as nccl-tests counts them);
 a group's time is its slowest member's. send/recv is a ring inside each pipeline group: every stage sends
 to the next and receives from the previous (nccl-tests' sendrecv_perf).
@@ -30,6 +32,7 @@ from trainflow.config.cluster import GATE_PATTERNS
 from trainflow.config.layout import ParallelDims
 from trainflow.errors import TrainflowError
 from trainflow.gate.report import PatternRow, SweepRow
+from trainflow.parallel.mesh import batch_mesh
 from trainflow.parallel.timing import median_seconds
 
 
@@ -54,9 +57,10 @@ WORLD = Pattern("world", "all_reduce")
 
 def patterns_of(dims: ParallelDims) -> list[str]:
     """The patterns a layout runs: those whose groups have more than one rank (FSDP's only under shard)."""
-    sizes = {"dp": dims.dp, "tp": dims.tp, "pp": dims.pp}
+    sizes = {"dp": dims.dp * dims.cp, "tp": dims.tp, "pp": dims.pp, "cp": dims.cp}
     fsdp = dims.fsdp_enabled
-    return [name for name, p in PATTERNS.items() if sizes[p.dim] > 1 and (p.op in ("all_reduce", "send_recv") or fsdp)]
+    runs = ("all_reduce", "send_recv")
+    return [name for name, p in PATTERNS.items() if sizes[p.dim] > 1 and (p.op in runs or fsdp or p.dim == "cp")]
 
 
 def run_once(pattern: Pattern, group: dist.ProcessGroup, ranks: list[int], buffers: tuple[torch.Tensor, ...]) -> None:
@@ -95,7 +99,8 @@ def time_patterns(dims: ParallelDims, mesh: DeviceMesh, *, nbytes: int, iters: i
     """This rank's median time of each of the layout's patterns on its groups (rows for `judge`)."""
     rows = []
     for name in patterns_of(dims):
-        group = mesh[PATTERNS[name].dim].get_group()
+        dim = PATTERNS[name].dim
+        group = (batch_mesh(dims, mesh) if dim == "dp" else mesh[dim]).get_group()
         seconds, size, _ = time_pattern(PATTERNS[name], group, nbytes=nbytes, iters=iters, device=device)
         rows.append({"pattern": name, "group": dist.get_process_group_ranks(group), "bytes": size, "time_s": seconds})
     return rows

@@ -16,10 +16,10 @@ and S down. Ring and tree move nearly the same bytes; the tree wins only the lat
 for small messages on many ranks, not for 100 MB buckets. nccl-tests' busbw is algbw * 2 (n-1)/n for
 all-reduce: the ring's bytes, whatever algorithm ran.
 
-Which link: the mesh is (pp, dp, tp), row-major, so a tp group is consecutive ranks, a dp group ranks
-tp apart, a pp group ranks dp * tp apart. With R ranks per node, a group whose members sit g to a node
-(g = 1 when its stride is R or more) and span N > 1 nodes runs its ring through the g members of each
-node and across the network once per node and direction; NCCL gives each of the g NICs a channel, so
+Which link: the mesh is (pp, dp, cp, tp), row-major, so a tp group is consecutive ranks, a cp group ranks tp
+apart, a dp group ranks cp * tp apart, a pp group ranks dp * cp * tp apart. With R ranks per node, a group whose
+members sit g to a node (g = 1 when its stride is R or more) and span N > 1 nodes runs its ring through the g members
+of each node and across the network once per node and direction; NCCL gives each of the g NICs a channel, so
 the bottleneck bandwidth is min(intra-node, g x network per device) (nccl-tests' multi-node busbw
 reaches the node's NIC bandwidth this way). A group inside one node uses the intra-node link.
 """
@@ -83,28 +83,33 @@ class MeshGroups(Record):
 
     tp: Group
     dp: Group
+    """The ranks gradients are averaged over: dp, times cp under context parallel (parallel.mesh's dp_cp)."""
     pp: Group
+    cp: Group
+    """A context-parallel group, over which every layer all-gathers K and V (size 1 without cp)."""
     shard: Group
-    """An FSDP / HSDP shard group (dp_mode=shard; the dp group itself under FSDP)."""
+    """An FSDP / HSDP shard group (dp_mode=shard; the dp group itself under FSDP), times cp under context parallel."""
     replica: Group
     """HSDP's group of the shards' replicas."""
 
 
 def mesh_groups(hw: HardwareConfig, dims: ParallelDims, *, ranks_per_node: int) -> MeshGroups:
-    """Every group, its link from its stride in the mesh's (pp, dp, tp) row-major order; dp's shard groups are tp
-    apart, their replicas tp x shard apart."""
-    shard = dims.shard_size
+    """Every group, its link from its stride in the mesh's (pp, dp, cp, tp) row-major order; dp x cp's shard groups
+    are tp apart, their replicas tp x cp x shard apart."""
+    shard, cp, tp = dims.shard_size, dims.cp, dims.tp
 
     def group(size: int, stride: int) -> Group:
         link = group_link(hw, size=size, stride=stride, ranks_per_node=ranks_per_node)
         return Group(size=size, link=link, algorithm=hw.allreduce_algorithm)
 
+    # dp x cp (and a shard group with its cp ranks) is one run of ranks tp apart, as parallel.mesh flattens it.
     return MeshGroups(
-        tp=group(dims.tp, 1),
-        dp=group(dims.dp, dims.tp),
-        pp=group(dims.pp, dims.dp * dims.tp),
-        shard=group(shard, dims.tp),
-        replica=group(dims.dp // shard, dims.tp * shard),
+        tp=group(tp, 1),
+        dp=group(dims.dp * cp, tp),
+        pp=group(dims.pp, dims.dp * cp * tp),
+        cp=group(cp, tp),
+        shard=group(shard * cp, tp),
+        replica=group(dims.dp // shard, tp * cp * shard),
     )
 
 

@@ -50,7 +50,10 @@ def _fix(term: str, cfg: TrainflowConfig) -> str:
     if term == "activations":
         if t.activations == "keep":
             return f"set train.activations=recompute (each block keeps only its input), {more}"
-        return f"raise parallel.microbatches({p.microbatches}) (fewer tokens each), {more}"
+        return (
+            f"raise parallel.cp({p.cp}) (each rank holds 1/cp of every sequence) or parallel.microbatches"
+            f"({p.microbatches}) (fewer tokens each), {more}"
+        )
     if term == "parameters + gradients + optimizer state" and p.dp_mode == "replicate" and p.dp > 1:
         return f"set parallel.dp_mode=shard (1/{p.dp} of them per rank), {more}"
     if term == "bf16 weight copies" and p.dp > 1:

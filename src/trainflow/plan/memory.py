@@ -87,7 +87,7 @@ class MemoryEstimate(Record):
         )
 
 
-def block_saved(m: ModelConfig, *, tp: int, compute: int) -> int:
+def block_saved(m: ModelConfig, *, tp: int, compute: int, cp: int = 1) -> int:
     """Bytes per token that autograd saves in one block. Under fp32 (d = dim, q = n_heads * head_dim / tp,
     f = ffn_dim / tp, h = n_heads / tp):
 
@@ -98,11 +98,14 @@ def block_saved(m: ModelConfig, *, tp: int, compute: int) -> int:
         SwiGLU           w1 x, silu(w1 x), w3 x, their product               4 * f * 4
 
     Under bf16 the attention and SwiGLU tensors are bf16 and each matmul saves its own cast of its input (autocast
-    caches casts of weights only): 3 copies of the attention norm's output, 2 of the MLP norm's."""
+    caches casts of weights only): 3 copies of the attention norm's output, 2 of the MLP norm's. Under context
+    parallel (per token the rank holds) SDPA saves q and its output as above but the whole sequence's gathered K and
+    V at their own heads' width (parallel.context): 2 * cp * n_kv_heads * head_dim / tp."""
     d, q, f, heads = m.dim, m.n_heads * m.head_dim // tp, m.ffn_dim // tp, m.n_heads // tp
     norms = 2 * (2 * d + 1) * FP32
     norm_outputs = 2 * d * FP32 if compute == FP32 else 5 * d * compute  # bf16: one cast per matmul
-    attention = 4 * q * compute + heads * FP32
+    kv = 2 * q if cp == 1 else 2 * cp * m.n_kv_heads * m.head_dim // tp
+    attention = (2 * q + kv) * compute + heads * FP32
     mlp = 4 * f * compute
     return norms + norm_outputs + attention + mlp
 
@@ -135,11 +138,11 @@ def head_transient(m: ModelConfig) -> int:
 
 
 def block_kept_and_live(
-    m: ModelConfig, *, tp: int, compute: int, activations: str, host: bool, device: str
+    m: ModelConfig, *, tp: int, compute: int, activations: str, host: bool, device: str, cp: int = 1
 ) -> tuple[int, int]:
     """Bytes per token a block keeps for backward, and what the running block holds at its peak, per
     train.activations (the module docstring's list; `host`: offload to host memory, not to a folder)."""
-    saved, transient = block_saved(m, tp=tp, compute=compute), block_transient(m, tp=tp, compute=compute)
+    saved, transient = block_saved(m, tp=tp, compute=compute, cp=cp), block_transient(m, tp=tp, compute=compute)
     if activations == "keep" or (activations == "offload" and host and device == "cpu"):
         return saved, transient
     if activations == "recompute":
@@ -194,11 +197,13 @@ def device_memory(
         )
     compute = PRECISIONS[precision].bytes
     tp, pp = dims.tp, dims.pp
-    tokens = microbatch_size * m.seq_len
+    tokens = microbatch_size * m.seq_len // dims.cp  # a cp rank holds T / cp of each sequence
+    # Context parallel's additive mask, (T / cp) x T in the compute dtype, one per rank (parallel.context).
+    mask = (m.seq_len // dims.cp) * m.seq_len * compute if dims.cp > 1 else 0
     layers = m.n_layers // pp
     chunk_layers = m.n_layers // dims.n_stages
     kept, live = block_kept_and_live(
-        m, tp=tp, compute=compute, activations=activations, host=not offload_to_disk, device=device
+        m, tp=tp, compute=compute, activations=activations, host=not offload_to_disk, device=device, cp=dims.cp
     )
 
     def on_rank(rank: int) -> MemoryEstimate:
@@ -209,7 +214,7 @@ def device_memory(
         stored += heads_held * head_saved(m, compute=compute)
         # The microbatch in backward has released its head's tensors by the time it reaches a block.
         peak = max(last * head_transient(m), live - last * head_saved(m, compute=compute))
-        shard = dims.shard_size
+        shard = dims.shard_ranks
         held = -(-params // shard)  # FSDP pads every shard to the same size
         copies = (layers * counts.linear_params + last * counts.output_params) * BF16 if precision == "bf16" else 0
         gathered = fsdp_gathered(counts, dims, rank, compute=compute) if shard > 1 else 0
@@ -219,7 +224,7 @@ def device_memory(
             gradients=held * FP32,
             optimizer_state=2 * held * FP32,
             weight_copies=copies,
-            activations=tokens * (stored + peak),
+            activations=tokens * (stored + peak) + mask,
             gathered=gathered,
             pp_rank=rank,
         )

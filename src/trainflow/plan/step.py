@@ -16,6 +16,11 @@ b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
   (wo, w2) of b T d elements in the compute dtype; backward, one per ColwiseParallel linear (wq, wk, wv,
   w1, w3: five, where Megatron fuses to two), of the fp32 gradient of the norm's output, which enters the
   linear before autocast casts it; recompute repeats the forward two.
+- cp: context parallel's K and V, all-gathered over the cp group in every layer's forward (again under recompute)
+  and reduce-scattered in its backward, b T (the whole sequence) x 2 n_kv_heads head_dim / tp elements in the
+  compute dtype each, not overlapped (parallel.context gathers right where attention needs them). Under cp a rank
+  holds b T / cp tokens of each microbatch, and the compute, tp and activation terms count those; attention's
+  FLOPs per token stay 4 T d / tp (each local query against all T keys, the dense mask parallel.context runs).
 - bubble: the schedule's idle time. The busiest rank's per-microbatch work W_max sets the pace: the
   schedule lasts (m + (p-1)/v) W_max plus the exchanges, so the busiest rank idles (p-1)/v W_max, a
   (p-1)/(v m + p-1) share of the schedule (Narayanan et al. 2021); GPipe and 1F1B have v = 1. A lighter
@@ -68,10 +73,12 @@ class StepSplit(Record):
     dp: float
     """Exposed data-parallel communication."""
     optimizer: float
+    cp: float = 0.0
+    """Context parallel's K and V all-gathers and their backward reduce-scatters (0 without cp)."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp + self.bubble + self.activation + self.dp + self.optimizer
+        return self.compute + self.tp + self.bubble + self.activation + self.dp + self.optimizer + self.cp
 
     def shares(self) -> dict[str, float]:
         return {k: v / self.total for k, v in asdict(self).items()}
@@ -107,10 +114,10 @@ def step_plan(
     """The step split of every pipeline rank (module docstring)."""
     dims = setup.layout
     p, v, mb = dims.pp, dims.virtual_stages, dims.microbatches
-    tokens = setup.microbatch_size * m.seq_len
+    tokens = setup.microbatch_size * m.seq_len // dims.cp  # this rank's share of a microbatch
     compute_bytes = PRECISIONS[setup.precision].bytes
     works = _microbatch_work(m, setup, cluster, tokens=tokens, compute_bytes=compute_bytes, fp8=fp8)
-    w_max = max(c + x for c, x, _ in works)
+    w_max = max(c + x + g for c, x, g, _ in works)
     exchanges = 2 * v * mb if p > 1 else 0
     activation = exchanges * setup.groups.pp.link.seconds(tokens * m.dim * FP32)
     schedule = (mb + (p - 1) / v) * w_max + activation
@@ -127,7 +134,7 @@ def step_plan(
     )
     worst = max(range(p), key=lambda r: splits[r].total)
     slowest = splits[worst]
-    tokens_per_device = dims.dp * mb * tokens / slowest.total / dims.world_size
+    tokens_per_device = dims.dp * dims.cp * mb * tokens / slowest.total / dims.world_size
     flops = setup.counts.flops_per_token
     return StepPlan(
         split=slowest,
@@ -145,7 +152,7 @@ def _rank_splits(
     m: ModelConfig,
     setup: PlanSetup,
     cluster: ClusterConfig,
-    works: list[tuple[float, float, float]],
+    works: list[tuple[float, float, float, float]],
     *,
     schedule: float,
     activation: float,
@@ -157,11 +164,12 @@ def _rank_splits(
     dims = setup.layout
     p, mb, dp = dims.pp, dims.microbatches, dims.dp
     splits, dp_totals = [], []
-    for rank, (compute, tp_comm, backward) in enumerate(works):
+    for rank, (compute, tp_comm, cp_comm, backward) in enumerate(works):
         params = setup.counts.stage_params[rank]
         if dims.fsdp_enabled:
-            dp_total, dp_exposed = _sharded_dp(params, setup, cluster, compute_bytes, window=mb * (compute + tp_comm))
-            held = -(-params // dims.shard_size)
+            window = mb * (compute + tp_comm + cp_comm)
+            dp_total, dp_exposed = _sharded_dp(params, setup, cluster, compute_bytes, window=window)
+            held = -(-params // dims.shard_ranks)
         else:
             hidden = cluster.hardware.overlap_fraction * backward if p == 1 and overlap and dp > 1 else None
             dp_total, dp_exposed = _replicated_dp(params, setup.groups.dp, bucket_mb=bucket_mb, hidden=hidden)
@@ -170,10 +178,11 @@ def _rank_splits(
             StepSplit(
                 compute=mb * compute,
                 tp=mb * tp_comm,
-                bubble=schedule - activation - mb * (compute + tp_comm),
+                bubble=schedule - activation - mb * (compute + tp_comm + cp_comm),
                 activation=activation,
                 dp=dp_exposed,
                 optimizer=held * OPTIMIZER_BYTES / (cluster.hardware.memory_gbps * 1e9),
+                cp=mb * cp_comm,
             )
         )
         dp_totals.append(dp_total)
@@ -182,8 +191,9 @@ def _rank_splits(
 
 def _microbatch_work(
     m: ModelConfig, setup: PlanSetup, cluster: ClusterConfig, *, tokens: int, compute_bytes: int, fp8: bool
-) -> list[tuple[float, float, float]]:
-    """Per pipeline rank, one microbatch's compute, tp all-reduces, and the backward's share (compute + tp) of them."""
+) -> list[tuple[float, float, float, float]]:
+    """Per pipeline rank, one microbatch's compute, tp all-reduces, cp all-gathers and reduce-scatters, and the
+    backward's share (compute + tp) of them."""
     hw, p, tp_group = cluster.hardware, setup.layout.pp, setup.groups.tp
     recompute = setup.activations == "recompute"
     flops_s = hw.peak_tflops * 1e12 * hw.matmul_efficiency
@@ -200,13 +210,17 @@ def _microbatch_work(
         + TP_BACKWARD * tp_group.allreduce_s(activation_bytes * FP32)
     )
 
-    def work(rank: int) -> tuple[float, float, float]:
+    # The whole sequence's K and V (b T = tokens x cp), gathered forward (twice under recompute), scattered backward.
+    kv_bytes = tokens * setup.layout.cp * 2 * m.n_kv_heads * m.head_dim // setup.layout.tp * compute_bytes
+    cp_s = layers * ((2 if recompute else 1) + 1) * setup.groups.cp.shard_s(kv_bytes)
+
+    def work(rank: int) -> tuple[float, float, float, float]:
         last = rank == p - 1
         compute = passes * (block_linear_s + block_attention_s) + last * 3 * head_s
         backward = 2 * (block_linear_s + block_attention_s + last * head_s) + layers * TP_BACKWARD * (
             tp_group.allreduce_s(activation_bytes * FP32)
         )
-        return compute, tp_s, backward
+        return compute, tp_s, cp_s, backward
 
     return [work(r) for r in range(p)]
 

@@ -14,10 +14,11 @@ from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
 
 GB = 1e9
-PARTS = ("compute", "tp", "bubble", "activation", "dp", "optimizer")
+PARTS = ("compute", "tp", "cp", "bubble", "activation", "dp", "optimizer")
 LABELS = {
     "compute": "compute",
     "tp": "tp all-reduce in blocks",
+    "cp": "cp K/V all-gather in blocks",
     "bubble": "pipeline bubble",
     "activation": "activation send/recv",
     "dp": "dp gradient reduction (exposed)",
@@ -39,9 +40,9 @@ def rows(title: str, pairs: list[tuple[str, str]]) -> list[str]:
 
 def render(plan: Plan) -> str:
     su, d, mem, step, camp = plan.setup, plan.setup.layout, plan.memory, plan.step, plan.campaign
-    schedule = d.schedule if d.pp_enabled else "no pipeline"
+    schedule, cp = d.schedule if d.pp_enabled else "no pipeline", f"cp{d.cp} x " if d.cp > 1 else ""
     lines = [
-        f"{su.model} ({camp.parameters / 1e9:.2f} B parameters) on {d.world_size} devices, dp{d.dp} x tp{d.tp} x "
+        f"{su.model} ({camp.parameters / 1e9:.2f} B parameters) on {d.world_size} devices, dp{d.dp} x {cp}tp{d.tp} x "
         f"pp{d.pp}, {schedule} v={d.virtual_stages} m={d.microbatches}, {d.dp_mode}, {su.precision}, "
         f"activations={su.activations}, cluster {su.cluster}",
         "",
@@ -63,7 +64,7 @@ def render(plan: Plan) -> str:
     seconds, shares = asdict(step.split), step.split.shares()
     lines += rows(
         "Step (the slowest pipeline rank)",
-        [(LABELS[k], f"{seconds[k]:10.4f} s  {shares[k]:6.1%}") for k in PARTS]
+        [(LABELS[k], f"{seconds[k]:10.4f} s  {shares[k]:6.1%}") for k in PARTS if k != "cp" or d.cp > 1]
         + [
             ("step", f"{step.step_s:10.4f} s"),
             ("tokens/s/device", f"{step.tokens_per_s_per_device:10.1f}"),
