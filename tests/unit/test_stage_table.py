@@ -51,6 +51,7 @@ def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
         "cluster.allocation.max_excluded_nodes": "2",
         "cluster.allocation.max_pending_s": "60",
         "cluster.allocation.exclude_stragglers": "true",
+        "cluster.allocation.spare_nodes": "2",
         "train.spike.max_rollbacks": "0",
         "cluster.runtime.failure_detect_s": "5",
         "cluster.runtime.hang_detect_s": "7",

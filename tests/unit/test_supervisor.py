@@ -4,6 +4,7 @@ follows, which go back to the stage (a new job, or its end), and the hosts of th
 from __future__ import annotations
 
 import pytest
+from submitit.helpers import DelayedSubmission
 from submitit.slurm.slurm import SlurmExecutor
 
 from trainflow.config import compose
@@ -71,10 +72,12 @@ def test_a_step_runs_on_its_hosts_inside_the_allocation(tmp_path, monkeypatch):
 
     monkeypatch.setattr(launch_supervisor.subprocess, "Popen", popen)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued once: the ranks may requeue it max_requeues - 1 times
     steps = SrunSteps(compose("train_segment", SLURM).cluster.allocation, 2)
     job = steps.launch(print, ["n1", "n3"], tmp_path / "12.1")
     command = started["command"]
     shape = ("--nodelist=n1,n3", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1")
     assert set(shape) | {"--overlap", "--kill-on-bad-exit=1"} <= set(command), command
     assert command[-1] == str(tmp_path / "12.1") and started["env"][MASTER_ADDR] == "n1"
-    assert job.paths.submitted_pickle.exists() and job.num_tasks == 2
+    delayed = DelayedSubmission.load(job.paths.submitted_pickle)
+    assert job.num_tasks == 2 and delayed._timeout_countdown == 3 - 1 and delayed._timeout_min == 10

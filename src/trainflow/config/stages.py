@@ -20,6 +20,7 @@ UNHASHED = (
     "cluster.allocation.max_excluded_nodes",
     "cluster.allocation.max_pending_s",
     "cluster.allocation.exclude_stragglers",
+    "cluster.allocation.spare_nodes",
     "train.spike.max_rollbacks",
     "cluster.runtime.failure_detect_s",
     "cluster.runtime.hang_detect_s",

@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -97,7 +98,11 @@ class SrunSteps:
     def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
         folder.mkdir(parents=True, exist_ok=True)
         job = submitit.SlurmJob(folder, os.environ["SLURM_JOB_ID"], tasks=range(self.world_size))
-        cloudpickle_dump(DelayedSubmission(task), job.paths.submitted_pickle)
+        delayed = DelayedSubmission(task)
+        # The ranks own the requeue at the time limit (rank 0's submitit handler): the requeues the job has left.
+        requeues = self.allocation.max_requeues - int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        delayed.set_timeout(self.allocation.time_min, requeues)
+        cloudpickle_dump(delayed, job.paths.submitted_pickle)
         python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
         command = [
             *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append"),
@@ -155,17 +160,18 @@ class Supervisor:
     """The segment's failures before this job."""
 
     def __call__(self) -> Supervised:
+        signal.signal(signal.SIGUSR2, leave_to_ranks)
         a, world = self.cfg.cluster.allocation, self.cfg.parallel.world_size
         steps: Steps = LocalSteps(a, world) if a.executor == "local" else SrunSteps(a, world)
         hosts = steps.hosts()
         active, spares = hosts[: a.nodes], hosts[a.nodes :]
         ledger = Journal(RunFolder.jobs_log(self.cfg.io.checkpoints), JobRun)
         job_id, failures, failed_at, left_out = submitit.JobEnvironment().job_id, [], None, set()
-        submitted = self.submitted
-        for index in itertools.count():
-            folder = Path(self.cfg.io.submitit) / f"{job_id}.{index}"
-            job = steps.launch(self.task(self.attempt + index), active, folder)
-            fields = dict(attempt=self.attempt + index, submitted=submitted, exclude=self.exclude | left_out)
+        submitted, first = self.submitted, len(list(Path(self.cfg.io.submitit).glob(f"{job_id}.*")))
+        for index in itertools.count(first):  # a requeued job's steps follow its earlier ones, each in its own folder
+            folder, attempt = Path(self.cfg.io.submitit) / f"{job_id}.{index}", self.attempt + len(failures)
+            job = steps.launch(self.task(attempt), active, folder)
+            fields = dict(attempt=attempt, submitted=submitted, exclude=self.exclude | left_out)
             try:
                 results = steps.wait(job)
             except LaunchError as err:
@@ -215,6 +221,13 @@ class Supervisor:
         if len(verdict.exclude & set(active)) > len(spares):
             return verdict, f"the job's {a.spare_nodes} spare node(s) are used up: a new job"
         return verdict, ""
+
+
+def leave_to_ranks(signum: int, frame: object) -> None:
+    """The supervisor's USR2 (Slurm's pre-timeout signal reaches every step): the ranks agree, save, and rank 0 requeues
+    the job, whose requeued supervisor starts a step from that checkpoint; submitit's handler would end the job here,
+    the supervisor being no checkpointable task, before the ranks had saved."""
+    log.info("Caught %s: the ranks save and requeue the job", signal.Signals(signum).name)
 
 
 def swapped(active: list[str], spares: list[str], out: set[str]) -> tuple[list[str], list[str]]:
