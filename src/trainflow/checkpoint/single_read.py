@@ -124,23 +124,23 @@ class SingleReader(InPlaceReader):
         items: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        sent = []
+        # Every send and receive posted at once, as one batch (NCCL pairs a batch's sends and receives, where ops issued
+        # one by one could each wait on the other), so the bytes flow while this rank loads the files it read itself.
+        ops, coming = [], []
         for i, s in enumerate(shares):
             if s.reader == rank and s.bytes and s.receivers:
                 data = held[s.name].to(self.device)  # one copy on the device per file, sent to each receiver
-                sent += [dist.isend(data, dst=r, tag=i) for r in s.receivers]
-        # Every receive posted at once, so each sender's bytes flow while this rank loads what it already holds.
-        coming = [(i, s) for i, s in enumerate(shares) if rank in s.receivers]
-        coming = [(i, s, torch.empty(s.bytes, dtype=torch.uint8, device=self.device)) for i, s in coming]
-        received = [dist.irecv(data, src=s.reader, tag=i) if s.bytes else None for i, s, data in coming]
+                ops += [dist.P2POp(dist.isend, data, r, tag=i) for r in s.receivers]
+            elif rank in s.receivers:
+                coming.append((s, torch.empty(s.bytes, dtype=torch.uint8, device=self.device)))
+                ops += [dist.P2POp(dist.irecv, coming[-1][1], s.reader, tag=i)] if s.bytes else []
+        works = dist.batch_isend_irecv(ops) if ops else []
         for name, data in held.items():
             self.read_held(name, data, items.get(name, []), planner)
-        for (_, s, data), work in zip(coming, received, strict=True):
-            if work is not None:
-                work.wait()
-            self.read_held(s.name, data.cpu(), items.get(s.name, []), planner)
-        for work in sent:
+        for work in works:
             work.wait()
+        for s, data in coming:
+            self.read_held(s.name, data.cpu(), items.get(s.name, []), planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
