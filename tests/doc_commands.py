@@ -45,8 +45,8 @@ GOODPUT_DRILL = (  # slow
 FROM_RUN = "tests/unit/test_plan_from_run.py::test_from_run_prints_the_plan_beside_the_measurement"
 MTBF_DRILL = (
     "experiment=smoke train.segments=2 train.segment_steps=120 checkpoint.interval_steps=3 "
-    "cluster.hardware.hang_share=0.4 cluster.runtime.hang_detect_s=20 cluster.runtime.heartbeat_s=0.5 "
-    "cluster.allocation.max_restarts=40 fault.seed=2 fault.mtbf_s=30"
+    "cluster.hardware.hang_share=0.4 resilience.hang_detect_s=20 resilience.heartbeat_s=0.5 "
+    "resilience.max_restarts=40 fault.seed=2 fault.mtbf_s=30"
 )
 
 COMMANDS: dict[str, tuple[Ran | str, ...]] = {

@@ -251,7 +251,7 @@ RESTART_RUN = (
     "train.segment_steps=6",
     "checkpoint.interval_steps=2",
     "cluster.runtime.collective_timeout_s=60",
-    "cluster.runtime.heartbeat_s=1",
+    "resilience.heartbeat_s=1",
 )
 
 

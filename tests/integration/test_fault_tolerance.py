@@ -31,7 +31,7 @@ BASE = (
 )
 MODES = ["sync", pytest.param("async", marks=pytest.mark.slow)]
 """checkpoint.mode of the drills that run in both."""
-NO_RESTART = "cluster.allocation.max_restarts=0"
+NO_RESTART = "resilience.max_restarts=0"
 """The drills of a failure a person reruns after (test_restarts.py has the stage restart its own job)."""
 
 
@@ -78,7 +78,7 @@ def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp
     assert re.fullmatch(
         rf"segment 1 failed: rank 1 on host {re.escape(socket.gethostname())} was killed by SIGKILL "
         rf"\(local job (\d+), full log: .*/\1_1_log\.err\); "
-        r"not restarted: cluster\.allocation\.max_restarts\(0\) used up \(that many restarts in a row saved no newer "
+        r"not restarted: resilience\.max_restarts\(0\) used up \(that many restarts in a row saved no newer "
         r"checkpoint\); "
         rf"rerunning the workflow resumes it from step {saved} \(newest checkpoint in {re.escape(str(root))}\)",
         line,

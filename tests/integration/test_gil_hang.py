@@ -28,9 +28,11 @@ def hold_the_gil() -> None:
 
 def rank_main(rank: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    overrides = [f"cluster.runtime.hang_detect_s={THRESHOLD_S}", f"cluster.runtime.heartbeat_s={BEAT_S}"]
-    runtime = compose("train_segment", ["experiment=smoke", *overrides]).cluster.runtime
-    with Heartbeat.start(runtime, rank=rank, world=2, paths=JobPaths(folder, job_id="7")) as beat:
+    overrides = [f"resilience.hang_detect_s={THRESHOLD_S}", f"resilience.heartbeat_s={BEAT_S}"]
+    cfg = compose("train_segment", ["experiment=smoke", *overrides])
+    with Heartbeat.start(
+        cfg.cluster.runtime, cfg.resilience, rank=rank, world=2, paths=JobPaths(folder, job_id="7")
+    ) as beat:
         beat.progress("data", 0)
         time.sleep(3 * BEAT_S)  # both ranks beat a few times first
         if rank == 1:

@@ -49,7 +49,7 @@ def test_a_dead_rank_ends_the_job_fast_and_the_stage_restarts_it_bitwise(tmp_pat
     # heartbeat timing file names its host for the restart to leave out. Rank 0 wrote it once both ranks had timed
     # 3 steps; beats every 0.2 s see them well before rank 1 dies at the start of step 5.
     drill = ("fault.step=5", "fault.rank=1", "fault.signal=KILL", "fault.slow_ms=300")
-    slow = ("cluster.allocation.exclude_stragglers=true", "cluster.runtime.heartbeat_s=0.2")
+    slow = ("resilience.exclude_stragglers=true", "resilience.heartbeat_s=0.2")
     summary = segment(tmp_path, tokens, *drill, *slow)
     jobs, spans = ledgers(tmp_path, *slow)
     assert [j.outcome for j in jobs] == ["died", "completed"]
@@ -78,7 +78,7 @@ def test_failures_with_progress_between_them_never_use_up_the_budget_and_a_rerun
     # per-segment count would have stopped at the second. A rerun of the finished segment leaves the host out again
     # (one machine: recorded, not applied), read from the run's jobs ledger.
     twice = ("fault.step=3", "fault.rank=1", "fault.signal=KILL", "fault.strikes=2", "fault.stride=2")
-    budget = ("cluster.allocation.max_restarts=1",)
+    budget = ("resilience.max_restarts=1",)
     summary = segment(tmp_path, tokens, *twice, *budget)
     jobs, _ = ledgers(tmp_path, *budget)
     host = socket.gethostname()
@@ -94,7 +94,7 @@ def test_failures_with_progress_between_them_never_use_up_the_budget_and_a_rerun
 def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks(tmp_path, tokens):
     threshold = 5
     start = time.monotonic()
-    hang = (f"cluster.runtime.hang_detect_s={threshold}", "cluster.allocation.max_restarts=0")
+    hang = (f"resilience.hang_detect_s={threshold}", "resilience.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STOP", *hang)
     line = str(err.value)
@@ -102,7 +102,7 @@ def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks
     assert re.search(
         # rank 1's last beat may be of an earlier step (its heartbeat thread publishes once a second)
         rf"rank 1 on host {re.escape(socket.gethostname())} stopped responding for \d+ s \(its last beat: step "
-        rf"-?[0-3], (start|eval|data|compute|save)\), past cluster.runtime.hang_detect_s \({threshold} s: a stopped "
+        rf"-?[0-3], (start|eval|data|compute|save)\), past resilience.hang_detect_s \({threshold} s: a stopped "
         r"process, or one stuck in a driver call\); rank 0 waited in torch\.[\w.]+ \(trainflow/[\w/]+\.py:\d+, "
         r"\w+\)",
         line,
@@ -126,7 +126,7 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
     # Rank 1's main thread blocks at the start of step 3 while its heartbeat beats on: both ranks are alive and
     # without progress at step 3 (the old tie-break blamed rank 0). The collective counts show rank 0 inside the
     # dp all-reduce that rank 1 never entered; every live rank's stacks are written before the job ends.
-    hang = ("cluster.runtime.hang_detect_s=4", "cluster.allocation.max_restarts=0")
+    hang = ("resilience.hang_detect_s=4", "resilience.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *hang)
     line = str(err.value)
@@ -148,7 +148,7 @@ def test_a_symmetric_hang_blames_no_host_until_the_gate_s_checks_ran(tmp_path, t
     # counts are equal, so no rank is named. Before the restart the gate's job times the layout's collectives on the
     # allocation (here all fast: no host found); the restart leaves no host out and ends bitwise. (At step 5: the
     # last phase before it is step 4's compute; a hang inside a save is left to the collective timeout.)
-    hang = ("cluster.runtime.hang_detect_s=4",)
+    hang = ("resilience.hang_detect_s=4",)
     summary = segment(tmp_path, tokens, "fault.step=5", "fault.signal=WEDGE", *hang)
     jobs, _ = ledgers(tmp_path, *hang)
     assert [j.outcome for j in jobs] == ["hang", "completed"]
@@ -201,12 +201,12 @@ def test_two_cuda_errors_in_one_segment_are_both_restarted(tmp_path, tokens, ref
 
 
 def test_a_rollback_past_max_rollbacks_stops_the_segment_in_one_line(tmp_path, tokens):
-    bounded = ("fault.nan_step=3", "train.spike.rollback_after=1", "train.spike.max_rollbacks=0")
+    bounded = ("fault.nan_step=3", "train.spike.rollback_after=1", "resilience.max_rollbacks=0")
     with pytest.raises(LaunchError) as err:
         segment(tmp_path, tokens, *bounded)
     line = str(err.value)
     assert "\n" not in line and "the loss diverges: 1 bad steps in a row from step 3 (the last: loss nan)" in line
-    assert "past train.spike.max_rollbacks (0)" in line and "not restarted: trainflow refused an input" in line
+    assert "past resilience.max_rollbacks (0)" in line and "not restarted: trainflow refused an input" in line
 
 
 @pytest.mark.slow

@@ -188,7 +188,7 @@ def test_cancelled_job_ends_its_stage_and_is_not_requeued(tmp_path, tokens):
 
 
 def test_a_job_pending_past_max_pending_s_is_cancelled_in_one_line(tmp_path):
-    # A job Slurm will not start for an hour (--begin): the wait gives up after cluster.allocation.max_pending_s with
+    # A job Slurm will not start for an hour (--begin): the wait gives up after resilience.max_pending_s with
     # Slurm's reason, and cancels the job, instead of waiting on it for ever.
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm")
     executor.update_parameters(
@@ -201,7 +201,7 @@ def test_a_job_pending_past_max_pending_s_is_cancelled_in_one_line(tmp_path):
     line = str(err.value)
     assert "\n" not in line
     assert re.fullmatch(
-        rf"slurm job {job.job_id} stayed pending for \d+ s \(Reason=BeginTime\), past cluster\.allocation\."
+        rf"slurm job {job.job_id} stayed pending for \d+ s \(Reason=BeginTime\), past resilience\."
         r"max_pending_s \(6 s\), and was cancelled; .*",
         line,
     ), line

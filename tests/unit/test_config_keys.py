@@ -33,6 +33,8 @@ COMPOSE_MODULE = sys.modules["trainflow.config.compose"]  # the package's `compo
         ("+train.windw=5", "did you mean 'train.spike.window'?"),  # no close field at its level: the closest key
         ("+optim.extra.a=1", "unknown config key 'optim.extra' (OptimConfig has no field 'extra')"),
         ("+zzzz=1", "TrainflowConfig has no field 'zzzz'): its fields are run, stage, "),
+        ("cluster.allocation.max_restarts=5", "has no field 'max_restarts'): it is 'resilience.max_restarts' now"),
+        ("train.spike.max_rollbacks=1", "has no field 'max_rollbacks'): it is 'resilience.max_rollbacks' now"),
     ],
 )
 def test_a_key_outside_the_schema_is_refused_with_the_closest_one(override, fragment):

@@ -52,11 +52,13 @@ def beat(rank: int, *, counter: int = 0, step: int = 5, phase: str = "compute", 
 @pytest.fixture
 def heartbeat(tmp_path):
     def build(world: int, **runtime):
-        cfg = compose("train_segment", ["experiment=smoke", *(f"cluster.runtime.{k}={v}" for k, v in runtime.items())])
+        cfg = compose("train_segment", ["experiment=smoke", *(f"resilience.{k}={v}" for k, v in runtime.items())])
         server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         server.multi_set([beat_key(r) for r in range(world)], [NEVER] * world)
         store = Counting(server)
-        return Heartbeat(cfg.cluster.runtime, rank=0, world=world, paths=JobPaths(tmp_path, job_id="1"), store=store)
+        return Heartbeat(
+            cfg.cluster.runtime, cfg.resilience, rank=0, world=world, paths=JobPaths(tmp_path, job_id="1"), store=store
+        )
 
     return build
 
@@ -121,7 +123,7 @@ def test_the_evidence_follows_a_chain_and_names_nobody_in_a_symmetric_hang():
         waiting_in="torch.distributed.distributed_c10d.recv (trainflow/train/faults.py:70, wedge)",
         evidence=culprits(symmetric).line(),
     )
-    assert report.line().startswith("every rank made no progress for 7 s (step 6), past cluster.runtime")
+    assert report.line().startswith("every rank made no progress for 7 s (step 6), past resilience.hang_detect_s")
     assert "a symmetric hang), so no host is blamed" in report.line()
     assert HangReport.from_json(report.to_json()) == report
 

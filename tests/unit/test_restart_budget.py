@@ -1,6 +1,6 @@
 """The run's jobs ledger decides the restart budget and the hosts left out: restarts count only in a row without a
 newer checkpoint, a completed job resets them, and every host a failure blamed stays out for the rest of the run
-(resilience.ledger.standing), up to cluster.allocation.max_excluded_nodes."""
+(resilience.ledger.standing), up to resilience.max_excluded_nodes."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_every_blamed_host_stays_out_for_the_run_and_the_cap_stops_it(tmp_path):
     assert standing(ledger).excluded == {"nid001": "job 0", "nid007": "job 2"}
     assert over_cap(frozenset(standing(ledger).excluded), 2, tmp_path / "jobs.jsonl") is None
     line = over_cap(frozenset(standing(ledger).excluded) | {"nid009"}, 2, tmp_path / "jobs.jsonl")
-    assert line.startswith("the run leaves out 3 hosts (nid001, nid007, nid009), past cluster.allocation.max_excluded")
+    assert line.startswith("the run leaves out 3 hosts (nid001, nid007, nid009), past resilience.max_excluded")
     assert "\n" not in line
 
 

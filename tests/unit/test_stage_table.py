@@ -3,6 +3,7 @@ rules in it, its module and the config its @hydra.main composes, its primary con
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -11,7 +12,7 @@ import yaml
 from tests.conftest import REPO
 from trainflow.config import ALLOCATING, CONF_DIR, STAGES, compose
 from trainflow.config.hashing import stage_hash
-from trainflow.config.stages import UNHASHED
+from trainflow.config.resilience import ResilienceConfig
 
 
 def test_every_stage_has_a_rule_file_a_module_and_a_primary_config_and_nothing_else_does():
@@ -47,17 +48,17 @@ def test_localrules_are_the_stages_that_submit_their_own_allocation():
 def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
     base = stage_hash(compose("train_segment", []), "train_segment")
     values = {
-        "cluster.allocation.max_restarts": "0",
-        "cluster.allocation.max_excluded_nodes": "2",
-        "cluster.allocation.max_pending_s": "60",
-        "cluster.allocation.exclude_stragglers": "true",
-        "cluster.allocation.spare_nodes": "2",
-        "train.spike.max_rollbacks": "0",
-        "cluster.runtime.failure_detect_s": "5",
-        "cluster.runtime.hang_detect_s": "7",
-        "cluster.runtime.heartbeat_s": "1",
+        "resilience.max_restarts": "0",
+        "resilience.max_excluded_nodes": "2",
+        "resilience.max_pending_s": "60",
+        "resilience.exclude_stragglers": "true",
+        "resilience.max_rollbacks": "0",
+        "resilience.failure_detect_s": "5",
+        "resilience.hang_detect_s": "7",
+        "resilience.heartbeat_s": "1",
+        "resilience.straggler_factor": "2",
     }
-    assert set(values) == set(UNHASHED) - {"cluster.allocation.container"}  # the container: test_containers
+    assert set(values) == {f"resilience.{f.name}" for f in dataclasses.fields(ResilienceConfig)}
     for path, value in values.items():
         assert stage_hash(compose("train_segment", [f"{path}={value}"]), "train_segment") == base, path
     assert stage_hash(compose("train_segment", ["cluster.runtime.collective_timeout_s=7"]), "train_segment") != base

@@ -22,9 +22,9 @@ DRILL = (
     "train.segment_steps=120",
     "checkpoint.interval_steps=3",
     "cluster.hardware.hang_share=0.4",
-    "cluster.runtime.hang_detect_s=20",
-    "cluster.runtime.heartbeat_s=0.5",
-    "cluster.allocation.max_restarts=40",
+    "resilience.hang_detect_s=20",
+    "resilience.heartbeat_s=0.5",
+    "resilience.max_restarts=40",
     "fault.seed=2",
 )
 MTBF_S = 30.0

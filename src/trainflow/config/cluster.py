@@ -64,17 +64,6 @@ class AllocationConfig:
     """Seconds before the time limit at which Slurm sends USR2 (submitit's pre-timeout signal)."""
     max_requeues: int = checked(3, ge=0)
     """Slurm requeues of one job on its pre-timeout signal (submitit's)."""
-    max_restarts: int = checked(3, ge=0)
-    """New jobs train_segment submits itself in a row without progress after a rank died or hung, each leaving out the
-    failing host (and the gate's nccl-exclude.txt hosts); a job that saved a newer checkpoint than any before it
-    resets the count, which the run's jobs ledger keeps across segments and reruns (resilience.ledger.standing), so a
-    campaign's failures at its MTBF never use it up. Failures a restart cannot fix end the stage at once."""
-    max_pending_s: float = checked(86400.0, ge=0)
-    """A training or gate job still pending in Slurm's queue after this long (a requeued one too) is cancelled and the
-    stage stops in one line with Slurm's reason (0: wait however long)."""
-    max_excluded_nodes: int = checked(32, ge=0)
-    """The most hosts the run leaves out (the jobs ledger's, with the gate's): past it the stage stops in one line
-    naming them, as a run that keeps losing nodes needs a person (seed: 1024 nodes; 32 is 3 %)."""
     spare_nodes: int = checked(0, ge=0)
     """Nodes the job holds beyond `nodes` for hot restarts (launch.supervisor): training runs as a job step on `nodes`
     of them, and after a dead or hung rank a supervisor inside the allocation starts a new step on the healthy nodes
@@ -82,8 +71,6 @@ class AllocationConfig:
     queue; once the spares are used up the next restart is a new job. 0: every restart is a new job. On one machine
     (executor local) the job's processes restart inside the same local job up to this many times, the host left
     out only recorded."""
-    exclude_stragglers: bool = False
-    """A restart also leaves out the hosts whose ranks the last job flagged as stragglers (train.straggler_factor)."""
     partition: str = checked("", pattern=SLURM_WORD)
     account: str = checked("", pattern=SLURM_WORD)
     constraint: str = checked("", pattern=SLURM_WORD)
@@ -102,27 +89,8 @@ class RuntimeConfig:
     backend: str = checked(one_of=("gloo", "nccl"))
     collective_timeout_s: int = checked(gt=0)
     """torch.distributed collective timeout (the seed's "NCCL_TIMEOUT 300 s")."""
-    failure_detect_s: float = checked(30.0, gt=0)
-    """How soon a dead rank's job ends, as the goodput plan assumes it: srun's --kill-on-bad-exit (locally the
-    launcher) ends the other ranks at once, and the stage sees the job's end within Slurm's poll and settle time
-    (launch.job_end: about 20 s); the drills hold it."""
-    hang_detect_s: float = checked(0.0, ge=0)
-    """A rank silent (or without step progress) this long is hung and ends the job (launch.heartbeat); 0: the larger
-    of 60 s and 10 x the median step."""
-    heartbeat_s: float = checked(5.0, gt=0)
-    """How often every rank beats, and the watchers look."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment for every rank (NCCL_* tuning lives here)."""
-
-
-MIN_HANG_S = 60.0
-"""The shortest hang threshold runtime.hang_detect_s=0 gives: a slow step is not a hang."""
-
-
-def hang_threshold_s(runtime: RuntimeConfig, median_step_s: float) -> float:
-    """How long a rank may make no step progress before it counts as hung: runtime.hang_detect_s, or where that is 0,
-    the larger of MIN_HANG_S and 10 x the median step."""
-    return runtime.hang_detect_s or max(MIN_HANG_S, 10 * median_step_s)
 
 
 @dataclass
@@ -159,7 +127,8 @@ class HardwareConfig:
     """Mean time between failures of the allocation: Young/Daly's interval (the planner's and the trainer's)."""
     hang_share: float = checked(ge=0, le=1)
     """Share of failures in which a rank hangs (a lost host or link, a stuck collective) instead of exiting with an
-    error: the goodput plan weighs runtime.hang_detect_s and runtime.failure_detect_s by it (trainflow.plan.goodput)."""
+    error: the goodput plan weighs resilience.hang_detect_s and resilience.failure_detect_s by it
+    (trainflow.plan.goodput)."""
     requeue_wait_s: float = checked(ge=0)
     """How long a new job waits for its allocation: after a failure, or when a job reaches its time limit."""
     startup_s: float = checked(ge=0)

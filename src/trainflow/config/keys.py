@@ -16,6 +16,7 @@ import typing
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from trainflow.config.resilience import MOVED
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
 
@@ -37,6 +38,8 @@ def unknown_key(full_key: str, owner: type) -> str:
     parent, _, name = full_key.rpartition(".")
     fields = [f.name for f in dataclasses.fields(owner)]
     head = f"unknown config key '{full_key}' ({owner.__name__} has no field '{name}')"
+    if full_key in MOVED:
+        return f"{head}: it is '{MOVED[full_key]}' now (config.resilience)"
     if close := difflib.get_close_matches(name, fields, n=1):
         return f"{head}: did you mean '{parent + '.' if parent else ''}{close[0]}'?"
     if close := difflib.get_close_matches(full_key, schema_keys(), n=1):

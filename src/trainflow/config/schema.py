@@ -19,6 +19,7 @@ from trainflow.config.energy import EnergyConfig
 from trainflow.config.faults import FaultConfig
 from trainflow.config.observe import MlflowConfig, WandbConfig
 from trainflow.config.paths import IOConfig, StorageConfig
+from trainflow.config.resilience import ResilienceConfig
 from trainflow.config.sources import SourceConfig
 from trainflow.config.stages import STAGES
 
@@ -180,9 +181,6 @@ class SpikeConfig:
     factor: float = checked(4.0, gt=0)
     rollback_after: int = checked(3, ge=1)
     """This many bad steps in a row reload the last verified checkpoint and skip the data windows that caused them."""
-    max_rollbacks: int = checked(3, ge=0)
-    """Rollbacks one job of a segment may make; the next ends it in one line (the loss diverges), naming each one's
-    steps: a run that keeps diverging needs a lower learning rate or other data, not more rollbacks."""
 
 
 @dataclass
@@ -218,8 +216,6 @@ class TrainConfig:
     fp8_amax_history: int = checked(16, ge=1)
     """Steps of amax history under train.fp8=delayed."""
     spike: SpikeConfig = field(default_factory=SpikeConfig)
-    straggler_factor: float = checked(1.5, gt=1)
-    """The report flags a rank whose median step compute exceeds this many times the median over ranks."""
     cross_document: bool = True
     """Training windows may run over an end-of-document token into the next document (GPT's packing); false
     re-draws a window until its inputs lie inside one document (data.sampler). A training setting, not a data
@@ -285,6 +281,7 @@ class TrainflowConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
 

@@ -15,21 +15,10 @@ from dataclasses import dataclass
 
 TRAIN_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster")
 """What training reads: also the name of its checkpoint series (config.run_folder.RunFolder.train_hash)."""
-UNHASHED = (
-    "cluster.allocation.max_restarts",
-    "cluster.allocation.max_excluded_nodes",
-    "cluster.allocation.max_pending_s",
-    "cluster.allocation.exclude_stragglers",
-    "cluster.allocation.spare_nodes",
-    "train.spike.max_rollbacks",
-    "cluster.runtime.failure_detect_s",
-    "cluster.runtime.hang_detect_s",
-    "cluster.runtime.heartbeat_s",
-    "cluster.allocation.container",
-)
-"""Settings of how a failure is found and handled, and which container the ranks run in, never of what is computed: in
-no hash, like fault.*, so changing them (a drill, a faster detection for a rerun, the campaign moved into an image)
-keeps the checkpoint series and reruns nothing; the report names a campaign whose segments ran on different stacks."""
+UNHASHED = ("cluster.allocation.container",)
+"""Which container the ranks run in, never what is computed: in no hash, like the resilience and fault sections
+(which no stage's hash reads), so moving the campaign into an image keeps the checkpoint series and reruns
+nothing; the report names a campaign whose segments ran on different stacks."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,6 @@ def slow_hosts(cfg: TrainflowConfig, *, exclude: Sequence[str], name: str) -> li
     on a new allocation of the training shape without `exclude` (Slurm; one machine has no other host)."""
     a = cfg.cluster.allocation
     executor = build_executor(a, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=name, exclude=exclude)
-    result = run_job(executor, BandwidthJob(cfg), max_pending_s=a.max_pending_s)[0]
+    result = run_job(executor, BandwidthJob(cfg), max_pending_s=cfg.resilience.max_pending_s)[0]
     names = [rank[0].host for rank in result["ranks"]]
     return judge([rank[1] for rank in result["ranks"]], names, cfg.cluster.gate.busbw_gbps)[1]

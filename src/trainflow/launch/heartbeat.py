@@ -1,8 +1,8 @@
 """Hang detection: every rank's heartbeat of liveness and step progress, watched inside the job, so a rank that stops
 (SIGSTOP, a driver call that never returns, a dead peer that NCCL over RDMA cannot see) ends the job within
-cluster.runtime.hang_detect_s instead of idling its whole allocation.
+resilience.hang_detect_s instead of idling its whole allocation.
 
-    with Heartbeat.start(runtime, rank=rank, world=world, paths=submitit.JobEnvironment().paths) as beat:
+    with Heartbeat.start(runtime, resilience, rank=rank, world=world, paths=submitit.JobEnvironment().paths) as beat:
         Trainer(cfg, device, on_phase=beat.progress).train()
 
 Each rank runs a daemon thread that, every `period_s`, publishes a beat in the job's heartbeat store (a TCPStore that
@@ -19,10 +19,9 @@ poll; the other ranks read rank 0's. Rank 0 declares a rank hung when
   at the same collective (a symmetric hang: no host is blamed on a guess). Saves and loads are left to the
   collective timeout, as they may rightly take longer.
 The other ranks judge rank 0's silence only: rank 0 alone sees every rank's counts.
-The threshold is config.cluster.hang_threshold_s: hang_detect_s, or, where that is 0, the larger of 60 s and 10 x the
-median step so far. Clocks are
-never compared across hosts: staleness is how long the watcher itself has seen a beat unchanged. A store that stops
-answering is rank 0 stopped: the others then judge it themselves.
+The threshold is config.resilience.hang_threshold_s: hang_detect_s, or, where that is 0, the larger of 60 s and 10 x
+the median step so far. Clocks are never compared across hosts: staleness is how long the watcher itself has seen a
+beat unchanged. A store that stops answering is rank 0 stopped: the others then judge it themselves.
 
 On a verdict the detecting rank writes the diagnosis (hang.py: the rank, its host, step and phase, the evidence, and
 the collective the detecting rank's own main thread is waiting in) and sets an abort key; every live rank then dumps
@@ -34,7 +33,7 @@ names the hang in one line.
 Each beat also carries the rank's median forward time (Heartbeat.timed, the trainer's on_step; train.clock), and rank
 0 writes every rank's into <job>_timing.json as soon as every rank has timed a few steps, then once a minute, and
 when it aborts: after a failure no rank is left to say who was slow, and a restart with
-cluster.allocation.exclude_stragglers leaves the stragglers' hosts out (launch.restart).
+resilience.exclude_stragglers leaves the stragglers' hosts out (launch.restart).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
 from trainflow.config import RuntimeConfig
-from trainflow.config.cluster import hang_threshold_s
+from trainflow.config.resilience import ResilienceConfig, hang_threshold_s
 from trainflow.host import hostname
 from trainflow.launch.hang import HANG_EXIT, StacksWatchdog, collective_counts, dump_stacks, waiting_in, write_report
 from trainflow.launch.task import mark_first_step
@@ -109,10 +108,11 @@ def beat_key(rank: int) -> str:
 
 
 class Heartbeat:
-    def __init__(self, runtime: RuntimeConfig, *, rank: int, world: int, paths: JobPaths, store: object) -> None:
+    def __init__(
+        self, runtime: RuntimeConfig, resilience: ResilienceConfig, *, rank: int, world: int, paths: JobPaths, store
+    ) -> None:
         self.rank, self.world, self.paths, self.store = rank, world, paths, store
-        self.runtime, self.backend = runtime, runtime.backend
-        self.period_s = runtime.heartbeat_s
+        self.resilience, self.backend, self.period_s = resilience, runtime.backend, resilience.heartbeat_s
         self.step, self.phase, self.counter, self.marks = -1, "start", 0, 0
         self.step_started: float | None = None
         self.step_times: list[float] = []
@@ -127,10 +127,12 @@ class Heartbeat:
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, runtime: RuntimeConfig, *, rank: int, world: int, paths: JobPaths) -> Iterator[Heartbeat]:
+    def start(
+        cls, runtime: RuntimeConfig, resilience: ResilienceConfig, *, rank: int, world: int, paths: JobPaths
+    ) -> Iterator[Heartbeat]:
         """A running heartbeat for this rank (a single rank has no peer to wait for: it only beats)."""
-        store = heartbeat_store(runtime, rank=rank, world=world)
-        beat = cls(runtime, rank=rank, world=world, paths=paths, store=store)
+        store = heartbeat_store(runtime, period_s=resilience.heartbeat_s, rank=rank, world=world)
+        beat = cls(runtime, resilience, rank=rank, world=world, paths=paths, store=store)
         beat.publish()
         beat.thread.start()
         try:
@@ -159,7 +161,7 @@ class Heartbeat:
 
     @property
     def threshold_s(self) -> float:
-        return hang_threshold_s(self.runtime, statistics.median(self.step_times) if self.step_times else 0.0)
+        return hang_threshold_s(self.resilience, statistics.median(self.step_times) if self.step_times else 0.0)
 
     def publish(self) -> None:
         self.watchdog.arm(self.threshold_s)  # a beat that does not come: a main thread holding the GIL (hang.py)
@@ -276,7 +278,7 @@ class Heartbeat:
         os._exit(HANG_EXIT)
 
 
-def heartbeat_store(runtime: RuntimeConfig, *, rank: int, world: int) -> object:
+def heartbeat_store(runtime: RuntimeConfig, *, period_s: float, rank: int, world: int) -> object:
     """The job's heartbeat store: rank 0 serves a TCPStore of its own on a free port, seeds every rank's beat and
     announces the port in torch.distributed's rendezvous store (MASTER_ADDR:MASTER_PORT); the others connect to it.
     Its short timeout is how a rank learns that rank 0 stopped."""
@@ -284,7 +286,7 @@ def heartbeat_store(runtime: RuntimeConfig, *, rank: int, world: int) -> object:
 
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     wait = datetime.timedelta(seconds=runtime.collective_timeout_s)  # rank 0 may reach its heartbeat last
-    short = datetime.timedelta(seconds=max(2 * runtime.heartbeat_s, 5))
+    short = datetime.timedelta(seconds=max(2 * period_s, 5))
     rendezvous = dist.TCPStore(address, port, is_master=False, timeout=wait)
     if rank == 0:
         store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=short)

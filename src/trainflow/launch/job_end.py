@@ -84,7 +84,7 @@ def wait_for_end(job: submitit.Job, kind: str, max_pending_s: float = 0.0) -> tu
                 job.cancel(check=False)
                 raise LaunchError(
                     f"slurm job {job.job_id} stayed pending for {now - pending_since:.0f} s ({pending}), past "
-                    f"cluster.allocation.max_pending_s ({max_pending_s:.0f} s), and was cancelled; free or grow the "
+                    f"resilience.max_pending_s ({max_pending_s:.0f} s), and was cancelled; free or grow the "
                     "partition, ask for fewer nodes, or raise the limit"
                 )
         if ended_at is not None and now - ended_at >= SETTLE_S[kind]:

@@ -4,8 +4,8 @@ one line, and keep each job in the run's jobs ledger; the stage (stages/train_se
     python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a restart, drilled
 
 Before each job: the hosts to leave out, the gate's and every one the run's ledger blames (at most
-cluster.allocation.max_excluded_nodes). After a failure: its verdict, with the restarts in a row that made no
-progress (cluster.allocation.max_restarts); after a hang whose evidence names nobody, the gate's checks on a new
+resilience.max_excluded_nodes). After a failure: its verdict, with the restarts in a row that made no
+progress (resilience.max_restarts); after a hang whose evidence names nobody, the gate's checks on a new
 allocation first (launch.gate_job.slow_hosts), so no host is left out on a guess. With cluster.allocation.spare_nodes
 the job is a launch.supervisor, which restarts inside its allocation (a new job step on a spare) and hands back only
 what it does not restart: those failures are judged here as a job's.
@@ -51,12 +51,12 @@ def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> lis
     (resilience.verdict), each job in the run's jobs ledger, whose excluded hosts and restarts without progress carry
     over from earlier segments and reruns (resilience.ledger.standing). With cluster.allocation.spare_nodes the job is
     a launch.supervisor, which restarts inside its allocation first and hands back what it does not."""
-    a, ledger = cfg.cluster.allocation, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    a, r, ledger = cfg.cluster.allocation, cfg.resilience, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
     failures: list[JobFailure] = []
     while True:
         history, attempt = ledger.read(), len(failures)
         exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | frozenset(standing(history).excluded)
-        if why := over_cap(exclude, a.max_excluded_nodes, ledger.path):
+        if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
             raise LaunchError(f"segment {cfg.segment} not started: {why}")
         executor = build_executor(
             a,
@@ -73,7 +73,7 @@ def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> lis
         else:
             job = executor.submit(task(attempt))
         try:
-            results = wait_job(job, max_pending_s=a.max_pending_s)
+            results = wait_job(job, max_pending_s=r.max_pending_s)
         except LaunchError as err:
             if err.failure is None:
                 raise
@@ -104,14 +104,14 @@ def judged(
 ) -> JobFailure:
     """Judge a failed job (`ran`, its ledger record; `failures`, the segment's before it), record its verdict in the
     ledger, and return the failure where a new job follows; else one LaunchError line saying why not."""
-    a, ledger = cfg.cluster.allocation, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
-    slow = straggler_hosts(job.paths, cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
+    r, ledger = cfg.resilience, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    slow = straggler_hosts(job.paths, r.straggler_factor) if r.exclude_stragglers else frozenset()
     restarts = standing([*ledger.read(), ran]).without_progress  # its newest checkpoint: whether it made progress
-    verdict = judge(failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+    verdict = judge(failure, failures, max_restarts=r.max_restarts, restarts=restarts, slow=slow)
     if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:
         found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
         slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
-        verdict = judge(failure, failures, max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+        verdict = judge(failure, failures, max_restarts=r.max_restarts, restarts=restarts, slow=slow)
         said = f"found {', '.join(found)} slow" if found else "found no slow host"
         verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
     ledger.append(dataclasses.replace(ran, verdict=verdict.why, left_out=sorted(verdict.exclude)))

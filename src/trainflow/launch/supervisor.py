@@ -210,10 +210,10 @@ class Supervisor:
     ) -> tuple[Verdict, str]:
         """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
         step's and the spares."""
-        a, (active, spares) = self.cfg.cluster.allocation, hosts
-        slow = straggler_hosts(job.paths, self.cfg.train.straggler_factor) if a.exclude_stragglers else frozenset()
+        a, r, (active, spares) = self.cfg.cluster.allocation, self.cfg.resilience, hosts
+        slow = straggler_hosts(job.paths, r.straggler_factor) if r.exclude_stragglers else frozenset()
         restarts = standing(history).without_progress
-        verdict = judge(failure, [*self.earlier, *failures], max_restarts=a.max_restarts, restarts=restarts, slow=slow)
+        verdict = judge(failure, [*self.earlier, *failures], max_restarts=r.max_restarts, restarts=restarts, slow=slow)
         if not verdict.restart:
             return verdict, verdict.why
         if failure.kind == JobOutcome.HANG and failure.rank is None:

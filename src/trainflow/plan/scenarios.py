@@ -8,7 +8,7 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
   hung one); R a new job: requeue_wait_s + startup_s + the load, which each dp replica reads for itself (DCP's own
   loader: replicas x the single read's time, unless the file servers' caches serve the repeats, not measured).
 - as configured: the experiment's checkpoint.mode, trainflow's detection (built, always on: a dead rank ends the job
-  within runtime.failure_detect_s, a hung one within the heartbeat's threshold, config.cluster.hang_threshold_s, each
+  within resilience.failure_detect_s, a hung one within the heartbeat's threshold, hang_threshold_s, each
   at most the collective timeout, mixed by hardware.hang_share) and the single read (built, always on:
   checkpoint.single_read): a load is the checkpoint read once at hardware.checkpoint_read_gbps, then each rank's
   replicated state exchanged over its replica group's links (an all-gather, plan.collectives). R: with
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow.config.cluster import hang_threshold_s
+from trainflow.config.resilience import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import Timeline
@@ -120,7 +120,8 @@ def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
     """(dead, hung): how long the job runs on after a rank dies or hangs, with trainflow's detection."""
     rt = cfg.cluster.runtime
     timeout = rt.collective_timeout_s
-    return min(rt.failure_detect_s, timeout), min(hang_threshold_s(rt, step_s), timeout)
+    r = cfg.resilience
+    return min(r.failure_detect_s, timeout), min(hang_threshold_s(r, step_s), timeout)
 
 
 def scenario_times(

@@ -117,7 +117,7 @@ def slow_ranks(segments: Sequence[SegmentSummary], factor: float) -> list[str]:
         f"{factor:g} x the median over ranks): "
         + ", ".join(f"rank {t.rank} on {t.host} ({t.forward_s * 1e3:.1f} ms)" for t in flagged)
         if flagged
-        else f"No rank's median forward exceeds {factor:g} x the median over ranks (train.straggler_factor)."
+        else f"No rank's median forward exceeds {factor:g} x the median over ranks (resilience.straggler_factor)."
     )
     slowest = sorted(timings, key=lambda t: -t.forward_s)[:SLOWEST]
     ranks = [[t.rank, t.host, f"{t.forward_s * 1e3:.1f}", t.steps] for t in slowest]

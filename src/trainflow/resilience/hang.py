@@ -41,7 +41,7 @@ class HangReport(Record):
     """For a rank alive without progress: what the ranks' collective counts showed (resilience.hang)."""
 
     def line(self) -> str:
-        past = f"past cluster.runtime.hang_detect_s ({self.threshold_s:.0f} s"
+        past = f"past resilience.hang_detect_s ({self.threshold_s:.0f} s"
         waited = f"rank {self.detected_by} waited in {self.waiting_in}"
         if self.rank is None:
             return (

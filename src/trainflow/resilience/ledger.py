@@ -97,7 +97,7 @@ def over_cap(excluded: frozenset[str], cap: int, ledger: Path) -> str | None:
         return None
     return (
         f"the run leaves out {len(excluded)} hosts ({', '.join(sorted(excluded))}), past "
-        f"cluster.allocation.max_excluded_nodes ({cap}): repair them and raise the cap, or start the run's ledger "
+        f"resilience.max_excluded_nodes ({cap}): repair them and raise the cap, or start the run's ledger "
         f"{ledger} afresh once they are back"
     )
 

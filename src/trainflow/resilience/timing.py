@@ -1,5 +1,5 @@
 """Each rank's own forward time and the stragglers among them: one measure (train.clock's median forward) that the
-heartbeat's timing file carries for a restart (cluster.allocation.exclude_stragglers) and the segment's summary for
+heartbeat's timing file carries for a restart (resilience.exclude_stragglers) and the segment's summary for
 the report.
 
     python -c "from trainflow.resilience.timing import RankTiming, stragglers; \
@@ -27,7 +27,7 @@ class RankTiming(Record):
 
 
 def stragglers(timings: list[RankTiming], factor: float) -> list[RankTiming]:
-    """The ranks whose median forward exceeds `factor` x the median over ranks (train.straggler_factor)."""
+    """The ranks whose median forward exceeds `factor` x the median over ranks (resilience.straggler_factor)."""
     measured = [t for t in timings if t.steps and t.forward_s == t.forward_s]  # NaN: a rank that ran no step
     if len(measured) < 2:
         return []

@@ -89,7 +89,7 @@ def judge(
     slow: frozenset[str] = frozenset(),
 ) -> Verdict:
     """Restart after `failure` (the failures before it in this segment: `earlier`), or not, and why; a restart leaves
-    out the failing rank's host and the stragglers' hosts `slow` (cluster.allocation.exclude_stragglers)."""
+    out the failing rank's host and the stragglers' hosts `slow` (resilience.exclude_stragglers)."""
     if failure.expected:
         return Verdict(False, "not restarted: trainflow refused an input, which a new job would refuse again")
     code = not node_fault(failure)  # a device or interconnect error may strike every rank, and job after job
@@ -119,7 +119,7 @@ def restart(failure: JobFailure, *, max_restarts: int, restarts: int, slow: froz
     if restarts >= max_restarts:
         return Verdict(
             False,
-            f"not restarted: cluster.allocation.max_restarts({max_restarts}) used up (that many restarts in a row "
+            f"not restarted: resilience.max_restarts({max_restarts}) used up (that many restarts in a row "
             "saved no newer checkpoint)",
             exclude,
         )

@@ -70,7 +70,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         *sections.top_operators(last.profile, here),
         *sections.checkpoints(segments, verify, io.verify_report, here),
         *goodput_section(
-            segments, plots["goodput"], here, straggler_factor=cfg.train.straggler_factor, planned=planned_run(cfg)
+            segments, plots["goodput"], here, straggler_factor=cfg.resilience.straggler_factor, planned=planned_run(cfg)
         ),
         *sections.gate(nccl, io.nccl_report, here),
         *stack_section(nccl, segments),

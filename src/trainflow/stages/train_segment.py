@@ -53,7 +53,7 @@ class TrainSegment(submitit.helpers.Checkpointable):
         with (
             distributed_task(cfg.cluster.runtime) as (rank, world, device, marker),
             node_window(cfg.energy, local_rank=env.local_rank, folder=power, segment=cfg.segment) as window,
-            Heartbeat.start(cfg.cluster.runtime, rank=rank, world=world, paths=env.paths) as beat,
+            Heartbeat.start(cfg.cluster.runtime, cfg.resilience, rank=rank, world=world, paths=env.paths) as beat,
         ):
 
             def on_phase(kind: str, step: int) -> None:

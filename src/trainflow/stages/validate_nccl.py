@@ -50,7 +50,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         cfg.cluster.allocation, world_size=cfg.parallel.world_size, folder=cfg.io.submitit, name=name
     )
     try:
-        result = run_job(executor, BandwidthJob(cfg), max_pending_s=cfg.cluster.allocation.max_pending_s)[0]
+        result = run_job(executor, BandwidthJob(cfg), max_pending_s=cfg.resilience.max_pending_s)[0]
     except LaunchError as err:
         raise LaunchError(f"validate_nccl failed: {err}") from err
     hosts = [rank[0] for rank in result["ranks"]]

@@ -69,7 +69,7 @@ class SegmentCheckpoints:
         )
         self.saves: list[SaveRecord] = []
         self.rollbacks: list[GuardEvent] = []
-        """This job's rollbacks (train.spike.max_rollbacks bounds them)."""
+        """This job's rollbacks (resilience.max_rollbacks bounds them)."""
         self.init_from: str | None = None
         """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
 
@@ -143,11 +143,11 @@ class SegmentCheckpoints:
         """After train.spike.rollback_after bad steps in a row: reload the newest verified checkpoint from before the
         first of them and leave their data windows out of the stream (train.guard); the step to go on from."""
         first, bad = self.guard.first_bad, self.guard.bad
-        if len(self.rollbacks) >= (limit := self.cfg.train.spike.max_rollbacks):
+        if len(self.rollbacks) >= (limit := self.cfg.resilience.max_rollbacks):
             done = ", ".join(f"{e.from_step} to {e.step}" for e in self.rollbacks)
             raise DivergenceError(
                 f"the loss diverges: {len(bad)} bad steps in a row from step {first} (the last: {bad[-1][2]}) after "
-                f"{len(self.rollbacks)} rollback(s) (from steps {done or 'none'}), past train.spike.max_rollbacks "
+                f"{len(self.rollbacks)} rollback(s) (from steps {done or 'none'}), past resilience.max_rollbacks "
                 f"({limit}); lower optim.lr, raise train.spike.factor, or check the data"
             )
         step, restored = self.load(at_most=first, why="Rolled back to")

@@ -1,0 +1,69 @@
+"""How a training job's failures are found and handled, in one section (Megatron's resilience_config is the model):
+the heartbeat and the hang threshold (launch.heartbeat), how soon a dead rank's job ends, the restart policy
+(resilience.verdict, resilience.ledger: its budget, the hosts it may leave out, stragglers, a job left pending) and the
+loss guard's rollbacks (train.guard). In no config hash (no stage's hash reads it, config.stages): changing one keeps
+the checkpoint series and reruns nothing.
+
+    python -c "from trainflow.config import compose; print(compose('train_segment', []).resilience)"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainflow.config.domain import checked
+
+
+@dataclass
+class ResilienceConfig:
+    heartbeat_s: float = checked(5.0, gt=0)
+    """How often every rank beats, and the watchers look."""
+    hang_detect_s: float = checked(0.0, ge=0)
+    """A rank silent (or without step progress) this long is hung and ends the job (launch.heartbeat); 0: the larger
+    of 60 s and 10 x the median step."""
+    failure_detect_s: float = checked(30.0, gt=0)
+    """How soon a dead rank's job ends, as the goodput plan assumes it: srun's --kill-on-bad-exit (locally the
+    launcher) ends the other ranks at once, and the stage sees the job's end within Slurm's poll and settle time
+    (launch.job_end: about 20 s); the drills hold it."""
+    max_restarts: int = checked(3, ge=0)
+    """New jobs train_segment submits itself in a row without progress after a rank died or hung, each leaving out the
+    failing host (and the gate's nccl-exclude.txt hosts); a job that saved a newer checkpoint than any before it
+    resets the count, which the run's jobs ledger keeps across segments and reruns (resilience.ledger.standing), so a
+    campaign's failures at its MTBF never use it up. Failures a restart cannot fix end the stage at once."""
+    max_excluded_nodes: int = checked(32, ge=0)
+    """The most hosts the run leaves out (the jobs ledger's, with the gate's): past it the stage stops in one line
+    naming them, as a run that keeps losing nodes needs a person (seed: 1024 nodes; 32 is 3 %)."""
+    max_pending_s: float = checked(86400.0, ge=0)
+    """A training or gate job still pending in Slurm's queue after this long (a requeued one too) is cancelled and the
+    stage stops in one line with Slurm's reason (0: wait however long)."""
+    exclude_stragglers: bool = False
+    """A restart also leaves out the hosts whose ranks the last job flagged as stragglers (straggler_factor)."""
+    straggler_factor: float = checked(1.5, gt=1)
+    """A straggler: a rank whose median forward exceeds this many times the median over ranks (the report flags it;
+    a restart leaves its host out under exclude_stragglers)."""
+    max_rollbacks: int = checked(3, ge=0)
+    """Rollbacks one job of a segment may make; the next ends it in one line (the loss diverges), naming each one's
+    steps: a run that keeps diverging needs a lower learning rate or other data, not more rollbacks."""
+
+
+MOVED = {
+    "cluster.allocation.max_restarts": "resilience.max_restarts",
+    "cluster.allocation.max_excluded_nodes": "resilience.max_excluded_nodes",
+    "cluster.allocation.max_pending_s": "resilience.max_pending_s",
+    "cluster.allocation.exclude_stragglers": "resilience.exclude_stragglers",
+    "cluster.runtime.heartbeat_s": "resilience.heartbeat_s",
+    "cluster.runtime.hang_detect_s": "resilience.hang_detect_s",
+    "cluster.runtime.failure_detect_s": "resilience.failure_detect_s",
+    "train.spike.max_rollbacks": "resilience.max_rollbacks",
+    "train.straggler_factor": "resilience.straggler_factor",
+}
+"""The keys this section took over, by their former names: config.keys refuses one in a line naming its new name."""
+
+MIN_HANG_S = 60.0
+"""The shortest hang threshold resilience.hang_detect_s=0 gives: a slow step is not a hang."""
+
+
+def hang_threshold_s(resilience: ResilienceConfig, median_step_s: float) -> float:
+    """How long a rank may make no step progress before it counts as hung: resilience.hang_detect_s, or where that is
+    0, the larger of MIN_HANG_S and 10 x the median step."""
+    return resilience.hang_detect_s or max(MIN_HANG_S, 10 * median_step_s)
