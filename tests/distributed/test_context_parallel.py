@@ -1,11 +1,12 @@
 """Context parallel (parallel.cp) beyond the golden-loss layouts of test_parity: FSDP2 over dp x cp, recompute, windows
-inside one document, and checkpoints between cp2 and one process."""
+inside one document, checkpoints between cp2 and one process, and the gate's cp pattern."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import GOLDEN_RTOL, assert_resumes_bitwise, make_config, run_segment, step_losses
+from tests.conftest import GOLDEN_RTOL, assert_resumes_bitwise, make_config, read_json, run_segment, step_losses
+from trainflow.stages import validate_nccl
 
 STEPS = 4
 RUN = ("train.global_batch=8", "checkpoint.interval_steps=100")
@@ -57,3 +58,16 @@ def test_a_checkpoint_moves_between_cp2_and_one_process(first, second, tmp_path,
     b = run_segment(tmp_path / "b", fixed_tokens, *halves, "segment=1", f"parallel={second}", resume)
     whole = run_segment(tmp_path / "w", fixed_tokens, *RUN, "train.segment_steps=6", "parallel=single")
     assert step_losses(a, b) == pytest.approx(step_losses(whole), rel=GOLDEN_RTOL)
+
+
+@pytest.mark.slow  # one 4-rank gate job
+def test_the_gate_times_the_cp_all_gather_and_the_gradients_group(tmp_path):
+    """dp2_cp2: K and V are gathered on the two cp groups of 2; gradients are all-reduced on one group of dp x cp."""
+    small = ("cluster.gate.sweep_mb=[1.0]", "cluster.gate.sweep_iters=2", "train.global_batch=8")
+    cfg = make_config("validate_nccl", tmp_path, "parallel=dp2_cp2", *small)
+    validate_nccl.run(cfg)
+    table = {row["pattern"]: row for row in read_json(cfg.io.nccl_report)["patterns"]}
+    assert set(table) == {"dp_all_reduce", "cp_all_gather"}
+    assert (table["cp_all_gather"]["groups"], table["cp_all_gather"]["group_size"]) == (2, 2)
+    assert (table["dp_all_reduce"]["groups"], table["dp_all_reduce"]["group_size"]) == (1, 4)
+    assert all(row["busbw_gbps"] > 0 and row["passed"] for row in table.values())
