@@ -61,4 +61,5 @@ def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
     assert set(values) == {f"resilience.{f.name}" for f in dataclasses.fields(ResilienceConfig)}
     for path, value in values.items():
         assert stage_hash(compose("train_segment", [f"{path}={value}"]), "train_segment") == base, path
+    assert stage_hash(compose("train_segment", ["cluster.allocation.spare_nodes=2"]), "train_segment") == base
     assert stage_hash(compose("train_segment", ["cluster.runtime.collective_timeout_s=7"]), "train_segment") != base

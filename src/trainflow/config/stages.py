@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 TRAIN_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster")
 """What training reads: also the name of its checkpoint series (config.run_folder.RunFolder.train_hash)."""
-UNHASHED = ("cluster.allocation.container",)
-"""Which container the ranks run in, never what is computed: in no hash, like the resilience and fault sections
-(which no stage's hash reads), so moving the campaign into an image keeps the checkpoint series and reruns
-nothing; the report names a campaign whose segments ran on different stacks."""
+UNHASHED = ("cluster.allocation.container", "cluster.allocation.spare_nodes")
+"""Which container the ranks run in and how many spare nodes a job holds for hot restarts (launch.supervisor), never
+what is computed: in no hash, like the resilience and fault sections (which no stage's hash reads), so moving the
+campaign into an image, or giving its jobs spares, keeps the checkpoint series and reruns nothing; the report names a
+campaign whose segments ran on different stacks."""
 
 
 @dataclass(frozen=True)
