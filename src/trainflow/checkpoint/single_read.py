@@ -12,7 +12,9 @@ rank among those that need it with the fewest bytes to read so far; a file no ra
 that reads fewer keys) is still read and checked by the least loaded rank. FSDP's shards, which only their own rank
 needs, are read by that rank alone, as before. The bytes read are the checkpoint's files once, plus `.metadata`, which
 every rank reads (DCP plans from it; each rank checks its CRC). A failed check anywhere raises the same error on every
-rank before any byte is exchanged or loaded, so the caller can fall back to an older checkpoint.
+rank before any byte is exchanged or loaded, so the caller can fall back to an older checkpoint. The cost: during a
+load a rank holds the bytes of every file its state reads from (its own share and those it receives), one more copy
+of its state in host memory, since the sends and receives go out as one batch.
 """
 
 from __future__ import annotations
