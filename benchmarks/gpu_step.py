@@ -38,7 +38,7 @@ import torch
 from _common import emit, log, median
 
 from trainflow.config import ConfigError, compose
-from trainflow.config.schema import PRECISIONS
+from trainflow.config.schema import FP8_RECIPES, PRECISIONS
 from trainflow.config.shape import flops_per_token
 from trainflow.fp8 import apply_fp8, sync_amax_history
 from trainflow.fp8.kernels import backend_reason
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true", help="eager blocks (train.compile=false)")
     ap.add_argument("--no-recompute", action="store_true", help="keep every activation (train.activations=keep)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="dense bf16 peak per GPU (default: alps_gh200's)")
-    ap.add_argument("--fp8", choices=("none", "dynamic", "delayed"), default="none", help="train.fp8 (default none)")
+    ap.add_argument("--fp8", choices=("none", *FP8_RECIPES), default="none", help="train.fp8 (default none)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_step: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU node")

@@ -22,7 +22,7 @@ from trainflow.fp8.build import build_extension
 from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
 from trainflow.fp8.kernels import KERNEL_BUILDS, load_backend
-from trainflow.fp8.ops import MMA_K, PROMOTE_K, error_bound, fp8_gemm
+from trainflow.fp8.ops import MMA_K, PROMOTE_K, bf16_half_spacing, error_bound, fp8_gemm, reference_fp8_gemm
 
 SHAPES = [(37, 23, 50), (300, 200, 96), (256, 384, 1000), (1, 129, 64), (77, 1, 48), (130, 260, 8), (16, 16, 0)]
 
@@ -115,3 +115,89 @@ def test_long_k_stays_within_the_fp32_promotion_bound(implementations, impl, sam
     b = random_fp8(384, 8192, E4M3, seed=4, same_sign=same_sign, device="cuda")
     sa, sb = torch.rand(512, device="cuda") + 0.5, torch.tensor([0.75], device="cuda")
     check(implementations[impl], a, b, sa, sb, torch.float32)
+
+
+def round_toward_zero_bf16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> bf16 by cutting the low 16 bits: what a conversion that truncates instead of rounding writes."""
+    return (x.float().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def bf16_over_half_spacing(bf16: torch.Tensor, fp32: torch.Tensor) -> torch.Tensor:
+    """How far a bf16 result lies from the fp32 result it was written from, in half bf16 spacings: <= 1 rounds to
+    nearest; a conversion that rounds toward zero lands up to 2 away, on about half the elements beyond 1."""
+    return (bf16.double() - fp32.double()).abs() / bf16_half_spacing(fp32.double().abs()).clamp(min=1e-300)
+
+
+def test_the_bf16_check_holds_round_to_nearest_and_fails_round_toward_zero():
+    a, b = random_fp8(64, 256, E4M3, seed=5), random_fp8(48, 256, E4M3, seed=6)
+    fp32 = reference_fp8_gemm(a, b, torch.ones(1), torch.ones(1), torch.float32)
+    assert bf16_over_half_spacing(fp32.to(torch.bfloat16), fp32).max() <= 1
+    toward_zero = bf16_over_half_spacing(round_toward_zero_bf16(fp32), fp32)
+    assert (toward_zero > 1).float().mean() > 0.3, (
+        f"round toward zero passes on {(toward_zero <= 1).float().mean():.0%}"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_bf16_output_is_the_fp32_result_rounded_to_nearest(implementations, impl, per_row):
+    """The bf16 epilogue writes the fp32 result rounded to nearest: error_bound's accumulation term is far larger
+    than a bf16 spacing on random data, so only this comparison with the same GEMM's fp32 output sees the rounding."""
+    a, b = random_fp8(256, 384, E4M3, seed=11, device="cuda"), random_fp8(320, 384, E4M3, seed=12, device="cuda")
+    sa = torch.rand(256 if per_row else 1, device="cuda") + 0.01
+    sb = torch.rand(320 if per_row else 1, device="cuda") + 0.01
+    gemm = implementations[impl]
+    over = bf16_over_half_spacing(gemm(a, b, sa, sb, torch.bfloat16), gemm(a, b, sa, sb, torch.float32))
+    assert over.max() <= 1 + 2**-16, f"{(over > 1).float().mean():.1%} of the bf16 outputs are not rounded to nearest"
+
+
+def views(a: torch.Tensor, kind: str) -> torch.Tensor:
+    """The same values as a (rows, cols) fp8 tensor laid out as `kind`: a row-offset view (a slice of a larger
+    tensor), a view whose base is 1 byte off 16-byte alignment, or a non-contiguous (transposed) view."""
+    rows, cols = a.shape
+    if kind == "offset":
+        big = torch.zeros(rows + 3, cols, dtype=torch.uint8, device=a.device)
+        big[3:] = a.view(torch.uint8)
+        return big[3:].view(a.dtype)
+    if kind == "misaligned":
+        flat = torch.zeros(rows * cols + 1, dtype=torch.uint8, device=a.device)
+        flat[1:] = a.reshape(-1).view(torch.uint8)
+        return flat[1:].view(rows, cols).view(a.dtype)
+    return a.view(torch.uint8).t().contiguous().t().view(a.dtype)  # column-major: strides (1, rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("kind", ["offset", "misaligned", "non_contiguous"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_views_of_any_layout_give_the_contiguous_result(implementations, impl, kind, out_dtype):
+    a = random_fp8(300, 96, E4M3, seed=7, device="cuda")
+    b = random_fp8(200, 96, E4M3, seed=8, device="cuda")
+    sa, sb = torch.rand(300, device="cuda") + 0.01, torch.rand(1, device="cuda") + 0.01
+    va, vb = views(a, kind), views(b, kind)
+    assert torch.equal(va.view(torch.uint8), a.view(torch.uint8)) and (kind == "non_contiguous") != va.is_contiguous()
+    check(implementations[impl], va, vb, sa, sb, out_dtype)
+    gemm = implementations[impl]
+    assert torch.equal(gemm(va, vb, sa, sb, out_dtype), gemm(a, b, sa, sb, out_dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("a_dtype", [E4M3, E5M2])
+def test_nan_and_inf_inputs_spread_as_in_exact_arithmetic(implementations, impl, a_dtype):
+    """A NaN in a row of A makes that row of C NaN; e5m2's inf makes its row inf, or NaN where a product is
+    inf * 0 or two infinities of opposite sign meet; every other element stays finite and within the bound."""
+    a = random_fp8(64, 128, a_dtype, seed=9, device="cuda")
+    b = random_fp8(48, 128, E4M3, seed=10, device="cuda")
+    a[3, 5] = float("nan")
+    if a_dtype == E5M2:
+        a[7, 9] = float("inf")
+    one = torch.ones(1, device="cuda")
+    got = implementations[impl](a, b, one, one, torch.float32).double()
+    exact = a.double() @ b.double().t()
+    assert torch.equal(torch.isnan(got), torch.isnan(exact)) and torch.equal(torch.isinf(got), torch.isinf(exact))
+    assert torch.equal(got[torch.isinf(exact)], exact[torch.isinf(exact)])  # the same signs
+    finite = torch.isfinite(exact)
+    over = (got - exact).abs()[finite] / error_bound(a, b, one, one, exact, torch.float32)[finite].clamp(min=1e-300)
+    assert over.max() <= 1 and finite.sum() < exact.numel()

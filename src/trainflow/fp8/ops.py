@@ -106,16 +106,24 @@ def error_bound(
     allowed 2 units of TENSOR_CORE_UNIT of the slice's sum of |a b| (one for its own sum of 32 products, one for
     the add into the partial): 8 * 2^-13 of sum |a b| over all slices, since each slice counts its |a b| once.
     The fp32 promotions and the two scale multiplications add (K / PROMOTE_K + 3) * 2^-24 of it; a bf16 output
-    one rounding, 2^-8 of the value. Accumulating the whole K in the tensor core instead truncates a running sum
-    that grows to sum |a b| on same-sign data at each of K / MMA_K instructions: at K = 8192, 40-50 units with
-    13 bits and 20-24 with 14 in the emulation of tests/gpu/test_fp8_kernel.py, 5x and 2.5x this bound.
+    one rounding to nearest, half its spacing at the value (2^-9 to 2^-8 of it; rounding toward zero moves it up
+    to a whole spacing, which tests/gpu/test_fp8_kernel.py tells apart against the same GEMM's fp32 output).
+    Accumulating the whole K in the tensor core instead truncates a running sum that grows to sum |a b| on
+    same-sign data at each of K / MMA_K instructions: at K = 8192, 40-50 units with 13 bits and 20-24 with 14 in
+    the emulation of tests/gpu/test_fp8_kernel.py, 5x and 2.5x this bound.
     """
     magnitude = (a.double().abs() @ b.double().abs().t()) * scale_a.double().abs().reshape(-1, 1)
     magnitude = magnitude * scale_b.double().abs().reshape(1, -1)  # (M, N)
     k = a.shape[1]
     units = 2 * (PROMOTE_K // MMA_K) * TENSOR_CORE_UNIT + (-(-k // PROMOTE_K) + 3) * 2.0**-24
     bound = units * magnitude
-    return bound + 2.0**-8 * (exact.abs() + bound) if out_dtype == torch.bfloat16 else bound
+    return bound + bf16_half_spacing(exact.abs() + bound) if out_dtype == torch.bfloat16 else bound
+
+
+def bf16_half_spacing(magnitude: torch.Tensor) -> torch.Tensor:
+    """Half the spacing of bf16 values at `magnitude` (>= 0): the most rounding to nearest moves a value there."""
+    _, exponent = torch.frexp(magnitude)  # magnitude < 2^exponent: bf16's 7 stored bits space values 2^(exponent - 8)
+    return torch.ldexp(torch.ones_like(magnitude), exponent - 9)
 
 
 def _pad_to_multiple(q: torch.Tensor, multiple: int) -> torch.Tensor:
