@@ -32,8 +32,13 @@ def sbatch_script(overrides: list[str], folder: Path, monkeypatch) -> str:
     # SlurmExecutor refuses to exist where `srun` is not installed; the script text does not need it.
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
     cfg = compose("train_segment", overrides)
-    executor = build_executor(
-        cfg.cluster.allocation, world_size=cfg.parallel.world_size, folder=folder, name=f"{cfg.run}-train-{cfg.segment}"
+    a = cfg.cluster.allocation
+    executor = build_executor(  # as launch.segment_jobs builds the segment's job: supervised where there are spares
+        a,
+        world_size=cfg.parallel.world_size,
+        folder=folder,
+        name=f"{cfg.run}-train-{cfg.segment}",
+        supervised=a.spare_nodes > 0,
     )
     slurm = executor._executor
     text = slurm._make_submission_file_text(slurm._submitit_command_str, "uid")
@@ -70,8 +75,10 @@ def test_alps_70b_script(tmp_path, monkeypatch):
     text = sbatch_script(["experiment=llama70b_alps"], tmp_path, monkeypatch)
     assert_matches_golden(text, "alps_gh200.sbatch")
     flags = sbatch_flags(text)
-    # dp64 x tp8 x pp8 = 4096 ranks on 1024 GH200 nodes: one task per GPU.
-    assert flags["nodes"] == "1024" and flags["ntasks-per-node"] == "4" and flags["gpus-per-node"] == "4"
+    # dp64 x tp8 x pp8 = 4096 ranks on 1024 GH200 nodes, one task per GPU, and 12 spares (cluster.allocation.spare_nodes)
+    # that launch.supervisor's hot restarts take: the job holds 1036 and survives a node's failure (--no-kill).
+    assert flags["nodes"] == "1036" and flags["ntasks-per-node"] == "4" and flags["gpus-per-node"] == "4"
+    assert "no-kill" in flags
     assert flags["cpus-per-task"] == "72" and flags["mem"] == "460GB" and flags["time"] == "1440"  # 24 h
     assert flags["signal"] == "USR2@300"  # five minutes to save a 70B checkpoint before the limit
     assert flags["partition"] == "normal" and flags["account"] == "a-trainflow"
@@ -113,8 +120,9 @@ def test_alps_runs_its_ranks_in_the_container_engine_environment(tmp_path, monke
     text = sbatch_script([*site_overrides("slurm"), "experiment=llama70b_alps"], tmp_path, monkeypatch)
     assert_matches_golden(text, "alps_gh200_edf.sbatch")
     srun = text.rstrip().splitlines()[-1]
-    assert "--kill-on-bad-exit=1 --environment=profiles/slurm/alps.toml python3 -u -m submitit.core._submit" in srun
-    assert sbatch_flags(text)["nodes"] == "1024"  # the job's shape is the preset's, container or not
+    # the supervisor is the job's one task, in the image as its steps' ranks are (launch.supervisor.SrunSteps)
+    assert "--nodes=1 --ntasks=1 --environment=profiles/slurm/alps.toml python3 -u -m submitit.core._submit" in srun
+    assert sbatch_flags(text)["nodes"] == "1036"  # the job's shape is the preset's, container or not
 
 
 def test_an_apptainer_image_wraps_every_rank_s_python(tmp_path, monkeypatch):
