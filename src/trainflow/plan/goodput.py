@@ -27,7 +27,6 @@ whose detection and restart outlast the MTBF, cannot finish: `cannot_finish` say
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -36,7 +35,7 @@ import numpy as np
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
-from trainflow.plan.scenarios import SCENARIOS, LoadTimes, Remedies, detection_s, eval_share, load_times, scenario_times
+from trainflow.plan.scenarios import LoadTimes, Remedies, plan_scenarios
 from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
@@ -110,37 +109,19 @@ class GoodputPlan(Record):
     """The one line saying the configured campaign cannot finish at this MTBF, and why; None when it can."""
 
 
-def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> int:
-    """Jobs of a campaign without failures: train.segments, each as many as its steps need of the time limit, each
-    step paying its share of the configured mode's save blocking."""
-    a, t, aw = cfg.cluster.allocation, cfg.train, campaign.asynchronous
-    job_s = a.time_min * 60 - a.signal_delay_s  # the pre-timeout signal ends a job's training
-    if cfg.checkpoint.mode == "async" and not aw.refused:  # a save blocks for its copy (and a wait for the last one)
-        save_s, interval = aw.blocking_s + max(0.0, aw.background_s - aw.interval_s), aw.interval_steps
-    else:
-        save_s, interval = campaign.save_s, campaign.interval_steps
-    per_job = max(1, math.floor(job_s / (step_s + save_s / interval)))
-    return t.segments * math.ceil(t.segment_steps / per_job)
-
-
 def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> GoodputPlan:
     """Every scenario's goodput for cfg's campaign."""
-    loads = load_times(cfg, campaign, setup)
-    h, rt = cfg.cluster.hardware, cfg.cluster.runtime
+    times = plan_scenarios(cfg, setup, step_s=step_s, campaign=campaign)
+    scenarios = [scenario(run.remedies, run.timeline, run.interval_steps) for run in times.runs]
+    h, rt, jobs, loads = cfg.cluster.hardware, cfg.cluster.runtime, times.jobs, times.loads
     mtbf_s = h.mtbf_hours * 3600
-    jobs = job_count(cfg, campaign, step_s)
-    scenarios = [
-        scenario(r, scenario_times(cfg, r, step_s=step_s, campaign=campaign, loads=loads, jobs=jobs), steps)
-        for r, steps in ((r, r.interval_steps(cfg, campaign)) for r in SCENARIOS if r.listed(cfg))
-    ]
-    dead, hung = detection_s(cfg, step_s)
     configured = next(s for s in scenarios if s.name == "as configured")
     notes = [
-        f"detection with trainflow's: a dead rank {dead:.0f} s, a hung one {hung:.0f} s, hang_share {h.hang_share:.0%};"
-        f" without: the collective timeout, {rt.collective_timeout_s} s",
+        f"detection with trainflow's: a dead rank {times.dead_s:.0f} s, a hung one {times.hung_s:.0f} s, hang_share "
+        f"{h.hang_share:.0%}; without: the collective timeout, {rt.collective_timeout_s} s",
         f"{jobs} jobs (train.segments {cfg.train.segments}, {cfg.cluster.allocation.time_min} min at most each) cost "
         f"{configured.terms['job starts']:.1%} of the steps' time as configured in allocation waits, start-ups, saves "
-        f"and loads; evaluation {eval_share(cfg):.1%} in every scenario (train.eval_batches {cfg.train.eval_batches} "
+        f"and loads; evaluation {times.eval_share:.1%} in every scenario (train.eval_batches {cfg.train.eval_batches} "
         f"every train.eval_every {cfg.train.eval_every} steps)",
         *caveats(scenarios, refused=campaign.asynchronous.refused, loads=loads),
     ]

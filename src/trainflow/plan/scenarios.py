@@ -24,6 +24,7 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainflow.config.resilience import hang_threshold_s
@@ -116,42 +117,82 @@ def load_times(cfg: TrainflowConfig, campaign: CampaignPlan, setup: PlanSetup) -
     return LoadTimes(read_s=read_s, exchange_s=replica.shard_s(per_rank), replicas=replica.size)
 
 
+@dataclass(frozen=True)
+class ScenarioRun:
+    """One listed scenario: what it assumes, its campaign's times and its checkpoint interval."""
+
+    remedies: Remedies
+    timeline: Timeline
+    interval_steps: int
+
+
+@dataclass(frozen=True)
+class ScenarioTimes:
+    """What the goodput plan takes from the config, resolved once: the jobs, the loads, the detection, evaluation's
+    share and every listed scenario's times. plan.goodput simulates the scenarios and writes its notes from it."""
+
+    jobs: int
+    """Jobs of the campaign without failures (job_count)."""
+    eval_share: float
+    loads: LoadTimes
+    dead_s: float
+    hung_s: float
+    """How long the job runs on after a rank dies or hangs, with trainflow's detection (detection_s)."""
+    runs: list[ScenarioRun]
+
+
+def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> ScenarioTimes:
+    """cfg's campaign under every listed scenario, each time it needs found once."""
+    jobs, share = job_count(cfg, campaign, step_s), eval_share(cfg)
+    listed = [
+        (r, r.interval_steps(cfg, campaign), r.uses_async(cfg, campaign), r.uses_hot_restart(cfg))
+        for r in SCENARIOS
+        if r.listed(cfg)
+    ]
+    loads = load_times(cfg, campaign, setup)
+    dead, hung = detection_s(cfg, step_s)
+    h, rt = cfg.cluster.hardware, cfg.cluster.runtime
+    fast = (1 - h.hang_share) * dead + h.hang_share * hung
+    runs = []
+    for r, steps, uses_async, hot in listed:
+        a = campaign.asynchronous
+        if uses_async:  # a save due before the last one's write ends waits for it
+            blocking_s, write_s = a.blocking_s + max(0.0, a.background_s - a.interval_s), a.background_s
+        else:
+            blocking_s, write_s = campaign.save_s, 0.0
+        load = loads.single_s if r.single_read else loads.per_replica_s
+        wait_s, held_s = (0.0, h.hot_restart_s + load) if hot else (h.requeue_wait_s, h.startup_s + load)
+        timeline = Timeline(
+            work_s=cfg.train.total_steps * step_s,
+            interval_s=steps * step_s,
+            blocking_s=blocking_s,
+            write_s=write_s,
+            detect_s=fast if r.fast_detection else rt.collective_timeout_s,
+            wait_s=wait_s,
+            held_s=held_s,
+            mtbf_s=h.mtbf_hours * 3600,
+            jobs_s=jobs * (h.requeue_wait_s + h.startup_s) + (jobs - 1) * (campaign.save_s + load),
+            eval_share=share,
+        )
+        runs.append(ScenarioRun(remedies=r, timeline=timeline, interval_steps=steps))
+    return ScenarioTimes(jobs=jobs, eval_share=share, loads=loads, dead_s=dead, hung_s=hung, runs=runs)
+
+
+def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> int:
+    """Jobs of a campaign without failures: train.segments, each as many as its steps need of the time limit, each
+    step paying its share of the configured mode's save blocking."""
+    a, t, aw = cfg.cluster.allocation, cfg.train, campaign.asynchronous
+    job_s = a.time_min * 60 - a.signal_delay_s  # the pre-timeout signal ends a job's training
+    if cfg.checkpoint.mode == "async" and not aw.refused:  # a save blocks for its copy (and a wait for the last one)
+        save_s, interval = aw.blocking_s + max(0.0, aw.background_s - aw.interval_s), aw.interval_steps
+    else:
+        save_s, interval = campaign.save_s, campaign.interval_steps
+    per_job = max(1, math.floor(job_s / (step_s + save_s / interval)))
+    return t.segments * math.ceil(t.segment_steps / per_job)
+
+
 def detection_s(cfg: TrainflowConfig, step_s: float) -> tuple[float, float]:
     """(dead, hung): how long the job runs on after a rank dies or hangs, with trainflow's detection."""
-    rt = cfg.cluster.runtime
-    timeout = rt.collective_timeout_s
+    timeout = cfg.cluster.runtime.collective_timeout_s
     r = cfg.resilience
     return min(r.failure_detect_s, timeout), min(hang_threshold_s(r, step_s), timeout)
-
-
-def scenario_times(
-    cfg: TrainflowConfig, r: Remedies, *, step_s: float, campaign: CampaignPlan, loads: LoadTimes, jobs: int
-) -> Timeline:
-    """The campaign's times under scenario `r` (module docstring)."""
-    h, a, share = cfg.cluster.hardware, campaign.asynchronous, eval_share(cfg)
-    load = loads.single_s if r.single_read else loads.per_replica_s
-    if r.uses_async(cfg, campaign):  # a save due before the last one's write ends waits for it
-        blocking_s, write_s, steps = (
-            a.blocking_s + max(0.0, a.background_s - a.interval_s),
-            a.background_s,
-            a.interval_steps,
-        )
-    else:
-        blocking_s, write_s, steps = campaign.save_s, 0.0, campaign.interval_steps
-    wait_s, held_s = (
-        (0.0, h.hot_restart_s + load) if r.uses_hot_restart(cfg) else (h.requeue_wait_s, h.startup_s + load)
-    )
-    dead, hung = detection_s(cfg, step_s)
-    fast = (1 - h.hang_share) * dead + h.hang_share * hung
-    return Timeline(
-        work_s=cfg.train.total_steps * step_s,
-        interval_s=steps * step_s,
-        blocking_s=blocking_s,
-        write_s=write_s,
-        detect_s=fast if r.fast_detection else cfg.cluster.runtime.collective_timeout_s,
-        wait_s=wait_s,
-        held_s=held_s,
-        mtbf_s=h.mtbf_hours * 3600,
-        jobs_s=jobs * (h.requeue_wait_s + h.startup_s) + (jobs - 1) * (campaign.save_s + load),
-        eval_share=share,
-    )
