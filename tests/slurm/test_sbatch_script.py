@@ -75,8 +75,9 @@ def test_alps_70b_script(tmp_path, monkeypatch):
     text = sbatch_script(["experiment=llama70b_alps"], tmp_path, monkeypatch)
     assert_matches_golden(text, "alps_gh200.sbatch")
     flags = sbatch_flags(text)
-    # dp64 x tp8 x pp8 = 4096 ranks on 1024 GH200 nodes, one task per GPU, and 12 spares (cluster.allocation.spare_nodes)
-    # that launch.supervisor's hot restarts take: the job holds 1036 and survives a node's failure (--no-kill).
+    # dp64 x tp8 x pp8 = 4096 ranks on 1024 GH200 nodes, one task per GPU, and 12 spares
+    # (cluster.allocation.spare_nodes) that launch.supervisor's hot restarts take: the job holds 1036 and survives a
+    # node's failure (--no-kill).
     assert flags["nodes"] == "1036" and flags["ntasks-per-node"] == "4" and flags["gpus-per-node"] == "4"
     assert "no-kill" in flags
     assert flags["cpus-per-task"] == "72" and flags["mem"] == "460GB" and flags["time"] == "1440"  # 24 h

@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from trainflow.checkpoint.state import state_digest
 from trainflow.config import ParallelDims, TrainflowConfig
-from trainflow.config.run_folder import RunFolder
 from trainflow.config.layout import cp_chunks
+from trainflow.config.run_folder import RunFolder
 from trainflow.config.shape import flops_per_token, mfu
 from trainflow.config.sources import sources_of
 from trainflow.data.mixture import SourceShare, realised
