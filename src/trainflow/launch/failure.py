@@ -13,6 +13,7 @@ whose code never ended died abruptly.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import signal
@@ -71,59 +72,44 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, 
     markers = read_markers(job)
     errors = {k: exception_line(outcome[1]) for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"}
     expected = any(m.expected for m in markers.values())
+    failure = functools.partial(JobFailure, state=state, errors=errors, expected=expected, world=job.num_tasks)
     if hang := read_report(job.paths):
         stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
         line = f"{hang.line()} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"
-        return JobFailure(
+        return failure(
             line=line,
             kind=JobOutcome.HANG,
-            state=state,
             rank=hang.rank,
             host=hang.host,
             step=hang.step,
-            errors=errors,
-            expected=expected,
-            world=job.num_tasks,
         )
     lost = [*lost, *reported_node_failures(job.paths.stderr)]
     if state in NODE_FAULTS or lost:
         host = lost[0] if lost else ""
         which = f"node {host}" if host else "a node Slurm no longer lists as down"
         line = f"{kind} job {job.job_id} ended{ended}: {which} failed (full log: {job.paths.stderr})"
-        return JobFailure(
+        return failure(
             line=line,
             kind=JobOutcome.DIED,
-            state=state,
             rank=min((k for k, m in markers.items() if m.host == host), default=None),
             host=host,
-            errors=errors,
-            expected=expected,
-            world=job.num_tasks,
         )
     if state not in STOPPED and (failed := first_failed_rank(job, outcomes, markers)):
         rank, host, what = failed
         where = f" on host {host}" if host else ""
         line = f"rank {rank}{where} {what} ({kind} job {job.job_id}{ended}, full log: {job.task(rank).paths.stderr})"
-        return JobFailure(
+        return failure(
             line=line + remedy(what),
             kind=JobOutcome.RAISED if rank in errors else JobOutcome.DIED,
-            state=state,
             rank=rank,
             host=host,
             step=markers[rank].step if rank in markers else None,
-            errors=errors,
-            expected=expected,
-            world=job.num_tasks,
         )
     unfinished = ranks([k for k, outcome in enumerate(outcomes) if not outcome or outcome[0] != "success"])
     line = f"{kind} job {job.job_id} ended{ended} without the results of {unfinished} (full log: {job.paths.stderr})"
-    return JobFailure(
+    return failure(
         line=line,
         kind=JobOutcome.STOPPED if state in STOPPED else JobOutcome.LOST,
-        state=state,
-        errors=errors,
-        expected=expected,
-        world=job.num_tasks,
     )
 
 
