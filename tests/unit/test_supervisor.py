@@ -3,6 +3,8 @@ follows, which go back to the stage (a new job, or its end), and the hosts of th
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from submitit.helpers import DelayedSubmission
 from submitit.slurm.slurm import SlurmExecutor
@@ -10,9 +12,10 @@ from submitit.slurm.slurm import SlurmExecutor
 from trainflow.config import compose
 from trainflow.launch import build_executor
 from trainflow.launch import supervisor as launch_supervisor
-from trainflow.launch.supervisor import SrunSteps, Supervisor, swapped
+from trainflow.launch.job_end import LaunchError
+from trainflow.launch.supervisor import SrunSteps, Supervisor, allocated, swapped
 from trainflow.launch.task import MASTER_ADDR
-from trainflow.resilience.ledger import JobOutcome
+from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure
 
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited"
@@ -81,3 +84,37 @@ def test_a_step_runs_on_its_hosts_inside_the_allocation(tmp_path, monkeypatch):
     assert command[-1] == str(tmp_path / "12.1") and started["env"][MASTER_ADDR] == "n1"
     delayed = DelayedSubmission.load(job.paths.submitted_pickle)
     assert job.num_tasks == 2 and delayed._timeout_countdown == 3 - 1 and delayed._timeout_min == 10
+
+
+def test_a_requeued_job_s_first_step_leaves_out_what_its_earlier_steps_did():
+    assert allocated(["n1", "n2", "n3"], 2, set()) == (["n1", "n2"], ["n3"])
+    assert allocated(["n1", "n2", "n3"], 2, {"n2"}) == (["n1", "n3"], [])
+    with pytest.raises(LaunchError, match="hold 1 not left out, fewer than 2"):
+        allocated(["n1", "n2", "n3"], 2, {"n2", "n3"})
+
+
+@pytest.mark.parametrize(("restarts", "requeued"), [(2, False), (1, True)])
+def test_the_time_limit_s_step_is_requeued_by_rank_0_or_else_by_the_supervisor(monkeypatch, restarts, requeued):
+    """SLURM_RESTART_COUNT=1: Slurm showing Restarts=2 means rank 0 requeued the job; Restarts=1, nobody did."""
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout=f"JobId=12 Requeue=1 Restarts={restarts} BatchFlag=1")
+
+    monkeypatch.setattr(launch_supervisor.subprocess, "run", run)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    steps = SrunSteps(compose("train_segment", SLURM).cluster.allocation, 2)
+    how = steps.requeue()
+    assert (["scontrol", "requeue", "12"] in calls) is requeued, calls
+    assert how == ("the supervisor requeued the job (its ranks had not)" if requeued else "its rank 0 requeued the job")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")  # max_requeues=3 used up
+    with pytest.raises(LaunchError, match=r"its 3 requeue\(s\) used up \(cluster.allocation.max_requeues=3\)"):
+        steps.requeue()
+
+
+def test_a_requeued_step_is_no_failure():
+    assert JobOutcome.REQUEUED in NO_FAILURE and "completed" in NO_FAILURE and JobOutcome.LOST not in NO_FAILURE
+    run = JobRun(segment=0, attempt=0, job_id="12.0", submitted=0, started=1, ended=2, outcome=JobOutcome.REQUEUED)
+    assert standing([run]).without_progress == 0

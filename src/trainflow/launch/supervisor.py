@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import submitit
 from submitit.core.utils import cloudpickle_dump, pickle_load
@@ -43,11 +44,14 @@ from trainflow.launch.executors import LocalExecutor
 from trainflow.launch.failure import analyse
 from trainflow.launch.job_end import LaunchError, wait_job
 from trainflow.launch.restart import first_step_at, job_run, straggler_hosts
-from trainflow.launch.task import MASTER_ADDR
-from trainflow.resilience.ledger import JobOutcome, JobRun, standing
+from trainflow.launch.task import MASTER_ADDR, configure_logging
+from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure, Verdict, judge
 
 log = logging.getLogger(__name__)
+
+REQUEUE_WAIT_S = 300
+"""How long a supervisor whose job was requeued waits for Slurm to end it (KillWait after the requeue's SIGTERM)."""
 
 
 class Steps(Protocol):
@@ -61,6 +65,10 @@ class Steps(Protocol):
 
     def wait(self, job: submitit.Job) -> list:
         """Every rank's result; a LaunchError holding the failure otherwise."""
+
+    def requeue(self) -> str:
+        """After the time limit's signal, once a step's ranks stopped without a result: make sure the job is requeued
+        (its rank 0 does it, having saved); how, in words. A LaunchError where it cannot be."""
 
 
 @dataclass
@@ -80,6 +88,11 @@ class LocalSteps:
 
     def wait(self, job: submitit.Job) -> list:
         return wait_job(job)
+
+    def requeue(self) -> str:
+        raise LaunchError(
+            "a local job's supervisor is not requeued at its time limit: raise cluster.allocation.time_min"
+        )
 
 
 @dataclass
@@ -128,6 +141,21 @@ class SrunSteps:
         log.warning("Job step %s ended (srun exit status %d): %s", job.paths.folder.name, code, failure.line)
         raise LaunchError(failure.line, failure)
 
+    def requeue(self) -> str:
+        """Nothing where Slurm counts a restart more than this job's run (rank 0 requeued it); else `scontrol requeue`
+        (its ranks died before their handler, or stopped after it without a rank 0 to requeue)."""
+        job, count = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        if (restarts := re.search(r"\bRestarts=(\d+)", shown)) and int(restarts.group(1)) > count:
+            return "its rank 0 requeued the job"
+        if count >= self.allocation.max_requeues:
+            raise LaunchError(
+                f"job {job} reached its time limit with its {count} requeue(s) used up "
+                f"(cluster.allocation.max_requeues={self.allocation.max_requeues}): raise it or time_min"
+            )
+        subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
+        return "the supervisor requeued the job (its ranks had not)"
+
 
 @dataclass(frozen=True)
 class Supervised:
@@ -160,16 +188,23 @@ class Supervisor:
     """The segment's failures before this job."""
 
     def __call__(self) -> Supervised:
-        signal.signal(signal.SIGUSR2, leave_to_ranks)
+        configure_logging()  # its info lines too (a step's start, the time limit's signal)
+        self.signalled = False
+        signal.signal(signal.SIGUSR2, self.leave_to_ranks)
         a, world = self.cfg.cluster.allocation, self.cfg.parallel.world_size
         steps: Steps = LocalSteps(a, world) if a.executor == "local" else SrunSteps(a, world)
-        hosts = steps.hosts()
-        active, spares = hosts[: a.nodes], hosts[a.nodes :]
-        ledger = Journal(RunFolder.jobs_log(self.cfg.io.checkpoints), JobRun)
-        job_id, failures, failed_at, left_out = submitit.JobEnvironment().job_id, [], None, set()
-        submitted, first = self.submitted, len(list(Path(self.cfg.io.submitit).glob(f"{job_id}.*")))
-        for index in itertools.count(first):  # a requeued job's steps follow its earlier ones, each in its own folder
-            folder, attempt = Path(self.cfg.io.submitit) / f"{job_id}.{index}", self.attempt + len(failures)
+        ledger, base = Journal(RunFolder.jobs_log(self.cfg.io.checkpoints), JobRun), Path(self.cfg.io.submitit)
+        job_id, failures, failed_at = submitit.JobEnvironment().job_id, [], None
+        # A requeued job's steps follow its earlier ones (each in its own folder), without the hosts they left out,
+        # and the first is queued from the requeue (the earlier step's end).
+        before = [r for r in ledger.read() if r.step is not None and r.job_id.rpartition(".")[0] == job_id]
+        before = [r for r in before if r.ended >= self.submitted]
+        left_out = {h for r in before for h in r.left_out}
+        active, spares = allocated(steps.hosts(), a.nodes, left_out)
+        submitted, first = max([self.submitted, *(r.ended for r in before)]), len(list(base.glob(f"{job_id}.*")))
+        attempts = self.attempt + sum(r.outcome not in NO_FAILURE for r in before)
+        for index in itertools.count(first):
+            folder, attempt = base / f"{job_id}.{index}", attempts + len(failures)
             job = steps.launch(self.task(attempt), active, folder)
             fields = dict(attempt=attempt, submitted=submitted, exclude=self.exclude | left_out)
             try:
@@ -178,6 +213,8 @@ class Supervisor:
                 if err.failure is None:
                     raise
                 run = self.step_run(job, index, job_id, failed_at, fields, err.failure)
+                if self.signalled and not err.failure.errors:  # the ranks stopped at the time limit, none raised
+                    self.requeued(steps, run, ledger)
                 verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares))
                 if why:
                     return Supervised(run, failure=err.failure, failures=failures, why=why)
@@ -190,6 +227,23 @@ class Supervisor:
                 continue
             run = self.step_run(job, index, job_id, failed_at, fields, None)
             return Supervised(run, results=results, failures=failures)
+
+    def leave_to_ranks(self, signum: int, frame: object) -> None:
+        """The supervisor's USR2 (Slurm's pre-timeout signal reaches every step): the ranks agree, save, and rank 0
+        requeues the job, whose requeued supervisor starts a step from that checkpoint; submitit's handler would end
+        the job here, the supervisor being no checkpointable task, before the ranks had saved. A step that ends after
+        it without a rank's error is the time limit's, not a failure to restart."""
+        self.signalled = True
+        log.info("Caught %s: the ranks save and requeue the job", signal.Signals(signum).name)
+
+    def requeued(self, steps: Steps, run: JobRun, ledger: Journal) -> NoReturn:
+        """Record the step the time limit stopped (its ranks saved) as requeued, and wait for Slurm to end the job."""
+        how = steps.requeue()
+        line = f"the time limit's signal stopped the ranks (newest checkpoint: step {run.checkpoint}); {how}"
+        ledger.append(dataclasses.replace(run, outcome=JobOutcome.REQUEUED, line=line, verdict="requeued by Slurm"))
+        log.info("Recorded job step %s as requeued: %s", run.job_id, line)
+        time.sleep(REQUEUE_WAIT_S)
+        raise LaunchError(f"job step {run.job_id} was requeued but Slurm did not end it in {REQUEUE_WAIT_S} s")
 
     def step_run(
         self,
@@ -223,11 +277,13 @@ class Supervisor:
         return verdict, ""
 
 
-def leave_to_ranks(signum: int, frame: object) -> None:
-    """The supervisor's USR2 (Slurm's pre-timeout signal reaches every step): the ranks agree, save, and rank 0 requeues
-    the job, whose requeued supervisor starts a step from that checkpoint; submitit's handler would end the job here,
-    the supervisor being no checkpointable task, before the ranks had saved."""
-    log.info("Caught %s: the ranks save and requeue the job", signal.Signals(signum).name)
+def allocated(hosts: list[str], nodes: int, left_out: set[str]) -> tuple[list[str], list[str]]:
+    """The first step's hosts and the spares, without the hosts an earlier step of the job left out (a requeued job
+    may be given them again); one LaunchError where too few are left."""
+    healthy = [h for h in hosts if h not in left_out]
+    if len(healthy) < nodes:
+        raise LaunchError(f"the job's hosts {','.join(hosts)} hold {len(healthy)} not left out, fewer than {nodes}")
+    return healthy[:nodes], healthy[nodes:]
 
 
 def swapped(active: list[str], spares: list[str], out: set[str]) -> tuple[list[str], list[str]]:

@@ -12,7 +12,7 @@ from statistics import median
 
 from trainflow.plan.from_run import TERMS, RunPlan, mtbf
 from trainflow.report.sections import relative, table
-from trainflow.resilience.ledger import JobOutcome
+from trainflow.resilience.ledger import NO_FAILURE
 from trainflow.resilience.timing import stragglers
 from trainflow.train.goodput import TERMS as MEASURED
 from trainflow.train.summary import SegmentSummary
@@ -90,7 +90,7 @@ def planned_against_measured(plan: RunPlan | None) -> list[str]:
 
 def jobs(segments: Sequence[SegmentSummary]) -> list[str]:
     """The failed jobs and what was done about each."""
-    failed = [(s.segment, j) for s in segments for j in s.goodput.jobs if j.outcome != JobOutcome.COMPLETED]
+    failed = [(s.segment, j) for s in segments for j in s.goodput.jobs if j.outcome not in NO_FAILURE]
     if not failed:
         return []
     rows = [[seg, j.attempt, j.job_id, j.outcome, j.line, j.verdict] for seg, j in failed]

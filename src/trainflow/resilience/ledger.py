@@ -31,6 +31,13 @@ class JobOutcome(StrEnum):
     """A rank's code raised."""
     LOST = "lost"
     """The job ended without every result and no rank to blame."""
+    REQUEUED = "requeued"
+    """A supervised job's step its ranks stopped at Slurm's pre-timeout signal, having saved and requeued the job
+    (launch.supervisor): no failure, the requeued job's step resumes from that checkpoint."""
+
+
+NO_FAILURE = (JobOutcome.COMPLETED, JobOutcome.REQUEUED)
+"""The outcomes that are no failure (a tuple: `in` compares values, so a plain "completed" is found too)."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +89,13 @@ def standing(jobs: list[JobRun]) -> Standing:
     for job in jobs:
         for host in checked_hosts(job.left_out, f"the jobs ledger's job {job.job_id}"):
             excluded.setdefault(host, f"job {job.job_id}")
-        if job.outcome == JobOutcome.COMPLETED:
+        if job.outcome in NO_FAILURE:
             used = 0
         else:
             used = 0 if job.checkpoint > newest else used  # it trained a checkpoint interval: a fresh count
             used += 1
         newest = max(newest, job.checkpoint)
-    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome != JobOutcome.COMPLETED else 0)
+    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome not in NO_FAILURE else 0)
 
 
 def over_cap(excluded: frozenset[str], cap: int, ledger: Path) -> str | None:

@@ -24,7 +24,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.launch.restart import gate_exclusions
 from trainflow.records import Record, read_record
-from trainflow.resilience.ledger import JobRun, checked_hosts
+from trainflow.resilience.ledger import NO_FAILURE, JobRun, checked_hosts
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import Span, StepRecord
@@ -143,7 +143,7 @@ def read_status(
         tokens_per_s=median(r.tokens_per_s for r in recent) if recent else None,
         last_step_age_s=now - (steps[-1].started + steps[-1].step_s) if steps else None,
         checkpoint=newest_checkpoint(ckpts, Path(run.verify_report)),
-        failures=[j for j in jobs if j.outcome != "completed"],
+        failures=[j for j in jobs if j.outcome not in NO_FAILURE],
         restarts=sum(j.attempt > 0 for j in jobs) + (state is State.RUNNING and restarted(jobs, k)),
         requeues=sum(s.restart_count for s in summaries.values()),
         excluded=sorted(excluded),

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainflow.records import Record
-from trainflow.resilience.ledger import JobOutcome, JobRun
+from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
 from trainflow.train.step_log import Span
 
 TERMS = (
@@ -83,7 +83,7 @@ def measure_goodput(jobs: list[JobRun], spans: list[Span]) -> Goodput:
             seconds[kind := term(span, last[work(span)] == k)] += span.seconds
             cursor = max(cursor, span.started + span.seconds)
             before = kind if span.kind in ("step", "skipped", "eval") else "other"  # a step's bookkeeping is its own
-        seconds["detection" if job.outcome != JobOutcome.COMPLETED else "shutdown"] += max(job.ended - cursor, 0.0)
+        seconds["detection" if job.outcome not in NO_FAILURE else "shutdown"] += max(job.ended - cursor, 0.0)
     wall = jobs[-1].ended - jobs[0].submitted
     return Goodput(
         wall_s=wall,

@@ -24,7 +24,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.plan.from_run import RunTerms
 from trainflow.records import read_record
-from trainflow.resilience.ledger import JobOutcome, JobRun
+from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
 from trainflow.train.step_log import Span
 from trainflow.train.summary import SegmentSummary
 
@@ -60,9 +60,9 @@ def run_terms(
         saves += [p.seconds for p in mine if p.kind == "save"]
         steps += len({p.step for p in mine if p.kind == "step"})
         for before, job in zip(jobs, jobs[1:]):
-            if before.outcome != JobOutcome.COMPLETED:
+            if before.outcome not in NO_FAILURE:
                 restarts.add(job, before, mine)
-        failed += sum(j.outcome != JobOutcome.COMPLETED for j in jobs)
+        failed += sum(j.outcome not in NO_FAILURE for j in jobs)
         hangs += sum(j.outcome == JobOutcome.HANG for j in jobs)
     lost = total["recomputed"] + total["skipped"]
     restart = restarts.wait_s + restarts.held_s
