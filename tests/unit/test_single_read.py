@@ -1,9 +1,11 @@
-"""The checkpoint read once per job start (checkpoint.single_read): who reads which file, and on 2 gloo ranks that a
-load reads each byte of the checkpoint once between them, loads what one rank would, and that a damaged file is caught
-by the rank that read it and refused on both in one line."""
+"""The checkpoint read once per job start (checkpoint.single_read): who reads which file, where a received tensor's
+bytes land (checkpoint.landing), and on 2 gloo ranks that a load reads each byte of the checkpoint once between them,
+loads what one rank would (into destinations of the saved layout and of another dtype), and that a damaged file is
+caught by the rank that read it and refused on both in one line."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -12,11 +14,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tests.support import blank_like, flat, free_port, sample_state
+from trainflow.checkpoint.landing import land
 from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError, step_dir
 from trainflow.checkpoint.manifest import METADATA, read_manifest
 from trainflow.checkpoint.single_read import schedule
+from trainflow.checkpoint.tensor_record import describe
 
 
 def test_replicated_files_are_read_once_and_shared_out_evenly():
@@ -36,6 +43,29 @@ def test_a_file_only_its_rank_needs_is_read_by_it_and_one_nobody_needs_is_still_
     assert all(s.receivers == () for s in shares.values()) and "__1_1.distcp" in shares
 
 
+def landing_of(saved: torch.Tensor, target: torch.Tensor):
+    record = io.BytesIO()
+    torch.save(saved, record)
+    info = _StorageInfo("__0_0.distcp", offset=100, length=len(record.getvalue()))
+    index = MetadataIndex("w", (0,) * saved.dim())
+    item = ReadItem(LoadItemType.TENSOR, index, (0,) * saved.dim(), index, (0,) * saved.dim(), tuple(saved.shape))
+    return land(item, info, describe(record, 0, info.length), target, device=torch.device("cpu")), record.getvalue()
+
+
+def test_a_received_tensor_lands_in_its_destination_else_its_record_in_a_buffer():
+    saved, target = torch.randn(64, 64), torch.zeros(64, 64)
+    landing, record = landing_of(saved, target)
+    assert landing.in_place and landing.into.data_ptr() == target.data_ptr() and landing.nbytes == saved.nbytes
+    start = landing.start - 100
+    assert record[start : start + landing.nbytes] == saved.numpy().tobytes()  # the tensor's bytes, no more
+    landing, _ = landing_of(saved, torch.zeros(64, 64, dtype=torch.float64))  # DCP converts: through torch.load
+    assert not landing.in_place and (landing.start, landing.nbytes) == (100, len(record))
+    landing, record = landing_of(torch.randn(4), torch.zeros(4))  # small: its bytes came with its description
+    held = landing.held("f")  # read at the record's offset in its file, as checkpoint.reader reads the file
+    assert landing.nbytes == 0 and held.tell() == 100 and held.read() == record and held.seek(104) == 104
+    assert held.read(4) == record[4:8]
+
+
 def rank_main(rank: int, world: int, port: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     state, out = sample_state(), {}
@@ -46,6 +76,10 @@ def rank_main(rank: int, world: int, port: int, folder: str) -> None:
     done = manager.load(3, loaded)
     out["equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
     out["done"] = done.to_json()
+    wider = blank_like(state)
+    wider["model"]["w"] = torch.zeros(64, 32, dtype=torch.float64)  # a record that does not land in place
+    manager.load(3, wider)
+    out["wider"] = torch.equal(wider["model"]["w"], state["model"]["w"].double())
     dist.barrier()
     if rank == 0:  # the largest shard file, whichever rank's share it is
         victim = max(step_dir(Path(folder), 3).glob("__*.distcp"), key=lambda p: p.stat().st_size)
@@ -70,7 +104,7 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
     manifest = read_manifest(step_dir(tmp_path, 3))
     metadata = manifest.files[METADATA].bytes
     for out in outs:
-        assert out["equal"]
+        assert out["equal"] and out["wider"]
         # The shard files once between the two ranks, .metadata once by each (DCP plans from it).
         assert out["done"]["bytes_read_all"] == manifest.nbytes + metadata
         assert out["done"]["checkpoint_bytes"] == manifest.nbytes

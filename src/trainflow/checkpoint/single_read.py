@@ -4,17 +4,20 @@
 
 Megatron-Core's "fully parallel load" is the model: the replicas share the reading and exchange the rest over the
 network. Here each file of the checkpoint is read whole by one rank, which checks its CRC-32C against the manifest as
-it reads, and sends its bytes to the other ranks whose load plan reads from it (point-to-point sends: under data
-parallelism those are the file's dp peers); every rank then reads what it needs from memory as checkpoint.reader reads
-it from a file (in place where it can, else torch.load with weights_only=True). Who reads which file is planned once,
-on DCP's coordinator, from every rank's load plan (SingleReader.prepare_global_plan): largest files first, each to the
-rank among those that need it with the fewest bytes to read so far; a file no rank needs (an empty shard, a reshard
-that reads fewer keys) is still read and checked by the least loaded rank. FSDP's shards, which only their own rank
-needs, are read by that rank alone, as before. The bytes read are the checkpoint's files once, plus `.metadata`, which
-every rank reads (DCP plans from it; each rank checks its CRC). A failed check anywhere raises the same error on every
-rank before any byte is exchanged or loaded, so the caller can fall back to an older checkpoint. The cost: during a
-load a rank holds the bytes of every file its state reads from (its own share and those it receives), one more copy
-of its state in host memory, since the sends and receives go out as one batch.
+it reads and describes its records (checkpoint.tensor_record); a file's bytes then go point to point to the other ranks
+whose load plan reads from it (under data parallelism, its dp peers), each tensor's straight into the receiving
+rank's destination where it is that whole tensor (checkpoint.landing), a whole record otherwise, which that rank reads
+from memory as checkpoint.reader reads it from a file. Who reads which file is planned once, on DCP's coordinator,
+from every rank's load plan (SingleReader.prepare_global_plan): largest files first, each to the rank among those that
+need it with the fewest bytes to read so far; a file no rank needs (an empty shard, a reshard that reads fewer keys)
+is still read and checked by the least loaded rank. FSDP's shards, which only their own rank needs, are read by that
+rank alone, as before. The bytes read are the checkpoint's files once, plus `.metadata`, which every rank reads (DCP
+plans from it; each rank checks its CRC). A failed check anywhere raises the same error on every rank before any byte
+is exchanged or loaded (the state is untouched), so the caller can fall back to an older checkpoint. The cost: during
+a load a rank holds the files it read (its share) and a buffer for each received record that does not land in place.
+The exchange starts only once every file is read and checked, as that rule asks: on a 2-core VM, where 4 ranks' read
+and exchange share the cores, dp4's load is the read plus gloo's exchange of 3/4 of the state over loopback, not the
+read alone (benchmarks/checkpoint_load.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +38,30 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from trainflow.checkpoint.landing import land
 from trainflow.checkpoint.manifest import FALLS_BACK, METADATA, ChecksumError, FileEntry, Manifest
 from trainflow.checkpoint.reader import InPlaceReader, not_trainflows, unpickled_metadata
 from trainflow.checkpoint.reading import HeldFile, ShortReadError
+from trainflow.checkpoint.tensor_record import SavedTensor, describe
 from trainflow.crc import BLOCK
 
 CPU = torch.device("cpu")
+PHASES = ("read", "agree", "own", "exchange", "received")
+"""SingleReader.read_data's phases: this rank's files read and CRC-checked and their records described; every rank's
+verdicts and asks gathered; the files this rank read loaded while the exchange runs; the wait for the rest of the
+exchange; the received records that did not land in place loaded."""
+
+
+class Clock:
+    """Adds the wall time since the last lap to `seconds[phase]` at each lap."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds, self.last = seconds, time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.last
+        self.last = now
 
 
 class CorruptFileError(ChecksumError):
@@ -91,14 +113,24 @@ def schedule(files: dict[str, int], needs: dict[str, set[int]], ranks: int) -> l
 
 
 class SingleReader(InPlaceReader):
-    """InPlaceReader whose ranks read each file once between them (the module's docstring), checking every CRC-32C
-    of `manifest` as they read; `bytes_read` counts this rank's bytes read from the checkpoint's files."""
+    """InPlaceReader whose ranks (of `group`, the default: all) read each file once between them (the module's
+    docstring), checking every CRC-32C of `manifest` as they read; `bytes_read` counts this rank's bytes read from
+    the checkpoint's files, `seconds` the wall time of each phase of its read_data (PHASES)."""
 
-    def __init__(self, path: str | os.PathLike, *, manifest: Manifest, thread_count: int, device: torch.device = CPU):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        manifest: Manifest,
+        thread_count: int,
+        device: torch.device = CPU,
+        group: dist.ProcessGroup | None = None,
+    ):
         super().__init__(path, thread_count=thread_count)
-        self.manifest, self.device = manifest, device
+        self.manifest, self.device, self.group = manifest, device, group
         """`device`: where the exchanged bytes travel (NCCL sends device tensors only)."""
         self.bytes_read = 0
+        self.seconds = dict.fromkeys(PHASES, 0.0)
 
     def _checked_metadata(self) -> Metadata:
         path = Path(self._get_metadata_path())
@@ -121,36 +153,77 @@ class SingleReader(InPlaceReader):
         return [dataclasses.replace(plan, storage_data=shares) for plan in plans]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        rank, shares = dist.get_rank(), plan.storage_data
-        held = self.read_own(plan, [s for s in shares if s.reader == rank])
+        clock = Clock(self.seconds)
+        rank, shares = dist.get_rank(self.group), plan.storage_data
         items: dict[str, list[ReadItem]] = {}
-        for item in plan.items:
+        for item in sorted(plan.items, key=self.item_offset):  # the order both ends of an exchange list it in
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        held, described = self.read_own(plan, [s for s in shares if s.reader == rank])
+        clock.lap("read")
+        coming = [s for s in shares if rank in s.receivers]
+        landings = {s.name: self.landings(items.get(s.name, []), described[s.name], planner) for s in coming}
+        asked = self.gathered({name: [(x.start, x.nbytes) for x in ls if x.nbytes] for name, ls in landings.items()})
+        clock.lap("agree")
         # Every send and receive posted at once, as one batch (NCCL pairs a batch's sends and receives, where ops issued
         # one by one could each wait on the other), so the bytes flow while this rank loads the files it read itself.
-        ops, coming = [], []
-        for i, s in enumerate(shares):
-            if s.reader == rank and s.bytes and s.receivers:
-                data = held[s.name].to(self.device)  # one copy on the device per file, sent to each receiver
-                ops += [dist.P2POp(dist.isend, data, r, tag=i) for r in s.receivers]
-            elif rank in s.receivers:
-                coming.append((s, torch.empty(s.bytes, dtype=torch.uint8, device=self.device)))
-                ops += [dist.P2POp(dist.irecv, coming[-1][1], s.reader, tag=i)] if s.bytes else []
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = dist.batch_isend_irecv(ops) if (ops := self.exchange(shares, held, asked, landings)) else []
         for name, data in held.items():
-            self.read_held(name, data, items.get(name, []), planner)
+            self.read_from(HeldFile(self.file_path(name), memoryview(data.numpy())), items.get(name, []), planner)
+        clock.lap("own")
         for work in works:
             work.wait()
-        for s, data in coming:
-            self.read_held(s.name, data.cpu(), items.get(s.name, []), planner)
+        clock.lap("exchange")
+        for s in coming:
+            for x in landings[s.name]:
+                if x.in_place:
+                    planner.commit_tensor(x.item, x.target)
+                else:
+                    self.read_from(x.held(self.file_path(s.name)), [x.item], planner)
+        clock.lap("received")
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def read_own(self, plan: LoadPlan, mine: list[FileShare]) -> dict[str, torch.Tensor]:
-        """Read this rank's share of the files, each checked against its CRC; then every rank learns whether every
-        rank's checks passed (a collective), and all raise the first failure, before any byte is exchanged."""
-        held, error = {}, None
+    def file_path(self, name: str) -> str:
+        return str(self.fs.concat_path(self.path, name))
+
+    def landings(self, items: list[ReadItem], described: dict[int, SavedTensor | None], planner: LoadPlanner):
+        """Where each of `items`, of a file another rank read, lands on this rank (checkpoint.landing)."""
+        infos = [self.storage_data[item.storage_index] for item in items]
+        return [
+            land(item, info, described[info.offset], planner.resolve_tensor(item).detach(), device=self.device)
+            for item, info in zip(items, infos, strict=True)
+        ]
+
+    def exchange(self, shares: list[FileShare], held: dict, asked: list[dict], landings: dict) -> list[dist.P2POp]:
+        """This rank's sends (of the files it read, the bytes each receiver asked for) and receives (into each
+        landing), in the order both ends list them; a pair's messages are told apart by their count (the tag)."""
+        rank, ops, count = dist.get_rank(self.group), [], [0] * dist.get_world_size(self.group)
+
+        def op(kind, tensor: torch.Tensor, peer: int) -> dist.P2POp:  # noqa: ANN001 (dist.isend or dist.irecv)
+            count[peer] += 1
+            return dist.P2POp(kind, tensor, group=self.group, group_peer=peer, tag=count[peer])
+
+        for s in shares:
+            if s.reader == rank:
+                for peer in s.receivers:
+                    for start, n in asked[peer].get(s.name, []):
+                        ops.append(op(dist.isend, held[s.name][start : start + n].to(self.device), peer))
+            elif rank in s.receivers:
+                ops += [op(dist.irecv, x.into, s.reader) for x in landings[s.name] if x.nbytes]
+        return ops
+
+    def gathered(self, mine: object) -> list:
+        """`mine` from every rank of the group, by rank (a collective)."""
+        everyone: list = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(everyone, mine, group=self.group)
+        return everyone
+
+    def read_own(self, plan: LoadPlan, mine: list[FileShare]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+        """Read this rank's share of the files, each checked against its CRC, and describe their records; then every
+        rank learns whether every rank's checks passed (a collective), and all raise the first failure, before any
+        byte is exchanged. This rank's files, and every file's records by offset (None: not described)."""
+        held, described, error = {}, {}, None
         try:
             for item in plan.items:
                 if item.type == LoadItemType.BYTE_IO:  # DCP would torch.load it with weights_only=False
@@ -163,26 +236,34 @@ class SingleReader(InPlaceReader):
                 datas = pool.map(lambda s: read_checked(folder / s.name, files[s.name], directory=folder), mine)
                 held = dict(zip((s.name for s in mine), datas, strict=True))
             self.bytes_read += sum(s.bytes for s in mine)
+            described = {name: self.described(name, data) for name, data in held.items()}
         except (ChecksumError, OSError) as err:
             error = err
-        errors: list[BaseException | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        if failed := next((e for e in errors if e is not None), None):
+        everyone = self.gathered((error, described))
+        if failed := next((e for e, _ in everyone if e is not None), None):
             raise failed
-        return held
+        return held, {name: records for _, d in everyone for name, records in d.items()}
 
-    def read_held(self, name: str, data: torch.Tensor, items: list[ReadItem], planner: LoadPlanner) -> None:
-        """Load this rank's `items` of the file `name` from its bytes `data`, as InPlaceReader reads them from it."""
-        path = str(self.fs.concat_path(self.path, name))
+    def described(self, name: str, data: torch.Tensor) -> dict[int, SavedTensor | None]:
+        """The records of the file `name`, read whole as `data`, by offset (checkpoint.tensor_record)."""
+        path = self.file_path(name)
         f = HeldFile(path, memoryview(data.numpy()))
+        infos = [info for info in self.storage_data.values() if info.relative_path == name]
         try:
-            for item in sorted(items, key=self.item_offset):
+            return {info.offset: describe(f, info.offset, info.length) for info in infos}
+        except Exception as err:  # torch's zip reader on a damaged record: its text would only mislead here
+            raise not_trainflows(path, f"{type(err).__name__} reading it") from err
+
+    def read_from(self, f: HeldFile, items: list[ReadItem], planner: LoadPlanner) -> None:
+        """Load `items` from `f`, a file's or a record's bytes held in memory, as InPlaceReader reads them from it."""
+        try:
+            for item in items:
                 if not self.read_in_place(f, item, planner):
                     self.read_copied(f, item, planner)
         except (OSError, ChecksumError, ShortReadError):
             raise
         except Exception as err:  # torch's text (weights_only advice, zip internals) would only mislead here
-            raise not_trainflows(path, f"{type(err).__name__} reading it") from err
+            raise not_trainflows(f.name, f"{type(err).__name__} reading it") from err
 
     def read_copied(self, f: HeldFile, item: ReadItem, planner: LoadPlanner) -> None:
         """DCP's own path for an item read_in_place cannot take (part of a saved chunk, another layout)."""
