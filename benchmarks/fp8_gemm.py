@@ -7,29 +7,33 @@ Goal (issue 25), on one H200 at 8192^3: the Hopper kernel (kernels/fp8_gemm_sm90
 TFLOP/s and >= 1.6x bf16 matmul's. Anchors: cuBLASLt's fp8 GEMM on H100/H200 runs near 2x its bf16 GEMM (dense
 peaks 1979 vs 989 TFLOP/s); a bf16 8192^3 matmul measured 769-798 TFLOP/s on this workplace's H200s.
 
-First the kernel of this GPU's architecture is built (as `python -m trainflow.fp8` does) and checked against fp64
-sums within trainflow.fp8.ops.error_bound (fp32 promotion every 128 of K): shapes with M, N, K tails, e4m3 and
-e5m2 A, per-tensor and per-row scales, fp32 and bf16 output, and K = 8192 on same-sign data, where whole-K
-accumulation in the tensor core would fail; `worst_error_over_bound` must stay <= 1.
+First the kernel of this GPU's architecture is built (as `python -m trainflow.fp8` does) and each of its
+configurations (sm90: trainflow.fp8.shapes.SM90_CONFIGS) checked against fp64 sums within
+trainflow.fp8.ops.error_bound (fp32 promotion every 128 of K): shapes with M, N, K tails, e4m3 and e5m2 A,
+per-tensor and per-row scales, fp32 and bf16 output, and K = 8192 on same-sign data, where whole-K accumulation in
+the tensor core would fail; `worst_error_over_bound` must stay <= 1 for every configuration.
 
-Then each shape is timed for the three GEMMs, (M, K) x (N, K)^T -> (M, N): the kernel (its own op, as fp8_gemm
-runs it once chosen) and _scaled_mm on e4m3 operands with per-tensor scales and bf16 output (use_fast_accum off:
-both promote), matmul on bf16 operands. Shapes: 4096^3, 8192^3, and the linears of Llama 3 70B (dim 8192, ffn
-28672, 64 query / 8 key-value heads of 128) under tp 8 for 8192 tokens: wq 8192 -> 1024, wk/wv 8192 -> 128,
-wo 1024 -> 8192, w1/w3 8192 -> 3584, w2 3584 -> 8192. A repeat times ITERS back-to-back calls between CUDA
-events, on ROTATE input sets (more bytes than the 60 MB L2); the three GEMMs alternate in rotating order within
-each repeat (clock and thermal drift cancel), and the median repeat gives TFLOP/s = 2 M N K / time.
+Then each shape is timed for the GEMMs, (M, K) x (N, K)^T -> (M, N): every configuration of the kernel (its own op)
+and _scaled_mm on e4m3 operands with per-tensor scales and bf16 output (use_fast_accum off: both promote), matmul on
+bf16 operands. A shape's `kernel` is its fastest configuration, which the dispatch runs once this record is
+committed; `heuristic` is what it runs until then (trainflow.fp8.shapes). Shapes: 4096^3, 8192^3, and the linears of
+Llama 3 70B (dim 8192, ffn 28672, 64 query / 8 key-value heads of 128) under tp 8 for 8192 tokens: wq 8192 -> 1024,
+wk/wv 8192 -> 128, wo 1024 -> 8192, w1/w3 8192 -> 3584, w2 3584 -> 8192. A repeat times ITERS back-to-back calls
+between CUDA events, on ROTATE input sets (more bytes than the 60 MB L2); the GEMMs alternate in rotating order
+within each repeat (clock and thermal drift cancel), and the median repeat gives TFLOP/s = 2 M N K / time.
 
 "measured" is {arch: trainflow.fp8.kernels.KernelMeasurement}, the record scripts/gpu_check.sh merges into
 kernels/measured.json (commit it from a GPU run) by device name and build key: the build's full key, whether it
-passed, and the seconds of the kernel and of _scaled_mm summed over the shapes; the sm_90 kernel is dispatched on
-that device with that build only where the first is no more than the second.
+passed, the seconds of the kernel and of _scaled_mm summed over the shapes, and each shape's seconds per
+configuration; the sm_90 kernel is dispatched on that device with that build only where the first is no more than
+the second, and then in each measured shape's fastest configuration.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
 from _common import emit, log, median
@@ -37,8 +41,9 @@ from _common import emit, log, median
 from trainflow.fp8.build import build_extension
 from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.kernels import KERNEL_BUILDS, GemmSeconds, KernelMeasurement, kernel_key
+from trainflow.fp8.kernels import KERNEL_BUILDS, GemmSeconds, KernelBuild, KernelMeasurement, kernel_key
 from trainflow.fp8.ops import error_bound
+from trainflow.fp8.shapes import ShapeTiming, heuristic
 
 ITERS = 10  # GEMMs per timed repeat
 WARMUP = 3
@@ -70,8 +75,24 @@ def worst_over_bound(gemm, a, b, sa, sb, out_dtype) -> float:
     return ((got - exact).abs() / error_bound(a, b, sa, sb, exact, out_dtype).clamp(min=1e-300)).max().item()
 
 
+def configurations(build: KernelBuild) -> dict[str, Callable]:
+    """The kernel's op in each of its configurations, by name ('kernel' where it has one)."""
+    op = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}")
+    if not build.configs:
+        return {"kernel": op}
+    return {c.name: lambda *args, c=c: op(*args, int(c.schedule), c.swizzle) for c in build.configs}
+
+
+def check_all(kernels: dict[str, Callable]) -> dict:
+    """Each configuration's check; passed where every one passed."""
+    by_config = {name: check(gemm) for name, gemm in kernels.items()}
+    worst = max(c["worst_error_over_bound"] for c in by_config.values())
+    passed = all(c["passed"] for c in by_config.values())
+    return {"passed": passed, "worst_error_over_bound": worst, "by_config": by_config}
+
+
 def check(gemm) -> dict:
-    """The kernel against fp64 sums on every check shape and variant; the worst error over its bound."""
+    """One configuration against fp64 sums on every check shape and variant; the worst error over its bound."""
     worst, cases = 0.0, 0
     for m, n, k in CHECKS:
         for a_dtype in (E4M3, E5M2):
@@ -88,14 +109,14 @@ def check(gemm) -> dict:
     return {"cases": cases, "shapes_mnk": shapes, "worst_error_over_bound": round(worst, 4), "passed": worst <= 1}
 
 
-def time_shape(kernel, m: int, n: int, k: int, repeats: int) -> dict[str, float]:
-    """Median seconds per GEMM of the kernel, _scaled_mm and bf16 matmul at (M, N, K)."""
+def time_shape(kernels: dict[str, Callable], m: int, n: int, k: int, repeats: int) -> dict[str, float]:
+    """Median seconds per GEMM of each kernel configuration, _scaled_mm and bf16 matmul at (M, N, K)."""
     a8 = [random_fp8(m, k, E4M3) for _ in range(ROTATE)]
     b8 = [random_fp8(n, k, E4M3) for _ in range(ROTATE)]
     a16, b16 = [x.to(torch.bfloat16) for x in a8], [x.to(torch.bfloat16) for x in b8]
     one = torch.ones((), device="cuda")
     gemms = {
-        "kernel": lambda i: kernel(a8[i], b8[i], one, one, torch.bfloat16),
+        **{name: lambda i, g=g: g(a8[i], b8[i], one, one, torch.bfloat16) for name, g in kernels.items()},
         "scaled_mm": lambda i: torch._scaled_mm(a8[i], b8[i].t(), one, one, out_dtype=torch.bfloat16),
         "bf16_matmul": lambda i: a16[i] @ b16[i].t(),
     }
@@ -105,7 +126,7 @@ def time_shape(kernel, m: int, n: int, k: int, repeats: int) -> dict[str, float]
     seconds: dict[str, list[float]] = {name: [] for name in gemms}
     names = list(gemms)
     for r in range(repeats):
-        for name in names[r % 3 :] + names[: r % 3]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for i in range(ITERS):
@@ -116,12 +137,20 @@ def time_shape(kernel, m: int, n: int, k: int, repeats: int) -> dict[str, float]
     return {name: median(s) for name, s in seconds.items()}
 
 
-def shape_result(name: str, mnk: tuple[int, int, int], seconds: dict[str, float]) -> dict:
+def shape_result(name: str, mnk: tuple[int, int, int], timed: dict[str, float], configs: list[str]) -> dict:
+    """One shape's figures; `kernel` is the fastest of `configs` (the dispatch's measured choice)."""
     m, n, k = mnk
+    fastest = min(configs, key=timed.__getitem__)
+    seconds = {"kernel": timed[fastest], "scaled_mm": timed["scaled_mm"], "bf16_matmul": timed["bf16_matmul"]}
     tflops = {g: 2 * m * n * k / s / 1e12 for g, s in seconds.items()}
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return {
         "shape": name,
         "mnk": list(mnk),
+        "fastest_config": fastest,
+        "heuristic": heuristic(m, n, k, sm_count).reason if len(configs) > 1 else None,
+        "config_seconds": {c: round(timed[c], 9) for c in configs},
+        "config_tflops": {c: round(2 * m * n * k / timed[c] / 1e12, 1) for c in configs},
         "seconds": {g: round(s, 9) for g, s in seconds.items()},
         "tflops": {g: round(v, 1) for g, v in tflops.items()},
         "kernel_over_scaled_mm": round(tflops["kernel"] / tflops["scaled_mm"], 3),
@@ -148,14 +177,14 @@ def main() -> None:
     build, library, what = build_extension(capability, cache_folder())
     torch.ops.load_library(str(library))
     log(f"fp8_gemm: {library}: {what}")
-    kernel = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}")
-    log(f"fp8_gemm: checking {build.source} against fp64 sums")
-    correctness = check(kernel)
+    kernels = configurations(build)
+    log(f"fp8_gemm: checking {build.source} against fp64 sums in {len(kernels)} configurations")
+    correctness = check_all(kernels)
     shapes = {k: v for k, v in SHAPES.items() if not args.quick or k in ("4096^3", "8192^3")}
     results = []
     for name, mnk in shapes.items():
         log(f"fp8_gemm: timing {name} (M, N, K = {mnk}), {repeats} repeats of {ITERS}")
-        results.append(shape_result(name, mnk, time_shape(kernel, *mnk, repeats)))
+        results.append(shape_result(name, mnk, time_shape(kernels, *mnk, repeats), list(kernels)))
     at_8192 = next(r for r in results if r["shape"] == "8192^3")
     record = KernelMeasurement(
         build_key=kernel_key(build),
@@ -164,6 +193,7 @@ def main() -> None:
         torch=torch.__version__,
         shapes=list(shapes),
         seconds=GemmSeconds(**{g: round(sum(r["seconds"][g] for r in results), 9) for g in ("kernel", "scaled_mm")}),
+        per_shape=[ShapeTiming(r["shape"], r["mnk"], r["config_seconds"]) for r in results] if build.configs else [],
     )
     emit(
         {

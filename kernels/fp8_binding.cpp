@@ -110,9 +110,14 @@ at::Tensor padded_fp8(const at::Tensor& q, int64_t rows_to, int64_t cols_to) {
 
 int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
+// `schedule` (fp8_gemm.h's Fp8GemmSchedule) and `swizzle` pick the configuration; trainflow.fp8.shapes chooses them.
 at::Tensor fp8_gemm_sm90_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                              const at::Tensor& scale_b, at::ScalarType out_dtype) {
+                              const at::Tensor& scale_b, at::ScalarType out_dtype, int64_t schedule, int64_t swizzle) {
   check_inputs(a, b, scale_a, scale_b, out_dtype, 90);
+  TORCH_CHECK(schedule >= trainflow::kFp8Cooperative && schedule <= trainflow::kFp8StreamK, "fp8_gemm_sm90: schedule ",
+              schedule, " is none of 0 (cooperative), 1 (ping-pong), 2 (stream-K)");
+  TORCH_CHECK(swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8, "fp8_gemm_sm90: swizzle ", swizzle,
+              " is none of 1, 2, 4, 8");
   const c10::cuda::CUDAGuard guard(a.device());
   const int64_t m = a.size(0);
   const int64_t n = b.size(0);
@@ -131,13 +136,15 @@ at::Tensor fp8_gemm_sm90_cuda(const at::Tensor& a, const at::Tensor& b, const at
                                                  : scale_b.reshape({-1}).contiguous();
   at::Tensor out = at::empty({m, n_pad}, a.options().dtype(out_dtype));
   auto args = make_args(a_p, b_p, sa, sb, out, a_per_row, b_per_row);
+  args.schedule = static_cast<int>(schedule);
+  args.swizzle = static_cast<int>(swizzle);
   const int sm_count = device_attribute(cudaDevAttrMultiProcessorCount, a);  // the persistent grid's size
   const size_t workspace_bytes = trainflow::fp8_gemm_sm90_workspace_bytes(args, sm_count);
   at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, a.options().dtype(at::kByte));
   const cudaError_t err =
       trainflow::fp8_gemm_sm90(args, sm_count, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "fp8_gemm_sm90: CUTLASS refused or failed to launch (M=", m, ", N=", n_pad,
-              ", K=", k_pad, "): ", cudaGetErrorString(err));
+              ", K=", k_pad, ", schedule ", schedule, ", swizzle ", swizzle, "): ", cudaGetErrorString(err));
   return n_pad == n ? out : out.narrow(1, 0, n).contiguous();
 }
 

@@ -15,6 +15,13 @@
 
 namespace trainflow {
 
+// The sm90 kernel's configurations (fp8_gemm_sm90.cu; trainflow.fp8.kernels.Schedule holds the same values).
+enum Fp8GemmSchedule : int {
+  kFp8Cooperative = 0,  // two warpgroups on one 128x128 tile, 2x1 cluster: the default
+  kFp8Pingpong = 1,     // a 64x128 tile per warpgroup, one's epilogue overlapping the other's mainloop
+  kFp8StreamK = 2,      // cooperative 128x128 tiles with K split across CTAs: for fewer tiles than SMs
+};
+
 struct Fp8GemmArgs {
   const void* a;               // (m, k) row-major: e4m3 (activations, weights) or e5m2 (gradients), as a_e5m2 says
   const __nv_fp8_e4m3* b;      // (n, k) row-major e4m3: a Linear's weight layout, so C = A B^T is x W^T
@@ -26,6 +33,8 @@ struct Fp8GemmArgs {
   bool scale_a_per_row;
   bool scale_b_per_row;
   bool out_bf16;
+  int schedule;                // Fp8GemmSchedule (sm90 only)
+  int swizzle;                 // the tile scheduler's max_swizzle_size: 1, 2, 4 or 8 (sm90 only)
 };
 
 // mma.sync kernel. Launches on `stream`; returns the launch's error (cudaSuccess when m or n is 0: nothing to do).

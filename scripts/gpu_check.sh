@@ -4,7 +4,8 @@
 # (trainflow.fp8.build, as the build_kernels stage does), its SASS checked (trainflow.fp8.sass: exit 1 on a wrong
 # build), tests/gpu with the kernel forced (its correctness on tails, views, NaN / inf; the gate's patterns in a
 # one-GPU NCCL group and a short fp8 training segment through the real stage modules), benchmarks/fp8_gemm.py
-# (kernel vs _scaled_mm vs bf16 on Llama 3 70B's tp8 linears and 8192^3), one fp8 training step through each
+# (each configuration of the kernel vs _scaled_mm vs bf16 on Llama 3 70B's tp8 linears and 8192^3: which is
+# fastest per shape, and what the unmeasured heuristic would have run), one fp8 training step through each
 # backend (the kernel forced, _scaled_mm) and bf16, and the power cap set and restored with the energy counter read
 # through trainflow.energy.nvml. Every figure goes into one JSON, and kernels/measured.json's update from it.
 #
@@ -32,7 +33,7 @@ STEPS=(
   "build 140 the visible GPU's kernel compiled once into the build cache (python -m trainflow.fp8)"
   "sass 15 the build's SASS: QGMMA on E4M3 and E5M2, promotion FADDs, no HMMA or F2FP unpacking"
   "tests_gpu 85 tests/gpu with the kernel forced: correctness, views, NaN/inf, NCCL gate, a training segment"
-  "fp8_gemm 45 TFLOP/s of the kernel, _scaled_mm and bf16 on the 70B's tp8 shapes and 8192^3"
+  "fp8_gemm 45 TFLOP/s of each kernel configuration, _scaled_mm and bf16 on the 70B's tp8 shapes and 8192^3"
   "train_steps 40 one fp8 training step through the kernel (forced) and _scaled_mm, and bf16"
   "power 10 the power cap set and restored, the energy counter read (trainflow.energy.nvml)"
 )
@@ -223,7 +224,9 @@ if new:  # kernels/measured.json with this device's and build's records replaced
         m = KernelMeasurement.from_json(record)
         merged[arch] = [r for r in merged[arch] if (r["device"], r["build_key"]) != (m.device, m.to_json()["build_key"])] + [record]
     (out / "measured.json").write_text(json.dumps(merged, indent=1) + "\n")
-print(json.dumps({k: result.get(k) for k in ("tests_gpu", "sass", "fp8_over_bf16", "power")}, indent=1))
+shapes = result["fp8_gemm"].get("shapes", [])  # per shape: the fastest configuration and the heuristic's choice
+result["dispatch"] = {r["shape"]: {"fastest": r.get("fastest_config"), "heuristic": r.get("heuristic")} for r in shapes}
+print(json.dumps({k: result.get(k) for k in ("tests_gpu", "sass", "fp8_over_bf16", "power", "dispatch")}, indent=1))
 print(f"gpu_check: {'passed' if result['passed'] else 'FAILED'} in {total_s} s: "
       + ", ".join(f"{s['step']} exit {s['exit']} ({s['seconds']} s)" for s in steps))
 sys.exit(0 if result["passed"] else 1)

@@ -2,15 +2,17 @@
 
     .venv/bin/python -m pytest tests/gpu/test_fp8_kernel.py -q -rs
 
-Two implementations run on the GPU: `kernel`, this architecture's kernel of kernels/ called through its own op
-(trainflow::fp8_gemm_sm89 or _sm90, built here), and `dispatched`, trainflow::fp8_gemm as load_backend set it
-up (on sm_90 today torch._scaled_mm, until kernels/measured.json says otherwise). Each is checked element-wise
-against trainflow.fp8.ops.error_bound, the error fp32 promotion every 128 of K allows, on: M, N, K tails (not
-multiples of any tile, K not of 16), m or n of 1, k = 0, e4m3 and e5m2 A, per-tensor and per-row scales,
-fp32 and bf16 output, and K = 8192 on same-sign data, where accumulating the whole K inside the tensor core
-would break the bound by 2.5x to 5x. That last claim rests on a model of the tensor core's accumulator (13 or
-14 mantissa bits, truncated), so the one CPU test here emulates both accumulations and checks that the bound
-holds for the promoted one and fails for the other: the GPU tests then catch a kernel that does not promote.
+Implementations run on the GPU: `kernel`, this architecture's kernel of kernels/ called through its own op
+(trainflow::fp8_gemm_sm89 or _sm90, built here; on sm_90 its default configuration, cooperative_s1), each other
+configuration of the sm_90 kernel (`kernel_<config>`, trainflow.fp8.shapes.SM90_CONFIGS; skipped elsewhere), and
+`dispatched`, trainflow::fp8_gemm as load_backend set it up (on sm_90 torch._scaled_mm until kernels/measured.json
+says otherwise; the kernel in its per-shape configuration where it is forced). Each is checked element-wise against
+trainflow.fp8.ops.error_bound, the error fp32 promotion every 128 of K allows, on: M, N, K tails (not multiples of
+any tile, K not of 16), m or n of 1, k = 0, e4m3 and e5m2 A, per-tensor and per-row scales, fp32 and bf16 output,
+and K = 8192 on same-sign data, where accumulating the whole K inside the tensor core would break the bound by 2.5x
+to 5x. That last claim rests on a model of the tensor core's accumulator (13 or 14 mantissa bits, truncated), so the
+one CPU test here emulates both accumulations and checks that the bound holds for the promoted one and fails for the
+other: the GPU tests then catch a kernel that does not promote.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
 from trainflow.fp8.kernels import KERNEL_BUILDS, load_backend
 from trainflow.fp8.ops import MMA_K, PROMOTE_K, bf16_half_spacing, error_bound, fp8_gemm, reference_fp8_gemm
+from trainflow.fp8.shapes import DEFAULT, SM90_CONFIGS
 
+IMPLEMENTATIONS = ["kernel", "dispatched", *(f"kernel_{c.name}" for c in SM90_CONFIGS if c != DEFAULT)]
 SHAPES = [(37, 23, 50), (300, 200, 96), (256, 384, 1000), (1, 129, 64), (77, 1, 48), (130, 260, 8), (16, 16, 0)]
 
 
@@ -71,7 +75,8 @@ def test_the_bound_holds_for_promotion_and_fails_for_whole_k_accumulation(bits):
 
 @pytest.fixture(scope="module")
 def implementations() -> dict:
-    """'kernel': this GPU's kernel op, built here; 'dispatched': fp8_gemm after load_backend chose for this GPU."""
+    """'kernel': this GPU's kernel op, built here; 'kernel_<config>': the sm90 op in each other configuration;
+    'dispatched': fp8_gemm after load_backend chose for this GPU."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
     capability = torch.cuda.get_device_capability()
@@ -80,7 +85,15 @@ def implementations() -> dict:
     build, library, _ = build_extension(capability, cache_folder())  # compiled once, then found in the cache
     torch.ops.load_library(str(library))
     load_backend(torch.device("cuda"))
-    return {"kernel": getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}"), "dispatched": fp8_gemm}
+    op = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}")
+    configs = {f"kernel_{c.name}": lambda *args, c=c: op(*args, int(c.schedule), c.swizzle) for c in build.configs}
+    return {"kernel": op, "dispatched": fp8_gemm, **configs}
+
+
+def implementation(implementations: dict, name: str):
+    if name not in implementations:
+        pytest.skip(f"{name} is a configuration of the sm90 kernel; this GPU runs another architecture's")
+    return implementations[name]
 
 
 def check(gemm, a, b, sa, sb, out_dtype) -> None:
@@ -94,7 +107,7 @@ def check(gemm, a, b, sa, sb, out_dtype) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("a_dtype", [E4M3, E5M2])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("per_row", [False, True])
@@ -104,17 +117,17 @@ def test_matches_exact_sums_on_tails_and_edges(implementations, impl, a_dtype, o
         b = random_fp8(n, k, E4M3, seed=10 * seed + 1, device="cuda")
         sa = torch.rand(m if per_row else 1, device="cuda") + 0.01
         sb = torch.rand(n if per_row else 1, device="cuda") + 0.01
-        check(implementations[impl], a, b, sa, sb, out_dtype)
+        check(implementation(implementations, impl), a, b, sa, sb, out_dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("same_sign", [True, False])
 def test_long_k_stays_within_the_fp32_promotion_bound(implementations, impl, same_sign):
     a = random_fp8(512, 8192, E4M3, seed=3, same_sign=same_sign, device="cuda")
     b = random_fp8(384, 8192, E4M3, seed=4, same_sign=same_sign, device="cuda")
     sa, sb = torch.rand(512, device="cuda") + 0.5, torch.tensor([0.75], device="cuda")
-    check(implementations[impl], a, b, sa, sb, torch.float32)
+    check(implementation(implementations, impl), a, b, sa, sb, torch.float32)
 
 
 def round_toward_zero_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -139,7 +152,7 @@ def test_the_bf16_check_holds_round_to_nearest_and_fails_round_toward_zero():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("per_row", [False, True])
 def test_bf16_output_is_the_fp32_result_rounded_to_nearest(implementations, impl, per_row):
     """The bf16 epilogue writes the fp32 result rounded to nearest: error_bound's accumulation term is far larger
@@ -147,7 +160,7 @@ def test_bf16_output_is_the_fp32_result_rounded_to_nearest(implementations, impl
     a, b = random_fp8(256, 384, E4M3, seed=11, device="cuda"), random_fp8(320, 384, E4M3, seed=12, device="cuda")
     sa = torch.rand(256 if per_row else 1, device="cuda") + 0.01
     sb = torch.rand(320 if per_row else 1, device="cuda") + 0.01
-    gemm = implementations[impl]
+    gemm = implementation(implementations, impl)
     over = bf16_over_half_spacing(gemm(a, b, sa, sb, torch.bfloat16), gemm(a, b, sa, sb, torch.float32))
     assert over.max() <= 1 + 2**-16, f"{(over > 1).float().mean():.1%} of the bf16 outputs are not rounded to nearest"
 
@@ -168,7 +181,7 @@ def views(a: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", ["offset", "misaligned", "non_contiguous"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_views_of_any_layout_give_the_contiguous_result(implementations, impl, kind, out_dtype):
@@ -177,13 +190,13 @@ def test_views_of_any_layout_give_the_contiguous_result(implementations, impl, k
     sa, sb = torch.rand(300, device="cuda") + 0.01, torch.rand(1, device="cuda") + 0.01
     va, vb = views(a, kind), views(b, kind)
     assert torch.equal(va.view(torch.uint8), a.view(torch.uint8)) and (kind == "non_contiguous") != va.is_contiguous()
-    check(implementations[impl], va, vb, sa, sb, out_dtype)
-    gemm = implementations[impl]
+    check(implementation(implementations, impl), va, vb, sa, sb, out_dtype)
+    gemm = implementation(implementations, impl)
     assert torch.equal(gemm(va, vb, sa, sb, out_dtype), gemm(a, b, sa, sb, out_dtype))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["kernel", "dispatched"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("a_dtype", [E4M3, E5M2])
 def test_nan_and_inf_inputs_spread_as_in_exact_arithmetic(implementations, impl, a_dtype):
     """A NaN in a row of A makes that row of C NaN; e5m2's inf makes its row inf, or NaN where a product is
@@ -194,7 +207,7 @@ def test_nan_and_inf_inputs_spread_as_in_exact_arithmetic(implementations, impl,
     if a_dtype == E5M2:
         a[7, 9] = float("inf")
     one = torch.ones(1, device="cuda")
-    got = implementations[impl](a, b, one, one, torch.float32).double()
+    got = implementation(implementations, impl)(a, b, one, one, torch.float32).double()
     exact = a.double() @ b.double().t()
     assert torch.equal(torch.isnan(got), torch.isnan(exact)) and torch.equal(torch.isinf(got), torch.isinf(exact))
     assert torch.equal(got[torch.isinf(exact)], exact[torch.isinf(exact)])  # the same signs

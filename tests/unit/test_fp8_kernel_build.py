@@ -1,5 +1,6 @@
 """How kernels/ is built and chosen, on CPU: load_backend's rules per compute capability and the measured facts
-they read from kernels/measured.json (the compiles themselves and their SASS: tests/unit/test_fp8_sass.py).
+they read from kernels/measured.json, and the sm90 kernel's configuration per GEMM shape (trainflow.fp8.shapes)
+(the compiles themselves and their SASS: tests/unit/test_fp8_sass.py).
 
     .venv/bin/python -m pytest tests/unit/test_fp8_kernel_build.py -q
 """
@@ -26,6 +27,17 @@ from trainflow.fp8.kernels import (
     load_backend,
     nvcc_flags,
     read_measured,
+)
+from trainflow.fp8.ops import SCHEMA
+from trainflow.fp8.shapes import (
+    DEFAULT,
+    SM90_CONFIGS,
+    KernelConfig,
+    Schedule,
+    ShapeDispatch,
+    ShapeTiming,
+    heuristic,
+    measured,
 )
 from trainflow.records import RecordError
 
@@ -153,3 +165,52 @@ def test_build_and_load_refuse_what_has_no_kernel(tmp_path):
         build_extension((8, 6), tmp_path)
     assert load_backend(torch.device("cpu")) == "reference"
     assert backend_reason(torch.device("cpu")).startswith("reference: cpu: plain PyTorch")
+
+
+# Llama 3 70B's linears at tp8 for 8192 tokens and 8192^3 (benchmarks/fp8_gemm.py's shapes), on 132 SMs (H100 SXM,
+# H200): what the dispatch runs before any GPU check has measured them.
+HEURISTIC = {
+    (8192, 128, 8192): "stream_k_s1",  # wk / wv: 64 tiles on 132 SMs
+    (8192, 1024, 8192): "cooperative_s8",  # wq
+    (8192, 8192, 1024): "pingpong_s1",  # wo: K of 8 k-tiles
+    (8192, 3584, 8192): "cooperative_s8",  # w1 / w3
+    (8192, 8192, 3584): "cooperative_s8",  # w2
+    (8192, 8192, 8192): "cooperative_s8",
+    (128, 8192, 8192): "stream_k_s1",  # wk's weight gradient: dY^T X
+}
+
+
+@pytest.mark.parametrize(("mnk", "name"), HEURISTIC.items())
+def test_unmeasured_shapes_take_the_heuristic_s_configuration_saying_so(mnk, name):
+    choice = heuristic(*mnk, sm_count=132)
+    assert choice.config.name == name and choice.config in SM90_CONFIGS
+    assert choice.reason.startswith(f"{name}: heuristic, not yet measured (") and "\n" not in choice.reason
+
+
+def test_a_measured_shape_runs_its_fastest_configuration_and_others_the_heuristic():
+    timing = ShapeTiming("70b_tp8_wo", [8192, 8192, 1024], {"cooperative_s1": 2e-4, "pingpong_s1": 3e-4, "old": 1e-5})
+    dispatch = ShapeDispatch(132, [timing], H200)
+    assert dispatch.config(8192, 8192, 1024).name == "cooperative_s1"  # a name no config has any more is ignored
+    assert dispatch.config(8192, 128, 8192).name == "stream_k_s1"
+    assert dispatch.choices() == {
+        "8192x8192x1024": "cooperative_s1: measured fastest of 2, 0.200 ms, next pingpong_s1 0.300 ms "
+        "(70b_tp8_wo on NVIDIA H200)",
+        "8192x128x8192": heuristic(8192, 128, 8192, 132).reason,
+    }
+    assert measured(1, 2, 3, [timing], H200) is None
+
+
+def test_per_shape_timings_read_back_and_records_without_them_still_read(tmp_path):
+    timed = record(per_shape=[ShapeTiming("8192^3", [8192, 8192, 8192], {"cooperative_s8": 1e-3})])
+    (tmp_path / "measured.json").write_text(json.dumps({"sm89": [], "sm90": [timed.to_json()]}))
+    assert read_measured(tmp_path)["sm90"] == [timed]
+    old = record().to_json()
+    del old["per_shape"]  # written before the configurations existed
+    (tmp_path / "measured.json").write_text(json.dumps({"sm89": [], "sm90": [old]}))
+    assert read_measured(tmp_path)["sm90"][0].per_shape == []
+
+
+def test_the_sm90_op_takes_a_configuration_and_sm89_s_does_not():
+    assert SM90.schema.endswith(", int schedule=0, int swizzle=1) -> Tensor")
+    assert KERNEL_BUILDS[(8, 9)].schema == SCHEMA and DEFAULT == KernelConfig(Schedule.COOPERATIVE, 1)
+    assert [int(s) for s in Schedule] == [0, 1, 2]  # fp8_gemm.h's Fp8GemmSchedule

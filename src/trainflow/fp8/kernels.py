@@ -7,6 +7,8 @@ trainflow::fp8_gemm runs on a GPU, chosen by measured fact (trainflow.fp8.ops de
 (trainflow.fp8.cache) and never compiling, and names the implementation; `backend_reason(device)` says in one line
 which runs and the fact that chose it (the rules are trainflow.fp8.ops' docstring's). kernels/measured.json holds a
 GPU check per device name and build key; $TRAINFLOW_FP8_BACKEND=kernel forces the kernel (scripts/gpu_check.sh).
+The sm90 kernel then runs one of its configurations per GEMM shape (trainflow.fp8.shapes); `shape_choices()` lists
+which ran for each shape so far and why.
 
 The kernels' folder is $TRAINFLOW_KERNELS where set, else the kernels/ of the checkout trainflow is imported from
 (src/trainflow/fp8 -> kernels/); an install without either is told so in one line when it first needs a kernel.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ import torch
 from trainflow.errors import ConfigError
 from trainflow.fp8.cache import BuildKey, build_key, find_library, find_nvcc, nvcc_release
 from trainflow.fp8.ops import OP, SCHEMA, scaled_mm_fp8_gemm
+from trainflow.fp8.shapes import SM90_CONFIGS, KernelConfig, ShapeDispatch, ShapeTiming
 from trainflow.records import Record, read_record
 
 KERNELS_ENV = "TRAINFLOW_KERNELS"
@@ -44,10 +47,16 @@ class KernelBuild:
     source: str
     gencode: str
     cutlass: bool  # needs the CUTLASS headers of the nvidia-cutlass wheel
+    configs: tuple[KernelConfig, ...] = ()
+    """The configurations its op takes (schedule, swizzle: trainflow.fp8.shapes); () where it has one."""
 
     @property
     def op(self) -> str:
         return f"trainflow::fp8_gemm_{self.arch}"
+
+    @property
+    def schema(self) -> str:
+        return SCHEMA.replace(") ->", ", int schedule=0, int swizzle=1) ->") if self.configs else SCHEMA
 
     @property
     def define(self) -> str:
@@ -79,6 +88,9 @@ class KernelMeasurement(Record):
     shapes: list[str]
     """The benchmark's shapes the seconds sum over."""
     seconds: GemmSeconds
+    """The kernel's: each shape's fastest configuration, as the dispatch will run it."""
+    per_shape: list[ShapeTiming] = field(default_factory=list)
+    """Each shape's seconds per configuration (sm90); absent in records older than the configurations."""
 
 
 def kernels_folder() -> Path:
@@ -94,11 +106,11 @@ def kernels_folder() -> Path:
 
 KERNEL_BUILDS = {
     (8, 9): KernelBuild("sm89", "fp8_gemm.cu", "arch=compute_89,code=sm_89", cutlass=False),
-    (9, 0): KernelBuild("sm90", "fp8_gemm_sm90.cu", "arch=compute_90a,code=sm_90a", cutlass=True),
+    (9, 0): KernelBuild("sm90", "fp8_gemm_sm90.cu", "arch=compute_90a,code=sm_90a", cutlass=True, configs=SM90_CONFIGS),
 }
 
 for _build in KERNEL_BUILDS.values():  # the per-architecture ops the bindings register
-    torch.library.define(_build.op, SCHEMA)
+    torch.library.define(_build.op, _build.schema)
 
 
 def cutlass_include() -> Path:
@@ -240,12 +252,14 @@ def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Pat
     except (ImportError, OSError) as err:
         key = None
         warnings.warn(f"trainflow.fp8: no build key for {build.source} ({err}); torch._scaled_mm runs", stacklevel=5)
-    backend, reason = choose_backend(capability, read_measured(), device, key)
+    measured = read_measured()
+    backend, reason = choose_backend(capability, measured, device, key)
     if backend != "scaled_mm":
         library, fact = find_library(kernel_cache, key)
         if library is not None:
             torch.ops.load_library(str(library))
-            torch.library.impl(OP, "cuda")(_kernel_op(build))
+            record = measured_record(measured.get(build.arch, []), device, key)
+            torch.library.impl(OP, "cuda")(_kernel_op(build, record.per_shape if record else [], device))
             return backend, f"{reason}; loaded {library.parent.name} ({fact})"
         warnings.warn(f"trainflow.fp8: {fact}; torch._scaled_mm runs the fp8 GEMMs instead: {BUILD_HINT}", stacklevel=5)
         name = f"sm_{capability[0]}{capability[1]}"
@@ -254,11 +268,26 @@ def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Pat
     return backend, reason
 
 
-def _kernel_op(build: KernelBuild):
-    """fp8_gemm's CUDA implementation through `build`'s op (registered by the library just loaded)."""
+def _kernel_op(build: KernelBuild, timings: list[ShapeTiming], device: str):
+    """fp8_gemm's CUDA implementation through `build`'s op (registered by the library just loaded), in the
+    configuration trainflow.fp8.shapes chooses per shape where the kernel has several."""
     kernel = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}").default
+    if not build.configs:
+        return lambda a, b, scale_a, scale_b, out_dtype: kernel(a, b, scale_a, scale_b, out_dtype)
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    _DISPATCH[:] = [ShapeDispatch(sm_count, timings, device)]
 
     def run_kernel(a, b, scale_a, scale_b, out_dtype):
-        return kernel(a, b, scale_a, scale_b, out_dtype)
+        config = _DISPATCH[0].config(a.shape[0], b.shape[0], a.shape[1])
+        return kernel(a, b, scale_a, scale_b, out_dtype, int(config.schedule), config.swizzle)
 
     return run_kernel
+
+
+_DISPATCH: list[ShapeDispatch] = []
+"""The sm90 kernel's per-shape choices in this process, once it is loaded."""
+
+
+def shape_choices() -> dict[str, str]:
+    """{"MxNxK": "config: why"} for each shape the sm90 kernel has run in this process ({} where it has not)."""
+    return _DISPATCH[0].choices() if _DISPATCH else {}

@@ -14,7 +14,8 @@ PyTorch and doubles as the test oracle; `register_fake` lets torch.compile trace
 implementation is chosen per compute capability by trainflow.fp8.kernels.load_backend, and `backend_reason` says
 why in one line:
 - sm_89 (Ada): kernels/fp8_gemm.cu (mma.sync, fp32 promotion every 128 of K), op trainflow::fp8_gemm_sm89.
-- sm_90 (Hopper): kernels/fp8_gemm_sm90.cu (CUTLASS wgmma + TMA), op trainflow::fp8_gemm_sm90, only once
+- sm_90 (Hopper): kernels/fp8_gemm_sm90.cu (CUTLASS wgmma + TMA), op trainflow::fp8_gemm_sm90 in the
+  configuration trainflow.fp8.shapes chooses per shape, only once
   kernels/measured.json records a GPU check of these very sources (their SHA-256) that passed and was no slower
   than torch._scaled_mm over the benchmark's shapes; until then torch._scaled_mm (cuBLASLt). Never the mma.sync
   kernel: Hopper has no fp8 mma.sync, nvcc emulates it with fp16 HMMA (kernels/README.md).

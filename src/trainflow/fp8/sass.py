@@ -3,10 +3,11 @@ rest on (kernels/README.md), so a wrong build fails instead of running slowly or
 
     python -m trainflow.fp8.sass sm90 LIBRARY.so     # one JSON line of counts per kernel; exit 1 naming each fault
 
-Per kernel (4 per build: A e4m3 / e5m2 x C fp32 / bf16): sm90 issues QGMMA (Hopper's fp8 warpgroup MMA), sm89
+Per kernel (4 per configuration: A e4m3 / e5m2 x C fp32 / bf16; sm90 has three configurations, told apart by the
+CUTLASS schedule and scheduler in the kernel's name): sm90 issues QGMMA (Hopper's fp8 warpgroup MMA), sm89
 QMMA.16832 (fp8 mma.sync); at least one FADD per fp32 accumulator of a thread (the promotion of the tensor core's
 partial sums; a whole-K accumulation has none); no HMMA and no F2FP.F16.E4M3/E5M2 unpacking (nvcc's fp16 emulation
-of fp8 MMA). Over the build: both operand pairs, E4M3.E4M3 and E5M2.E4M3 (the gradients' GEMMs).
+of fp8 MMA). Per configuration: both operand pairs, E4M3.E4M3 and E5M2.E4M3 (the gradients' GEMMs).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import sys
 from pathlib import Path
 
 MMA = {"sm90": "QGMMA", "sm89": "QMMA.16832"}
-KERNELS = 4
+CONFIGS = {"sm90": ("cooperative", "pingpong", "stream_k"), "sm89": ("mma_sync",)}
+KERNELS_PER_CONFIG = 4
 ACCUMULATORS_PER_THREAD = 64
-"""fp32 accumulators per thread in both kernels (a warpgroup's 64x128 of C over 128 threads; a warp's 64x32 over 32):
-each promotion adds every one of them once."""
+"""fp32 accumulators per thread in every kernel (a warpgroup's 64x128 of C over 128 threads; a warp's 64x32 over
+32): each promotion adds every one of them once."""
 PAIRS = ("E4M3.E4M3", "E5M2.E4M3")
 
 
@@ -48,6 +50,15 @@ def count(opcode: str, sass: str) -> int:
     return len(re.findall(rf"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?{re.escape(opcode)}[\s.]", sass, flags=re.M))
 
 
+def config_of(name: str, arch: str) -> str:
+    """The configuration a kernel's mangled name shows (its CUTLASS schedule and tile scheduler), one of CONFIGS."""
+    if arch == "sm89":
+        return "mma_sync"
+    if "StreamKScheduler" in name:
+        return "stream_k"
+    return "pingpong" if "KernelTmaWarpSpecializedPingpong" in name else "cooperative"
+
+
 def counts(text: str, arch: str) -> dict[str, dict[str, int]]:
     """Per kernel: its MMA instructions by operand pair, FADD, HMMA and fp16 unpacking F2FP."""
     mma = MMA[arch]
@@ -68,8 +79,13 @@ def counts(text: str, arch: str) -> dict[str, dict[str, int]]:
 def faults(found: dict[str, dict[str, int]], arch: str) -> list[str]:
     """Each way `found` (counts) breaks the module docstring's rules, in words; [] for a right build."""
     mma, bad = MMA[arch], []
-    if len(found) != KERNELS:
-        bad.append(f"{len(found)} kernels, not {KERNELS} (A e4m3/e5m2 x C fp32/bf16)")
+    for config in CONFIGS[arch]:
+        kernels = {name: c for name, c in found.items() if config_of(name, arch) == config}
+        if len(kernels) != KERNELS_PER_CONFIG:
+            bad.append(f"{config}: {len(kernels)} kernels, not {KERNELS_PER_CONFIG} (A e4m3/e5m2 x C fp32/bf16)")
+        for pair in PAIRS:
+            if kernels and not any(c[f"{mma}.{pair}"] for c in kernels.values()):
+                bad.append(f"{config}: no kernel runs {mma} on {pair}")
     for name, c in found.items():
         if not any(c[f"{mma}.{pair}"] for pair in PAIRS):
             bad.append(f"{name}: no {mma} on fp8 operands")
@@ -77,9 +93,6 @@ def faults(found: dict[str, dict[str, int]], arch: str) -> list[str]:
             bad.append(f"{name}: {c['HMMA']} HMMA and {c['F2FP_unpack']} F2FP unpackings (fp16 emulation)")
         if c["FADD"] < ACCUMULATORS_PER_THREAD:
             bad.append(f"{name}: {c['FADD']} FADD, under {ACCUMULATORS_PER_THREAD} (no fp32 promotion)")
-    for pair in PAIRS:
-        if not any(c[f"{mma}.{pair}"] for c in found.values()):
-            bad.append(f"no kernel runs {mma} on {pair}")
     return bad
 
 
@@ -94,7 +107,8 @@ def main(argv: list[str]) -> int:
     text = subprocess.run([str(tool), "--dump-sass", argv[1]], capture_output=True, text=True, check=True).stdout
     found = counts(text, argv[0])
     bad = faults(found, argv[0])
-    print(json.dumps({"arch": argv[0], "kernels": found, "faults": bad}))
+    kernels = {name: {"config": config_of(name, argv[0]), **c} for name, c in found.items()}
+    print(json.dumps({"arch": argv[0], "kernels": kernels, "faults": bad}))
     for fault in bad:
         print(f"trainflow.fp8.sass: {argv[1]}: {fault}", file=sys.stderr)
     return 1 if bad else 0
