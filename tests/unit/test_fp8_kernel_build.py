@@ -176,6 +176,7 @@ HEURISTIC = {
     (8192, 3584, 8192): "cooperative_s8",  # w1 / w3
     (8192, 8192, 3584): "cooperative_s8",  # w2
     (8192, 8192, 8192): "cooperative_s8",
+    (4096, 4096, 4096): "cooperative_s1",  # its operands fit in L2
     (128, 8192, 8192): "stream_k_s1",  # wk's weight gradient: dY^T X
 }
 
