@@ -1,24 +1,33 @@
-"""A job start's checkpoint load at dp1, dp2 and dp4: the bytes read from the checkpoint's files and the time, the
-single read (checkpoint.single_read, what CheckpointManager.load does) beside each replica reading its own copy (what
-the load did before: rank 0 re-reads every file for its CRC, then DCP reads every rank's plan from the files).
+"""A job start's checkpoint load at dp1, dp2 and dp4: the bytes read from the checkpoint's files, the time, each rank's
+CPU seconds and where the time goes, the single read (checkpoint.single_read, what CheckpointManager.load does) beside
+each replica reading its own copy (the load before it: rank 0 re-reads every file for its CRC, then DCP reads every
+rank's plan from the files) and beside gloo's bare exchange of the same bytes.
 
-    python benchmarks/checkpoint_load.py [--quick] [--dir /tmp]
+    python benchmarks/checkpoint_load.py [--quick] [--mb 96] [--rounds 7] [--dir /tmp]
 
 Goals (issue 32): at dp4, bytes read per job start <= 1.1 x the checkpoint's size; dp4's load time <= 1.25 x dp1's.
 
-Each dp runs as that many gloo ranks in fresh processes (CPU), all holding the same replicated state (`--mb` MB of
-fp32 tensors of 4 MB, as a dp replica's model and AdamW moments), saved once by CheckpointManager at that world size
-as a dpN run saves it. A round times one job start of each kind, in alternating order: every rank waits at a barrier,
-rank 0 drops the checkpoint's files from this kernel's page cache (fsync + posix_fadvise(DONTNEED)), and the start is
-newest_complete (rank 0 checks the manifest) then the load into fresh tensors; its time is the slowest rank's. The
-single read's bytes are the reader's own counter (CheckpointManager.load's LoadDone, summed over ranks); the per-replica
-baseline's are rank 0's CRC pass (every file) plus the bytes of the records each rank's DCP plan reads. Times are
-medians of the rounds after the first; ratios are of medians of the same run (this VM is shared and noisy).
+The replicated state is `--mb` MB of fp32 tensors of 4 MB (a dp replica's model and AdamW moments), saved once by
+CheckpointManager at each world size as a dpN run saves it. The loads then run in one world of 4 gloo ranks (CPU): dpN
+is its first N ranks' group, so dp1, dp2 and dp4 interleave round by round, in reverse order every other round, and
+see the same machine; the ranks outside a load's group wait at a barrier. Before each load rank 0 drops the
+checkpoint's files from this kernel's page cache (fsync + posix_fadvise(DONTNEED)); a load is rank 0 of the group
+checking the manifest, then the load into the state's tensors, built and written before the rounds as a job's model
+and optimizer state are (zeroed before each load, checked equal after); its time is the slowest rank's. A job start
+runs in fresh processes, whose buffers are fresh memory (this VM's host backs it at 0.25-0.8 GB/s): glibc would
+recycle freed buffers under 32 MB from round to round, so the ranks run with MALLOC_MMAP_THRESHOLD_ fixed at 1 MB and
+every buffer of 1 MB or more is fresh in every round. The single read's bytes are the reader's own counter; the
+per-replica load's are rank 0's CRC pass plus the bytes of the records each rank's DCP plan reads; after that pass
+its repeats come from this kernel's page cache, which replicas on separate nodes do not share. `exchange_floor` is
+gloo's batch_isend_irecv of the bytes the single read exchanges (each rank's 1/N of the state to every peer, into
+written memory), nothing else. Times are medians of the rounds after the first; CPU seconds (time.process_time: all
+of a rank's threads, gloo's included) are summed over a group's ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -30,11 +39,14 @@ import torch.distributed.checkpoint as dcp
 from _common import drop_cache, emit, log, median, run_ranks
 
 from trainflow.checkpoint.manager import CheckpointManager, step_dir
-from trainflow.checkpoint.manifest import read_manifest, verify
+from trainflow.checkpoint.manifest import check_complete, read_manifest, verify
 from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
+from trainflow.checkpoint.single_read import PHASES, SingleReader
 
-DPS = (1, 2, 4)
+DPS = (1, 4, 2)
+"""The order of a round's loads (reversed every other round): dp1 and dp4 side by side."""
 TENSOR_MB = 4
+KINDS = ("single", "per_replica", "exchange_floor")
 
 
 class CountingReader(InPlaceReader):
@@ -54,98 +66,155 @@ def state(mb: int) -> dict:
 
 
 def blank(like: dict) -> dict:
-    return {k: blank(v) if isinstance(v, dict) else torch.empty_like(v) for k, v in like.items()}
+    return {k: blank(v) if isinstance(v, dict) else torch.zeros_like(v) for k, v in like.items()}
 
 
-def slowest(seconds: float) -> float:
-    t = torch.tensor(seconds, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+def floor_buffers(rank: int, dp: int, share: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """What the bare exchange sends (this rank's 1/dp of the state) and where each peer's share lands (written)."""
+    return torch.ones(share, dtype=torch.uint8), {
+        p: torch.zeros(share, dtype=torch.uint8) for p in range(dp) if p != rank
+    }
+
+
+def tensors(s: dict) -> list[torch.Tensor]:
+    return [t for v in s.values() for t in (tensors(v) if isinstance(v, dict) else [v])]
+
+
+def save_main(rank: int, world: int, folder: str, mb: int) -> int:
+    manager = CheckpointManager(folder, keep=1, pinned=set())
+    manager.save(1, state(mb))
+    manager.wait()
+    manager.close()
+    return read_manifest(step_dir(Path(folder), 1)).nbytes
+
+
+def reduced(value: float, group: dist.ProcessGroup, op: dist.ReduceOp) -> float:
+    t = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=group)
     return float(t)
 
 
-def summed(n: int) -> int:
-    t = torch.tensor(n, dtype=torch.int64)
-    dist.all_reduce(t)
-    return int(t)
+def single_read(folder: Path, dest: dict, group: dist.ProcessGroup) -> tuple[int, dict]:
+    chosen = torch.tensor(-1)
+    if dist.get_rank(group) == 0:  # CheckpointManager.newest_complete: the manifest only
+        check_complete(folder, read_manifest(folder))
+        chosen.fill_(1)
+    dist.broadcast(chosen, group=group, group_src=0)
+    reader = SingleReader(folder, manifest=read_manifest(folder), thread_count=2, group=group)
+    dcp.load(dest, storage_reader=reader, planner=ExactLoadPlanner(), process_group=group)
+    return reader.bytes_read, reader.seconds
 
 
-def single_read(manager: CheckpointManager, s: dict) -> tuple[float, int]:
-    start = time.perf_counter()
-    step = manager.newest_complete(at_most=1)
-    done = manager.load(step, blank(s))
-    return slowest(time.perf_counter() - start), done.bytes_read_all
+def per_replica(folder: Path, dest: dict, group: dist.ProcessGroup) -> tuple[int, dict]:
+    checked = verify(folder).nbytes if dist.get_rank(group) == 0 else 0  # every file re-read for its CRC
+    dist.barrier(group=group)
+    reader = CountingReader(folder, thread_count=2)
+    dcp.load(dest, storage_reader=reader, planner=ExactLoadPlanner(), process_group=group)
+    return checked + reader.bytes_read, {}
 
 
-def per_replica(manager: CheckpointManager, s: dict) -> tuple[float, int]:
-    start, folder = time.perf_counter(), step_dir(manager.root, 1)
-    checked = 0
-    if dist.get_rank() == 0:
-        checked = verify(folder).nbytes  # newest_valid before the single read: every file re-read for its CRC
-    dist.barrier()
-    reader = CountingReader(folder, thread_count=manager.io_threads)
-    dcp.load(blank(s), storage_reader=reader, planner=ExactLoadPlanner())
-    return slowest(time.perf_counter() - start), summed(checked + reader.bytes_read)
+def exchange_floor(mine: torch.Tensor, into: dict[int, torch.Tensor], group: dist.ProcessGroup) -> tuple[int, dict]:
+    ops = [dist.P2POp(dist.isend, mine, group=group, group_peer=p) for p in into]
+    ops += [dist.P2POp(dist.irecv, t, group=group, group_peer=p) for p, t in into.items()]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return 0, {}
 
 
-def rank_main(rank: int, world: int, folder: str, mb: int, rounds: int) -> dict:
+def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, group: dist.ProcessGroup) -> dict:
+    """One load (or bare exchange) on `group`: its slowest rank's time, this group's bytes read and CPU seconds."""
+    for t in tensors(dest):
+        t.zero_()
+    dist.barrier(group=group)
+    start, cpu = time.perf_counter(), time.process_time()
+    if kind == "exchange_floor":
+        read, phases = exchange_floor(*floor[dp], group)
+    else:
+        read, phases = (single_read if kind == "single" else per_replica)(folder, dest, group)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    row = {"s": reduced(wall, group, dist.ReduceOp.MAX), "cpu_s": reduced(cpu, group, dist.ReduceOp.SUM)}
+    row["bytes_read"] = int(reduced(read, group, dist.ReduceOp.SUM))
+    if phases:  # each phase's mean over the ranks; "plan": the rest (the manifest's check, .metadata, DCP's plans and
+        # collectives, the wait for the group's slowest rank)
+        phases = {p: reduced(phases[p], group, dist.ReduceOp.SUM) / dp for p in PHASES}
+        row["phases_s"] = {"plan": row["s"] - sum(phases.values()), **phases}
+    return row
+
+
+def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
+    groups = {dp: dist.new_group(list(range(dp))) for dp in DPS}  # every rank makes every group
     s = state(mb)
-    manager = CheckpointManager(folder, keep=1, pinned=set())
-    manager.save(1, s)
-    manager.wait()
-    files = sorted(step_dir(manager.root, 1).iterdir())
-    size = read_manifest(step_dir(manager.root, 1)).nbytes
-    out: dict[str, list] = {"single": [], "per_replica": []}
+    dest = blank(s)  # written: a job's model and optimizer state exist before its load
+    floor = {dp: floor_buffers(rank, dp, mb * (1 << 20) // dp) for dp in DPS if rank < dp}
+    out: dict[str, dict[int, list]] = {kind: {dp: [] for dp in DPS} for kind in KINDS}
     for r in range(rounds):
-        for kind in ("single", "per_replica") if r % 2 == 0 else ("per_replica", "single"):
+        order = [(kind, dp) for kind in KINDS for dp in DPS if not (kind == "exchange_floor" and dp == 1)]
+        for kind, dp in order if r % 2 == 0 else order[::-1]:
+            folder = step_dir(Path(work, f"dp{dp}"), 1)
             dist.barrier()
             if rank == 0:
-                drop_cache(files)
+                drop_cache(sorted(folder.iterdir()))
             dist.barrier()
-            out[kind].append((single_read if kind == "single" else per_replica)(manager, s))
-    manager.close()
-    return {"size": size, **out}
+            if rank < dp:
+                row = timed(kind, dp, folder, dest, floor, groups[dp])
+                if kind != "exchange_floor" and not all(torch.equal(a, b) for a, b in zip(tensors(dest), tensors(s))):
+                    raise AssertionError(f"the {kind} load at dp{dp} did not restore the state")
+                out[kind][dp].append(row)
+    return out
 
 
-def report(runs: dict[int, dict]) -> dict:
+def summary(rows: list[dict], size: int) -> dict:
+    timed_rows = rows[1:]  # the first round warms the code paths
+    out = {
+        "s": round(median([r["s"] for r in timed_rows]), 3),
+        "s_rounds": [round(r["s"], 3) for r in timed_rows],
+        "cpu_s_all_ranks": round(median([r["cpu_s"] for r in timed_rows]), 3),
+    }
+    if size:
+        out |= {"bytes_read": rows[-1]["bytes_read"], "bytes_over_checkpoint": round(rows[-1]["bytes_read"] / size, 3)}
+    if "phases_s" in rows[-1]:
+        out["phases_s"] = {p: round(median([r["phases_s"][p] for r in timed_rows]), 3) for p in rows[-1]["phases_s"]}
+    return out
+
+
+def report(out: dict, sizes: dict[int, int]) -> dict:
     result: dict[str, dict] = {}
-    for kind in ("single", "per_replica"):
-        rows = {}
-        for dp, run in runs.items():
-            seconds = [t for t, _ in run[kind][1:]]
-            read = run[kind][-1][1]
-            rows[f"dp{dp}"] = {
-                "load_s": round(median(seconds), 3),
-                "bytes_read": read,
-                "bytes_over_checkpoint": round(read / run["size"], 3),
-            }
-        base = rows["dp1"]["load_s"]
-        for row in rows.values():
-            row["load_over_dp1"] = round(row["load_s"] / base, 3)
+    for kind in KINDS:
+        rows = {
+            f"dp{dp}": summary(out[kind][dp], sizes[dp] * (kind != "exchange_floor"))
+            for dp in sorted(DPS)
+            if out[kind][dp]
+        }
+        if kind != "exchange_floor":
+            for dp in sorted(DPS):  # the ratio of medians, and the median of each round's own ratio (same minute)
+                pairs = zip(out[kind][dp][1:], out[kind][1][1:], strict=True)
+                rows[f"dp{dp}"]["s_over_dp1"] = round(rows[f"dp{dp}"]["s"] / rows["dp1"]["s"], 3)
+                rows[f"dp{dp}"]["s_over_dp1_paired"] = round(median([a["s"] / b["s"] for a, b in pairs]), 3)
         result[kind] = rows
     dp4 = result["single"]["dp4"]
     result["goals"] = {
         "dp4_bytes_over_checkpoint <= 1.1": dp4["bytes_over_checkpoint"] <= 1.1,
-        "dp4_load_over_dp1 <= 1.25": dp4["load_over_dp1"] <= 1.25,
+        "dp4_load_over_dp1 <= 1.25": dp4["s_over_dp1"] <= 1.25,
     }
-    result["checkpoint_bytes"] = {f"dp{dp}": run["size"] for dp, run in runs.items()}
+    result["checkpoint_bytes"] = {f"dp{dp}": sizes[dp] for dp in sorted(DPS)}
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="24 MB, 3 rounds")
-    parser.add_argument("--mb", type=int, default=128, help="the replicated state's size")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mb", type=int, default=96, help="the replicated state's size")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds, the first of which is not timed")
     parser.add_argument("--dir", default=None, help="where the checkpoints go (default: the system's temp folder)")
     args = parser.parse_args()
     mb, rounds = (24, 3) if args.quick else (args.mb, args.rounds)
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)  # the ranks' buffers fresh in every round (the docstring)
     work = Path(tempfile.mkdtemp(prefix="checkpoint_load_", dir=args.dir))
     try:
-        runs = {}
-        for dp in DPS:
-            log(f"dp{dp}: {mb} MB replicated, {rounds} rounds")
-            runs[dp] = run_ranks(rank_main, dp, str(work / f"dp{dp}"), mb, rounds)[0]
-        emit({"benchmark": "checkpoint_load", "state_mb": mb, "rounds": rounds, **report(runs)})
+        sizes = {dp: run_ranks(save_main, dp, str(work / f"dp{dp}"), mb)[0] for dp in sorted(DPS)}
+        log(f"saved {mb} MB at dp{', dp'.join(map(str, sorted(DPS)))}; loading: {rounds} rounds")
+        out = run_ranks(load_main, max(DPS), str(work), mb, rounds)[0]
+        emit({"benchmark": "checkpoint_load", "state_mb": mb, "rounds": rounds - 1, **report(out, sizes)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
