@@ -48,8 +48,9 @@ from trainflow.crc import BLOCK
 CPU = torch.device("cpu")
 PHASES = ("read", "agree", "own", "exchange", "received")
 """SingleReader.read_data's phases: this rank's files read and CRC-checked and their records described; every rank's
-verdicts and asks gathered; the files this rank read loaded while the exchange runs; the wait for the rest of the
-exchange; the received records that did not land in place loaded."""
+verdicts and descriptions, then asks, gathered (with the wait for the slowest reader); the files this rank read loaded
+while the exchange runs; the wait for the rest of the exchange; the received records that did not land in place
+loaded."""
 
 
 class Clock:
@@ -158,8 +159,7 @@ class SingleReader(InPlaceReader):
         items: dict[str, list[ReadItem]] = {}
         for item in sorted(plan.items, key=self.item_offset):  # the order both ends of an exchange list it in
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        held, described = self.read_own(plan, [s for s in shares if s.reader == rank])
-        clock.lap("read")
+        held, described = self.read_own(plan, [s for s in shares if s.reader == rank], clock)
         coming = [s for s in shares if rank in s.receivers]
         landings = {s.name: self.landings(items.get(s.name, []), described[s.name], planner) for s in coming}
         asked = self.gathered({name: [(x.start, x.nbytes) for x in ls if x.nbytes] for name, ls in landings.items()})
@@ -219,7 +219,7 @@ class SingleReader(InPlaceReader):
         dist.all_gather_object(everyone, mine, group=self.group)
         return everyone
 
-    def read_own(self, plan: LoadPlan, mine: list[FileShare]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    def read_own(self, plan: LoadPlan, mine: list[FileShare], clock: Clock) -> tuple[dict[str, torch.Tensor], dict]:
         """Read this rank's share of the files, each checked against its CRC, and describe their records; then every
         rank learns whether every rank's checks passed (a collective), and all raise the first failure, before any
         byte is exchanged. This rank's files, and every file's records by offset (None: not described)."""
@@ -239,6 +239,7 @@ class SingleReader(InPlaceReader):
             described = {name: self.described(name, data) for name, data in held.items()}
         except (ChecksumError, OSError) as err:
             error = err
+        clock.lap("read")
         everyone = self.gathered((error, described))
         if failed := next((e for e, _ in everyone if e is not None), None):
             raise failed
