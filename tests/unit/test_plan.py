@@ -27,7 +27,8 @@ from trainflow.plan.core import plan_core
 from trainflow.plan.fit import capacity_bytes
 from trainflow.plan.memory import device_memory, plan_memory
 from trainflow.plan.setup import layout_setup, model_counts, plan_setup
-from trainflow.plan.step import TP_BACKWARD, TP_FORWARD, StepSplit, step_plan
+from trainflow.plan.step import StepSplit, step_plan
+from trainflow.plan.step_comms import TP_BACKWARD, TP_FORWARD
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
 from trainflow.stages import validate_nccl

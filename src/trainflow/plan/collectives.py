@@ -76,6 +76,17 @@ class Group(Record):
         """A reduce-scatter or all-gather of nbytes in total (shard_seconds)."""
         return shard_seconds(nbytes, self.size, self.link)
 
+    def overlapped_allreduce_s(
+        self, nbytes: float, *, bucket_bytes: float, hidden: float | None
+    ) -> tuple[float, float]:
+        """A bucketed all-reduce in total and exposed: `hidden` seconds of compute beside it (None: no overlap) hide
+        all of it but the last bucket, which fills as that compute ends."""
+        total = self.bucketed_allreduce_s(nbytes, bucket_bytes=bucket_bytes)
+        if hidden is None:
+            return total, total
+        last_bucket = self.allreduce_s(min(bucket_bytes, nbytes))
+        return total, total - min(total - last_bucket, hidden)
+
 
 @dataclass(frozen=True)
 class MeshGroups(Record):
@@ -91,6 +102,14 @@ class MeshGroups(Record):
     """An FSDP / HSDP shard group (dp_mode=shard; the dp group itself under FSDP), times cp under context parallel."""
     replica: Group
     """HSDP's group of the shards' replicas."""
+
+    def sharded_s(self, *, gradient_bytes: float, weight_bytes: float, gathers: int) -> float:
+        """FSDP / HSDP's communication of one rank's state: the reduce-scatter of its gradients and `gathers`
+        all-gathers of its weights over the shard group, and HSDP's all-reduce of the shard over the replicas."""
+        total = self.shard.shard_s(gradient_bytes) + gathers * self.shard.shard_s(weight_bytes)
+        if self.replica.size > 1:
+            total += self.replica.allreduce_s(gradient_bytes / self.shard.size)
+        return total
 
 
 def mesh_groups(hw: HardwareConfig, dims: ParallelDims, *, ranks_per_node: int) -> MeshGroups:

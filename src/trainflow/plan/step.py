@@ -1,7 +1,8 @@
 """Where one training step's seconds go, predicted from the model's shape, the layout and the cluster's links.
 
-    python -c "from trainflow.config import compose; from trainflow.plan.step import plan_step; \
-        print(plan_step(compose('train_segment', ['experiment=llama70b_alps'])).split)"
+    python -c "from trainflow.config import compose; from trainflow.plan.setup import plan_setup; \
+        from trainflow.plan.step import plan_step; cfg = compose('train_segment', ['experiment=llama70b_alps']); \
+        print(plan_step(cfg, plan_setup(cfg)).split)"
 
 The step as trainflow runs it (trainflow.parallel.runtime), per pipeline rank r, with m microbatches of
 b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
@@ -15,7 +16,8 @@ b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
 - tp: the all-reduces inside a block, over the tp group, not overlapped: forward, RowwiseParallel's two
   (wo, w2) of b T d elements in the compute dtype; backward, one per ColwiseParallel linear (wq, wk, wv,
   w1, w3: five, where Megatron fuses to two), of the fp32 gradient of the norm's output, which enters the
-  linear before autocast casts it; recompute repeats the forward two.
+  linear before autocast casts it; recompute repeats the forward two (plan.step_comms, where every collective
+  is timed).
 - cp: context parallel's K and V, all-gathered over the cp group in every layer's forward (again under recompute)
   and reduce-scattered in its backward, b T (the whole sequence) x 2 n_kv_heads head_dim / tp elements in the
   compute dtype each, not overlapped (parallel.context gathers right where attention needs them). Under cp a rank
@@ -49,17 +51,13 @@ from dataclasses import asdict, dataclass
 
 from trainflow.config.schema import PRECISIONS, ClusterConfig, ModelConfig, TrainflowConfig
 from trainflow.config.shape import mfu
-from trainflow.plan.collectives import Group
-from trainflow.plan.memory import FP32
 from trainflow.plan.setup import PlanSetup
+from trainflow.plan.step_comms import step_comms
 from trainflow.records import Record
 
 OPTIMIZER_BYTES = 40
 """Bytes AdamW and clipping move per parameter: read weight, gradient and two moments and write three back
 (28), read the gradients for the norm and scale them (12)."""
-TP_FORWARD, TP_BACKWARD = 2, 5
-"""All-reduces per block on the tp group: RowwiseParallel's wo and w2 forward, the five ColwiseParallel
-linears' input gradients backward (counted with torch's CommDebugMode on torch 2.13)."""
 
 
 @dataclass(frozen=True)
@@ -115,34 +113,27 @@ def step_plan(
     dims = setup.layout
     p, v, mb = dims.pp, dims.virtual_stages, dims.microbatches
     tokens = setup.microbatch_size * m.seq_len // dims.cp  # this rank's share of a microbatch
-    compute_bytes = PRECISIONS[setup.precision].bytes
-    works = _microbatch_work(m, setup, cluster, tokens=tokens, compute_bytes=compute_bytes, fp8=fp8)
-    w_max = max(c + x + g for c, x, g, _ in works)
-    exchanges = 2 * v * mb if p > 1 else 0
-    activation = exchanges * setup.groups.pp.link.seconds(tokens * m.dim * FP32)
-    schedule = (mb + (p - 1) / v) * w_max + activation
+    computes = _microbatch_compute(m, setup, cluster, tokens=tokens, fp8=fp8)
     splits, dp_totals = _rank_splits(
         m,
         setup,
         cluster,
-        works,
-        schedule=schedule,
-        activation=activation,
-        compute_bytes=compute_bytes,
+        computes,
+        tokens=tokens,
+        compute_bytes=PRECISIONS[setup.precision].bytes,
         bucket_mb=bucket_mb,
         overlap=overlap,
     )
     worst = max(range(p), key=lambda r: splits[r].total)
     slowest = splits[worst]
     tokens_per_device = dims.dp * dims.cp * mb * tokens / slowest.total / dims.world_size
-    flops = setup.counts.flops_per_token
     return StepPlan(
         split=slowest,
         per_pp_rank=splits,
         step_s=slowest.total,
         tokens_per_s_per_device=tokens_per_device,
         mfu=mfu(m, tokens_per_device, peak_tflops=cluster.hardware.peak_tflops),
-        flops_per_token=flops,
+        flops_per_token=setup.counts.flops_per_token,
         dp_seconds=dp_totals[worst],
         bubble_fraction=(p - 1) / (v * mb + p - 1),
     )
@@ -152,49 +143,49 @@ def _rank_splits(
     m: ModelConfig,
     setup: PlanSetup,
     cluster: ClusterConfig,
-    works: list[tuple[float, float, float, float]],
+    computes: list[tuple[float, float]],
     *,
-    schedule: float,
-    activation: float,
+    tokens: int,
     compute_bytes: int,
     bucket_mb: float,
     overlap: bool,
 ) -> tuple[list[StepSplit], list[float]]:
-    """Each pipeline rank's split of the step, and its whole dp communication before overlap."""
+    """Each pipeline rank's split of the step, and its whole dp communication before overlap: its compute and its
+    collectives (plan.step_comms) against the schedule the busiest rank paces."""
     dims = setup.layout
-    p, mb, dp = dims.pp, dims.microbatches, dims.dp
-    splits, dp_totals = [], []
-    for rank, (compute, tp_comm, cp_comm, backward) in enumerate(works):
-        params = setup.counts.stage_params[rank]
-        if dims.fsdp_enabled:
-            window = mb * (compute + tp_comm + cp_comm)
-            dp_total, dp_exposed = _sharded_dp(params, setup, cluster, compute_bytes, window=window)
-            held = -(-params // dims.shard_ranks)
-        else:
-            hidden = cluster.hardware.overlap_fraction * backward if p == 1 and overlap and dp > 1 else None
-            dp_total, dp_exposed = _replicated_dp(params, setup.groups.dp, bucket_mb=bucket_mb, hidden=hidden)
-            held = params
+    p, v, mb = dims.pp, dims.virtual_stages, dims.microbatches
+    comms = step_comms(
+        m, setup, cluster, computes, tokens=tokens, compute_bytes=compute_bytes, bucket_mb=bucket_mb, overlap=overlap
+    )
+    activation = comms.activation
+    w_max = max(c + r.tp + r.cp for (c, _), r in zip(computes, comms.ranks, strict=True))
+    schedule = (mb + (p - 1) / v) * w_max + activation
+    splits = []
+    for rank, ((compute, _), r) in enumerate(zip(computes, comms.ranks, strict=True)):
+        held = (
+            -(-setup.counts.stage_params[rank] // dims.shard_ranks)
+            if dims.fsdp_enabled
+            else setup.counts.stage_params[rank]
+        )
         splits.append(
             StepSplit(
                 compute=mb * compute,
-                tp=mb * tp_comm,
-                bubble=schedule - activation - mb * (compute + tp_comm + cp_comm),
+                tp=mb * r.tp,
+                bubble=schedule - activation - mb * (compute + r.tp + r.cp),
                 activation=activation,
-                dp=dp_exposed,
+                dp=r.dp_exposed,
                 optimizer=held * OPTIMIZER_BYTES / (cluster.hardware.memory_gbps * 1e9),
-                cp=mb * cp_comm,
+                cp=mb * r.cp,
             )
         )
-        dp_totals.append(dp_total)
-    return splits, dp_totals
+    return splits, [r.dp_total for r in comms.ranks]
 
 
-def _microbatch_work(
-    m: ModelConfig, setup: PlanSetup, cluster: ClusterConfig, *, tokens: int, compute_bytes: int, fp8: bool
-) -> list[tuple[float, float, float, float]]:
-    """Per pipeline rank, one microbatch's compute, tp all-reduces, cp all-gathers and reduce-scatters, and the
-    backward's share (compute + tp) of them."""
-    hw, p, tp_group = cluster.hardware, setup.layout.pp, setup.groups.tp
+def _microbatch_compute(
+    m: ModelConfig, setup: PlanSetup, cluster: ClusterConfig, *, tokens: int, fp8: bool
+) -> list[tuple[float, float]]:
+    """Per pipeline rank, one microbatch's compute and the backward's share of it."""
+    hw, p = cluster.hardware, setup.layout.pp
     recompute = setup.activations == "recompute"
     flops_s = hw.peak_tflops * 1e12 * hw.matmul_efficiency
     linear_s = flops_s * (hw.fp8_speedup if fp8 else 1.0)
@@ -204,45 +195,10 @@ def _microbatch_work(
     block_linear_s = layers * tokens * linear_flops / linear_s
     block_attention_s = layers * tokens * attention_flops / flops_s
     head_s = tokens * 2 * setup.counts.output_params / flops_s
-    activation_bytes = tokens * m.dim
-    tp_s = layers * (
-        (TP_FORWARD * (2 if recompute else 1)) * tp_group.allreduce_s(activation_bytes * compute_bytes)
-        + TP_BACKWARD * tp_group.allreduce_s(activation_bytes * FP32)
-    )
 
-    # The whole sequence's K and V (b T = tokens x cp), gathered forward (twice under recompute), scattered backward.
-    kv_bytes = tokens * setup.layout.cp * 2 * m.n_kv_heads * m.head_dim // setup.layout.tp * compute_bytes
-    cp_s = layers * ((2 if recompute else 1) + 1) * setup.groups.cp.shard_s(kv_bytes)
-
-    def work(rank: int) -> tuple[float, float, float, float]:
+    def work(rank: int) -> tuple[float, float]:
         last = rank == p - 1
         compute = passes * (block_linear_s + block_attention_s) + last * 3 * head_s
-        backward = 2 * (block_linear_s + block_attention_s + last * head_s) + layers * TP_BACKWARD * (
-            tp_group.allreduce_s(activation_bytes * FP32)
-        )
-        return compute, tp_s, cp_s, backward
+        return compute, 2 * (block_linear_s + block_attention_s + last * head_s)
 
     return [work(r) for r in range(p)]
-
-
-def _replicated_dp(params: int, dp: Group, *, bucket_mb: float, hidden: float | None) -> tuple[float, float]:
-    """The bucketed gradient all-reduce of a replicated rank, in total and exposed: `hidden` seconds of backward
-    (None: no overlap) hide all of it but the last bucket, which fills as backward ends."""
-    total = dp.bucketed_allreduce_s(params * FP32, bucket_bytes=bucket_mb * 2**20)
-    if hidden is None:
-        return total, total
-    last_bucket = dp.allreduce_s(min(bucket_mb * 2**20, params * FP32))
-    return total, total - min(total - last_bucket, hidden)
-
-
-def _sharded_dp(
-    params: int, setup: PlanSetup, cluster: ClusterConfig, compute_bytes: int, *, window: float
-) -> tuple[float, float]:
-    """FSDP / HSDP's communication of one step, in total and exposed (module docstring)."""
-    dims, shard = setup.layout, setup.groups.shard
-    gathers = 1 if dims.pp_enabled else 2
-    total = shard.shard_s(params * FP32) + gathers * shard.shard_s(params * compute_bytes)
-    if setup.groups.replica.size > 1:
-        total += setup.groups.replica.allreduce_s(params * FP32 / shard.size)
-    exposed = total if dims.pp_enabled else max(0.0, total - cluster.hardware.overlap_fraction * window)
-    return total, exposed
