@@ -19,6 +19,8 @@ BASE = (
     ("first", "second"),
     [
         (["parallel=tp2"], ["parallel=pp2_1f1b"]),
+        # tp splits the embedding and head by vocabulary row: a whole one (one process's, or replicated) splits on load.
+        pytest.param(["parallel=single"], ["parallel=tp2"], marks=pytest.mark.slow),
         pytest.param(
             ["parallel=dp2_tp2_pp2"], ["parallel=tp2", "parallel.dp=4", "parallel.name=dp4_tp2"], marks=pytest.mark.slow
         ),
@@ -27,7 +29,14 @@ BASE = (
         pytest.param(["parallel=dp2"], ["parallel=dp2_shard_tp2"], marks=pytest.mark.slow),
         pytest.param(["parallel=dp4_hsdp2"], ["parallel=dp2"], marks=pytest.mark.slow),
     ],
-    ids=["tp2-to-pp2", "dp2_tp2_pp2-to-dp4_tp2", "dp2_shard-to-dp2", "dp2-to-dp2_shard_tp2", "dp4_hsdp2-to-dp2"],
+    ids=[
+        "tp2-to-pp2",
+        "single-to-tp2",
+        "dp2_tp2_pp2-to-dp4_tp2",
+        "dp2_shard-to-dp2",
+        "dp2-to-dp2_shard_tp2",
+        "dp4_hsdp2-to-dp2",
+    ],
 )
 def test_resume_in_another_layout(tmp_path, fixed_tokens, first, second):
     a = run_segment(tmp_path / "a", fixed_tokens, *BASE, "segment=0", *first)

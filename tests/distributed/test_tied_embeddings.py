@@ -14,7 +14,7 @@ STEPS = 6
 
 
 @pytest.mark.parametrize(
-    "layout", ["tp2_pp2", *(pytest.param(layout, marks=pytest.mark.slow) for layout in ("dp2_shard", "dp2_tp2"))]
+    "layout", ["tp2_pp2", *(pytest.param(layout, marks=pytest.mark.slow) for layout in ("tp2", "dp2_shard", "dp2_tp2"))]
 )
 def test_a_tied_head_trains_as_in_one_process(layout, tmp_path, fixed_tokens):
     run = ("model.tie_embeddings=true", "train.global_batch=8", f"train.segment_steps={STEPS}")

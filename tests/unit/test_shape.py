@@ -1,14 +1,16 @@
 """trainflow.config.shape against the model it describes: a Llama of every preset built on the meta device (no
-memory), and the tensor-parallel plan built from the same table."""
+memory), and the tensor-parallel plan built from the same table; the vocab-parallel ends' shards on each rank."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from trainflow.config import CONF_DIR, compose
+from trainflow.config.schema import ModelConfig
 from trainflow.config.shape import (
     SPLITS,
     block_params,
@@ -20,9 +22,9 @@ from trainflow.config.shape import (
     stage_params,
     total_params,
 )
-from trainflow.model import Llama
+from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.pipeline import split_model
-from trainflow.parallel.tensor_parallel import TP_PLAN
+from trainflow.parallel.tensor_parallel import TP_PLAN, apply_tp
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
 
@@ -78,3 +80,44 @@ def test_flops_per_token_count_every_matmul_weight(model):
     m, llama = model
     matmul = sum(mod.weight.numel() for mod in llama.modules() if type(mod) is nn.Linear)
     assert flops_per_token(m) == 6 * matmul + 12 * m.n_layers * m.dim * m.seq_len
+
+
+def tp2_llama(*, rank: int, tied: bool, backward: bool = False) -> tuple[ModelConfig, Llama]:
+    """The tiny Llama with apply_tp's shards on `rank` of a fake 2-rank group (no peer: its collectives return
+    uninitialised buffers of the right shapes), after one forward and backward if `backward`."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    m = compose("train_segment", ["model=tiny", f"model.tie_embeddings={tied}"]).model
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+    try:
+        llama = Llama(m)
+        apply_tp(llama, init_device_mesh("cpu", (2,)))
+        if backward:
+            x = torch.randint(0, m.vocab_size, (1, m.seq_len))
+            cross_entropy(llama(x), x).backward()
+    finally:
+        dist.destroy_process_group()
+    return m, llama
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tp_rank_holds_its_vocabulary_rows_even_where_tp_does_not_divide_them(rank, tied):
+    """The byte tokenizer's 257 rows split 129 + 128 at tp2 (torch.chunk's cut, the larger share first), embedding
+    and head alike; a tied head is the embedding's one DTensor."""
+    m, llama = tp2_llama(rank=rank, tied=tied)
+    embedding, head = llama.tok_embeddings.weight, llama.output.weight
+    assert m.vocab_size == 257 and isinstance(embedding, DTensor) and (head is embedding) == tied
+    assert embedding.to_local().shape == head.to_local().shape == (129 - rank, m.dim)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_ends_gradients_lie_as_their_weights(tied):
+    """DTensor makes the embedding's whole gradient on every rank; apply_tp keeps the rank's own rows, so the
+    pipeline's tied sum and the dp buckets get shards (rank 0: the fake group cannot gather rank 1's smaller share
+    of the logits; the launcher's tp2 runs hold both ranks)."""
+    m, llama = tp2_llama(rank=0, tied=tied, backward=True)
+    for w in (llama.tok_embeddings.weight, llama.output.weight):
+        assert w.grad.placements == w.placements and w.grad.to_local().shape == (129, m.dim)
