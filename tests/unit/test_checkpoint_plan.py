@@ -36,10 +36,10 @@ def test_async_waste_of_the_seed_campaign_is_a_tenth_of_sync():
 
 
 def test_async_is_refused_where_a_node_cannot_hold_the_copies():
-    cfg = compose("train_segment", [*SEED, "cluster.allocation.mem_gb=64"])
+    cfg = compose("train_segment", [*SEED, "cluster.allocation.mem_gb=48"])
     refused = plan_campaign(cfg, step_s=10.0).asynchronous.refused
     assert refused == (
-        "checkpoint.mode=async does not fit: 4 ranks per node stage 25.4 GB each, 102 GB of 64 GB "
+        "checkpoint.mode=async does not fit: 4 ranks per node stage 14.4 GB each, 57.7 GB of 48 GB "
         "(cluster.allocation.mem_gb); set checkpoint.mode=sync or give the job more host memory"
     )
     sync = plan_campaign(compose("train_segment", [*SEED, "checkpoint.mode=sync"]), step_s=10.0)

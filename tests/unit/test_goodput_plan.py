@@ -43,7 +43,7 @@ def test_the_seeds_campaign_as_configured_and_with_every_remedy():
     assert base.blocking_s == pytest.approx(121, abs=1) and base.interval_steps == 20  # checkpoint.interval_steps
     assert base.detect_s == 300 and base.restart_s == pytest.approx(300 + 300 + 7130, abs=5) and base.built
     assert configured.blocking_s < 1 and configured.interval_s >= configured.write_s == base.blocking_s
-    assert configured.detect_s == pytest.approx(0.78 * 30 + 0.22 * 124, abs=1) and configured.built
+    assert configured.detect_s == pytest.approx(0.78 * 30 + 0.22 * 114, abs=1) and configured.built
     assert configured.restart_s == pytest.approx(24.9 + 111.9, abs=1)  # hot restart + the single read, no queue
     assert configured.simulated == pytest.approx(0.957, abs=0.005) and configured.meets_goal
     assert set(s) == {"baseline (sync, timeout)", "as configured", "all remedies"}  # async and spares configured

@@ -78,11 +78,11 @@ def test_parameters_are_the_models(name):
     assert e.gradients == e.parameters and e.optimizer_state == 2 * e.parameters
 
 
-def test_tensor_parallel_splits_the_block_linears_only():
+def test_tensor_parallel_splits_the_block_linears_and_the_vocabulary_of_the_ends():
     m = model_config("llama3_70b")
-    linears = linear_params(m)
+    linears, ends = linear_params(m), 2 * m.vocab_size * m.dim  # the embedding and the output head
     sharded = estimate(m, ParallelDims(dp=1, tp=8, pp=1, world_size=8)).parameters // 4
-    assert sharded == total_params(m) - m.n_layers * linears * 7 // 8
+    assert sharded == total_params(m) - (m.n_layers * linears + ends) * 7 // 8
 
 
 def test_pipeline_ranks_hold_their_stage_of_the_model():

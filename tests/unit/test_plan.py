@@ -28,7 +28,7 @@ from trainflow.plan.fit import capacity_bytes
 from trainflow.plan.memory import device_memory, plan_memory
 from trainflow.plan.setup import layout_setup, model_counts, plan_setup
 from trainflow.plan.step import StepSplit, step_plan
-from trainflow.plan.step_comms import TP_BACKWARD, TP_FORWARD
+from trainflow.plan.step_comms import ENDS_BACKWARD, ENDS_FORWARD, TP_BACKWARD, TP_FORWARD
 from trainflow.plan.versus import measured_split, side_by_side
 from trainflow.stage import StageError
 from trainflow.stages import validate_nccl
@@ -98,7 +98,8 @@ def test_bubble_per_schedule(schedule, v, want):
 
 
 def test_tp_all_reduces_per_block_are_what_torch_runs():
-    """TP_FORWARD / TP_BACKWARD against the collectives torch's DTensor issues for a tp2 block."""
+    """TP_FORWARD / TP_BACKWARD and ENDS_FORWARD / ENDS_BACKWARD against the collectives torch's DTensor issues for a
+    tp2 model (its blocks and its vocab-parallel embedding and head)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -120,10 +121,25 @@ def test_tp_all_reduces_per_block_are_what_torch_runs():
             cross_entropy(out, x).backward()
     finally:
         dist.destroy_process_group()
-    # and the vocab-parallel ends: forward the embedding's all-reduce and the logits' all-gather, backward the
-    # head's input-gradient all-reduce (the step's time does not count these yet)
-    assert forward.get_total_counts() == TP_FORWARD * m.n_layers + 2
-    assert backward.get_total_counts() == TP_BACKWARD * m.n_layers + 1
+    assert forward.get_total_counts() == TP_FORWARD * m.n_layers + ENDS_FORWARD
+    assert backward.get_total_counts() == TP_BACKWARD * m.n_layers + ENDS_BACKWARD
+
+
+def test_the_vocab_parallel_ends_split_the_heads_matmul_and_cost_their_collectives_on_the_end_ranks():
+    """tp2 x pp2, 2 microbatches of one sequence: the last rank's head multiplies half the vocabulary and gathers
+    the logits and sums its input gradient; the first rank's embedding sums its output."""
+    m = config("model=llama3_8b").model
+    dims = ParallelDims(dp=1, tp=2, pp=2, world_size=4, schedule="1f1b", microbatches=2)
+    setup = layout_setup(m, dims, ALPS, global_batch=2, precision="bf16", activations="keep")
+    first, last = step_plan(m, setup, ALPS, bucket_mb=25, overlap=True).per_pp_rank
+    tp, tokens, hw = setup.groups.tp, m.seq_len, ALPS.hardware
+    embedding = tp.allreduce_s(tokens * m.dim * 4)  # the fp32 residual stream
+    head = tp.shard_s(tokens * m.vocab_size * 2) + tp.allreduce_s(tokens * m.dim * 4)  # bf16 logits, fp32 gradient
+    assert last.tp - first.tp == pytest.approx(2 * (head - embedding))
+    head_flops = 3 * 2 * tokens * m.vocab_size // 2 * m.dim  # forward and backward on 64128 of 128256 rows
+    assert last.compute - first.compute == pytest.approx(
+        2 * head_flops / (hw.peak_tflops * 1e12 * hw.matmul_efficiency)
+    )
 
 
 def test_memory_capacity_and_shard_groups():

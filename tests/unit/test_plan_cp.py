@@ -44,7 +44,7 @@ def long_plan():
 def test_the_long_context_experiment_fits_with_the_all_gather_in_its_step(long_plan):
     assert long_plan.overflow is None
     assert long_plan.setup.layout.cp == 16 and long_plan.setup.layout.world_size == 4096
-    assert 0.05 < long_plan.step.split.shares()["cp"] < 0.1  # 7.1 % planned: 1.28 s of a 17.9 s step
+    assert 0.05 < long_plan.step.split.shares()["cp"] < 0.1  # 7.6 % planned: 1.28 s of a 16.9 s step
     assert long_plan.memory.total < long_plan.capacity_bytes
 
 

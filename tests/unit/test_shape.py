@@ -1,5 +1,5 @@
 """trainflow.config.shape against the model it describes: a Llama of every preset built on the meta device (no
-memory), and the tensor-parallel plan built from the same table; the vocab-parallel ends' shards on each rank."""
+memory), and the tensor-parallel plan built from the same table, against the shards apply_tp leaves on each rank."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from trainflow.config.shape import (
     linear_shapes,
     stage_params,
     total_params,
+    vocab_rows,
 )
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.pipeline import split_model
@@ -106,11 +107,14 @@ def tp2_llama(*, rank: int, tied: bool, backward: bool = False) -> tuple[ModelCo
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_tp_rank_holds_its_vocabulary_rows_even_where_tp_does_not_divide_them(rank, tied):
     """The byte tokenizer's 257 rows split 129 + 128 at tp2 (torch.chunk's cut, the larger share first), embedding
-    and head alike; a tied head is the embedding's one DTensor."""
+    and head alike; a tied head is the embedding's one DTensor. vocab_rows and stage_params count rank 0's."""
     m, llama = tp2_llama(rank=rank, tied=tied)
     embedding, head = llama.tok_embeddings.weight, llama.output.weight
     assert m.vocab_size == 257 and isinstance(embedding, DTensor) and (head is embedding) == tied
     assert embedding.to_local().shape == head.to_local().shape == (129 - rank, m.dim)
+    assert vocab_rows(m, tp=2) == 129 and embedding_params(m, tp=2) == 129 * m.dim
+    local = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in llama.parameters())
+    assert local == stage_params(m, tp=2) - rank * (2 - tied) * m.dim
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -9,8 +9,9 @@ against a Llama built on the meta device, for every preset (as torchtitan keeps 
 
 Megatron's tensor-parallel layout: the linears into the attention heads and the SwiGLU width are column-parallel
 (each tp rank holds out_features / tp of them), the ones out of them row-parallel (in_features / tp), so a block
-runs one all-reduce after attention and one after the MLP. Embedding, norms and output head are whole on every tp
-rank (a tied head too: the one weight, replicated). Pipeline rank r of p holds n_layers / p blocks, the embedding
+runs one all-reduce after attention and one after the MLP. The embedding and output head split by vocabulary row
+(rank 0 holding the larger share of an uneven split, as DTensor chunks it; a tied head: the one weight, split alike);
+the norms are whole on every tp rank. Pipeline rank r of p holds n_layers / p blocks, the embedding
 on rank 0, the final norm and output head on rank p - 1 (a tied head: a copy of the embedding there).
 """
 
@@ -55,27 +56,33 @@ def block_params(m: ModelConfig, *, tp: int = 1) -> int:
     return 2 * m.dim + linear_params(m, tp=tp)
 
 
-def embedding_params(m: ModelConfig) -> int:
-    return m.vocab_size * m.dim
+def vocab_rows(m: ModelConfig, *, tp: int = 1) -> int:
+    """The vocabulary rows of the embedding and head on tp rank 0 (the largest share: DTensor's Shard(0) chunks)."""
+    return -(-m.vocab_size // tp)
 
 
-def output_params(m: ModelConfig) -> int:
-    """The output head's weight: the model's one matmul outside the blocks (tied or not, it multiplies)."""
-    return m.vocab_size * m.dim
+def embedding_params(m: ModelConfig, *, tp: int = 1) -> int:
+    return vocab_rows(m, tp=tp) * m.dim
 
 
-def head_params(m: ModelConfig, *, pp: int = 1) -> int:
+def output_params(m: ModelConfig, *, tp: int = 1) -> int:
+    """The output head's weight on one tp rank: the model's one matmul outside the blocks (tied or not, it
+    multiplies)."""
+    return vocab_rows(m, tp=tp) * m.dim
+
+
+def head_params(m: ModelConfig, *, pp: int = 1, tp: int = 1) -> int:
     """The final RMSNorm and the output head; a head tied to the embedding is the embedding's own weight on one
     stage (not counted again), a copy of it on the last of several pipeline stages."""
-    return m.dim + (not m.tie_embeddings or pp > 1) * output_params(m)
+    return m.dim + (not m.tie_embeddings or pp > 1) * output_params(m, tp=tp)
 
 
 def stage_params(m: ModelConfig, *, pp_rank: int = 0, pp: int = 1, tp: int = 1) -> int:
     """Parameters pipeline rank `pp_rank` of `pp` holds on one tp rank (virtual stages do not change the sum)."""
     return (
         m.n_layers // pp * block_params(m, tp=tp)
-        + (pp_rank == 0) * embedding_params(m)
-        + (pp_rank == pp - 1) * head_params(m, pp=pp)
+        + (pp_rank == 0) * embedding_params(m, tp=tp)
+        + (pp_rank == pp - 1) * head_params(m, pp=pp, tp=tp)
     )
 
 

@@ -8,16 +8,18 @@ The step as trainflow runs it (trainflow.parallel.runtime), per pipeline rank r,
 b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
 
 - compute: FLOPs / (cluster.hardware.peak_tflops x matmul_efficiency). Forward FLOPs per token are 2 per
-  matmul weight the rank holds (tensor parallel splits the block linears; the output head is whole on
-  every tp rank, as trainflow.parallel.tensor_parallel leaves it) plus attention's 4 T d / tp (QK^T and
+  matmul weight the rank holds (tensor parallel splits the block linears, and the output head by vocabulary
+  row: trainflow.parallel.tensor_parallel) plus attention's 4 T d / tp (QK^T and
   AV over the full T x T, as trainflow.config.shape counts them); backward is twice forward and
   activations=recompute runs the blocks' forward once more. FP8 divides the block linears' time by
   cluster.hardware.fp8_speedup (attention and the head stay bf16).
 - tp: the all-reduces inside a block, over the tp group, not overlapped: forward, RowwiseParallel's two
   (wo, w2) of b T d elements in the compute dtype; backward, one per ColwiseParallel linear (wq, wk, wv,
   w1, w3: five, where Megatron fuses to two), of the fp32 gradient of the norm's output, which enters the
-  linear before autocast casts it; recompute repeats the forward two (plan.step_comms, where every collective
-  is timed).
+  linear before autocast casts it; recompute repeats the forward two. And the vocab-parallel ends', which
+  recompute does not repeat: on the first rank the embedding's all-reduce of its b T d fp32 output; on the last
+  the all-gather of the b T x vocab logits in the compute dtype and the all-reduce of the head's fp32 input
+  gradient (plan.step_comms, where every collective is timed).
 - cp: context parallel's K and V, all-gathered over the cp group in every layer's forward (again under recompute)
   and reduce-scattered in its backward, b T (the whole sequence) x 2 n_kv_heads head_dim / tp elements in the
   compute dtype each, not overlapped (parallel.context gathers right where attention needs them). Under cp a rank
@@ -27,7 +29,7 @@ b sequences of T tokens, v chunks per rank and p ranks in the pipeline:
   schedule lasts (m + (p-1)/v) W_max plus the exchanges, so the busiest rank idles (p-1)/v W_max, a
   (p-1)/(v m + p-1) share of the schedule (Narayanan et al. 2021); GPipe and 1F1B have v = 1. A lighter
   rank idles also for the difference (m (W_max - W_r)): the imbalance of a pipeline whose last stage holds
-  the whole output head.
+  the output head.
 - activation: 2 v m exchanges per rank (each chunk sends an activation forward and receives a gradient
   back per microbatch; trainflow.parallel.timing counts them the same way), b T d fp32 each (the residual
   stream stays fp32 between stages), over the pp link, exposed.
