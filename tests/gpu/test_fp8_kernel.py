@@ -23,7 +23,7 @@ import torch
 from trainflow.fp8.build import build_extension
 from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.kernels import KERNEL_BUILDS, load_backend
+from trainflow.fp8.kernels import KERNEL_BUILDS, backend_reason, load_backend, shape_choices
 from trainflow.fp8.ops import MMA_K, PROMOTE_K, bf16_half_spacing, error_bound, fp8_gemm, reference_fp8_gemm
 from trainflow.fp8.shapes import DEFAULT, SM90_CONFIGS
 
@@ -214,3 +214,17 @@ def test_nan_and_inf_inputs_spread_as_in_exact_arithmetic(implementations, impl,
     finite = torch.isfinite(exact)
     over = (got - exact).abs()[finite] / error_bound(a, b, one, one, exact, torch.float32)[finite].clamp(min=1e-300)
     assert over.max() <= 1 and finite.sum() < exact.numel()
+
+
+@pytest.mark.gpu
+def test_the_dispatch_records_each_shape_s_configuration_and_why(implementations):
+    """Where the sm90 kernel is dispatched (measured, or forced as the GPU check forces it), each shape that ran has
+    its configuration and reason: (8192, 128, 8192), 64 tiles, unmeasured, takes stream-K."""
+    if "sm90_kernel" not in backend_reason(torch.device("cuda")).split(":")[0]:
+        pytest.skip("fp8_gemm does not run the sm90 kernel here (set TRAINFLOW_FP8_BACKEND=kernel on Hopper)")
+    a, b = random_fp8(8192, 8192, E4M3, seed=13, device="cuda"), random_fp8(128, 8192, E4M3, seed=14, device="cuda")
+    one = torch.ones(1, device="cuda")
+    check(fp8_gemm, a[:512], b, one, one, torch.bfloat16)  # 4 tiles of 128x128: stream-K too
+    fp8_gemm(a, b, one, one, torch.bfloat16)
+    choices = shape_choices()
+    assert choices["512x128x8192"].startswith("stream_k_s1: ") and "8192x128x8192" in choices, choices
