@@ -10,6 +10,7 @@ from submitit.helpers import DelayedSubmission
 from submitit.slurm.slurm import SlurmExecutor
 
 from trainflow.config import compose
+from trainflow.journal import Journal
 from trainflow.launch import build_executor
 from trainflow.launch import supervisor as launch_supervisor
 from trainflow.launch.job_end import LaunchError
@@ -17,6 +18,7 @@ from trainflow.launch.supervisor import SrunSteps, Supervisor, allocated, swappe
 from trainflow.launch.task import MASTER_ADDR
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure
+from trainflow.train.arrivals import Arrival, ArrivalKind, drilled_hosts
 
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited"
 
@@ -118,3 +120,19 @@ def test_a_requeued_step_is_no_failure():
     assert JobOutcome.REQUEUED in NO_FAILURE and "completed" in NO_FAILURE and JobOutcome.LOST not in NO_FAILURE
     run = JobRun(segment=0, attempt=0, job_id="12.0", submitted=0, started=1, ended=2, outcome=JobOutcome.REQUEUED)
     assert standing([run]).without_progress == 0
+
+
+def test_a_host_blamed_only_for_injected_failures_is_not_left_out_of_later_jobs(tmp_path):
+    """The spares' drill leaves a host out of its job; a real failure's host stays out of the run's later jobs."""
+    ledger = tmp_path / "faults.jsonl"
+    Journal(ledger, Arrival).append(Arrival(10.0, ArrivalKind.START))
+    Journal(ledger, Arrival).append(Arrival(15.0, ArrivalKind.KILL, rank=1, host="n2"))
+    Journal(ledger, Arrival).append(Arrival(35.0, ArrivalKind.STALL, rank=0, host="n1"))
+
+    def job(k: int, left_out: list[str], at: float) -> JobRun:
+        return JobRun(0, k, f"7.{k}", at, at, at + 10, JobOutcome.DIED, left_out=left_out)
+
+    jobs = [job(0, ["n2"], 10.0), job(1, ["n3"], 20.0), job(2, ["n1"], 30.0)]
+    assert drilled_hosts(ledger, jobs) == {"n1", "n2"}  # n3's failure was no drill's
+    assert drilled_hosts(ledger, [*jobs, job(3, ["n1"], 50.0)]) == {"n2"}  # n1 failed again, undrilled
+    assert drilled_hosts(tmp_path / "none.jsonl", jobs) == frozenset()

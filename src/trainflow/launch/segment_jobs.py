@@ -4,11 +4,12 @@ one line, and keep each job in the run's jobs ledger; the stage (stages/train_se
     python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a restart, drilled
 
 Before each job: the hosts to leave out, the gate's and every one the run's ledger blames (at most
-resilience.max_excluded_nodes). After a failure: its verdict, with the restarts in a row that made no
-progress (resilience.max_restarts); after a hang whose evidence names nobody, the gate's checks on a new
-allocation first (launch.gate_job.slow_hosts), so no host is left out on a guess. With cluster.allocation.spare_nodes
-the job is a launch.supervisor, which restarts inside its allocation (a new job step on a spare) and hands back only
-what it does not restart: those failures are judged here as a job's.
+resilience.max_excluded_nodes) but those the stage excuses (the hosts of failures a drill injected, fault.mtbf_s).
+After a failure: its verdict, with the restarts in a row that made no progress (resilience.max_restarts); after a
+hang whose evidence names nobody, the gate's checks on a new allocation first (launch.gate_job.slow_hosts), so no host
+is left out on a guess. With cluster.allocation.spare_nodes the job is a launch.supervisor, which restarts inside its
+allocation (a new job step on a spare) and hands back only what it does not restart: those failures are judged here as
+a job's.
 """
 
 from __future__ import annotations
@@ -46,16 +47,22 @@ def resume_point(cfg: TrainflowConfig) -> str:
     return f"{cfg.io.checkpoints} holds no checkpoint to resume it from"
 
 
-def run_jobs(cfg: TrainflowConfig, task: Callable[[int], Checkpointable]) -> list:
+def run_jobs(
+    cfg: TrainflowConfig,
+    task: Callable[[int], Checkpointable],
+    excused: Callable[[list[JobRun]], frozenset[str]] = lambda jobs: frozenset(),
+) -> list:
     """Every rank's result of the segment's job `task(attempt)`, restarting the job after a failure a new one may fix
     (resilience.verdict), each job in the run's jobs ledger, whose excluded hosts and restarts without progress carry
     over from earlier segments and reruns (resilience.ledger.standing). With cluster.allocation.spare_nodes the job is
-    a launch.supervisor, which restarts inside its allocation first and hands back what it does not."""
+    a launch.supervisor, which restarts inside its allocation first and hands back what it does not. `excused`: the
+    hosts the ledger's jobs blame that later jobs may use again."""
     a, r, ledger = cfg.cluster.allocation, cfg.resilience, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
     failures: list[JobFailure] = []
     while True:
         history, attempt = ledger.read(), len(failures)
-        exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | frozenset(standing(history).excluded)
+        blamed = frozenset(standing(history).excluded) - excused(history)
+        exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | blamed
         if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
             raise LaunchError(f"segment {cfg.segment} not started: {why}")
         executor = build_executor(

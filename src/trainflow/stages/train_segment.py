@@ -32,7 +32,7 @@ from trainflow.launch.segment_jobs import run_jobs
 from trainflow.resilience.ledger import JobRun
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
-from trainflow.train.arrivals import start_clock
+from trainflow.train.arrivals import drilled_hosts, start_clock
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_terms import write_terms
 from trainflow.train.step_log import Span
@@ -96,7 +96,8 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     if cfg.fault.mtbf_s:  # failures at a rate: the campaign's clock, before its first job (train.arrivals)
         ledger = Path(RunFolder.faults_log(cfg.io.checkpoints))
         start_clock(ledger, mtbf_s=cfg.fault.mtbf_s, seed=cfg.fault.seed, hang_share=cfg.cluster.hardware.hang_share)
-    results: list[RankResult] = run_jobs(cfg, functools.partial(TrainSegment, cfg))
+    drilled = functools.partial(drilled_hosts, Path(RunFolder.faults_log(cfg.io.checkpoints)))
+    results: list[RankResult] = run_jobs(cfg, functools.partial(TrainSegment, cfg), excused=drilled)
     summary = results[0].summary
     if not summary.completed:
         raise StageError(f"segment {cfg.segment} stopped at step {summary.end_step} before its end; rerun it to resume")

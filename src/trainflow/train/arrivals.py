@@ -32,6 +32,7 @@ from trainflow.errors import TrainflowError
 from trainflow.host import hostname
 from trainflow.journal import Journal
 from trainflow.records import Record
+from trainflow.resilience.ledger import JobRun
 
 IMPORTED = time.time()
 """When the rank's process loaded the job's code (unpickling the job imports the trainer, which imports this): a
@@ -141,3 +142,17 @@ class Arrivals:
         )
         opens = IMPORTED if attempt else None
         return cls(pending, rank, opens, ledger, hostname(), segment)
+
+
+def drilled_hosts(ledger: Path, jobs: list[JobRun]) -> frozenset[str]:
+    """The hosts the jobs ledger blames only for failures this process injected (a struck arrival on that host while
+    the blamed job ran): healthy hosts a drill killed or stalled a rank on. A hot restart leaves such a host out of its
+    job (the spare's drill), but later jobs may use it again, as they would a repaired node: on a few nodes, a campaign
+    of a few failures would otherwise run out of hosts."""
+    struck = [a for a in Journal(ledger, Arrival).read() if a.kind is not ArrivalKind.START]
+
+    def injected(job: JobRun, host: str) -> bool:
+        return any(a.host == host and job.submitted <= a.time <= job.ended for a in struck)
+
+    blames = [(host, injected(job, host)) for job in jobs for host in job.left_out]
+    return frozenset(h for h, _ in blames) - {h for h, drilled in blames if not drilled}
