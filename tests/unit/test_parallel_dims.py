@@ -26,7 +26,15 @@ EXPECTED = {
     "dp4_hsdp2": (False, True, True),
     "dp4_hsdp2_tp2": (False, True, True),
     "dp64_tp8_pp8": (True, False, False),
+    "cp2": (False, False, False),
+    "cp2_tp2": (False, False, False),
+    "cp2_pp2": (True, False, False),
+    "dp2_cp2": (False, False, False),
+    "dp2_shard_cp2": (False, True, False),
+    "dp4_cp16_tp8_pp8": (True, False, False),
 }
+EXPERIMENTS = {"dp64_tp8_pp8": "llama70b_alps", "dp4_cp16_tp8_pp8": "llama70b_alps_128k"}
+"""The presets planned for the seed's cluster, composed with the experiment that sizes them."""
 
 
 def test_every_parallel_preset_is_listed():
@@ -35,10 +43,11 @@ def test_every_parallel_preset_is_listed():
 
 @pytest.mark.parametrize("preset", EXPECTED)
 def test_what_a_layout_turns_on(preset):
-    extra = ["experiment=llama70b_alps"] if preset == "dp64_tp8_pp8" else []
+    extra = [f"experiment={EXPERIMENTS[preset]}"] if preset in EXPERIMENTS else []
     cfg = compose("train_segment", [f"parallel={preset}", *extra])
     p = cfg.parallel
-    dims = ParallelDims.from_config(p, cfg.model, world_size=p.dp * p.tp * p.pp, global_batch=cfg.train.global_batch)
+    world = p.dp * p.cp * p.tp * p.pp
+    dims = ParallelDims.from_config(p, cfg.model, world_size=world, global_batch=cfg.train.global_batch)
     assert (dims.pp_enabled, dims.fsdp_enabled, dims.hsdp) == EXPECTED[preset]
 
 
