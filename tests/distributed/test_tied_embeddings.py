@@ -1,13 +1,17 @@
 """A head tied to the embedding (model.tie_embeddings) trains in any layout as in one process: under a pipeline the
 first and last stage's copies are summed each step (trainflow.parallel.pipeline), the gradient norm counts the weight
-once, and a checkpoint reshards between pipeline and none."""
+once, a checkpoint reshards between pipeline and none, and its Hugging Face export is the whole embedding."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.conftest import GOLDEN_RTOL, make_config, run_segment, step_losses
+from trainflow.export import export
 from trainflow.hf.llama import hf_config
 
 STEPS = 6
@@ -25,6 +29,13 @@ def test_a_tied_head_trains_as_in_one_process(layout, tmp_path, fixed_tokens):
         assert a == pytest.approx(b, rel=GOLDEN_RTOL)
     norms = [[r["grad_norm"] for r in s["steps"]] for s in (split, one)]
     assert norms[0] == pytest.approx(norms[1], rel=1e-4)  # the copy's gradient is not counted twice
+    # The Hugging Face export of the split checkpoint (under tp: each rank's vocabulary rows) is the whole embedding.
+    exported = {}
+    for name in ("single", layout):
+        series = make_config("train_segment", tmp_path / name, f"parallel={name}", *run, tokens=fixed_tokens)
+        export(Path(series.io.checkpoints), tmp_path / f"hf-{name}")
+        exported[name] = load_file(tmp_path / f"hf-{name}" / "model.safetensors")["model.embed_tokens.weight"]
+    torch.testing.assert_close(exported[layout], exported["single"], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow  # ~90 s: two launcher runs, one of 4 ranks
