@@ -7,9 +7,10 @@
 
 The state is fp32 in both precisions: master weights, gradients and AdamW's two moments (bf16 is autocast:
 nothing is stored in it but what autograd saves). Replicated data parallel keeps all of it on every rank, sharded
-(FSDP2, parallel.dp_mode=shard) a 1/shard of it, padded to whole rows. Tensor parallel splits the block linears and
-nothing else; pipeline parallel gives each rank n_layers / pp layers, the embedding to the first rank, the final norm
-and output head to the last. The estimate is the worst rank's.
+(FSDP2, parallel.dp_mode=shard) a 1/shard of it, padded to whole rows. Tensor parallel splits the block linears and the
+embedding and head by vocabulary row (config.shape.vocab_rows; not counted: the transient whole embedding gradient each
+tp rank makes before parallel.tensor_parallel's hook keeps its rows); pipeline parallel gives each rank n_layers / pp
+layers, the embedding to the first rank, the final norm and output head to the last. The estimate is the worst rank's.
 
 `gathered` is what FSDP holds unsharded beside its shards, in the compute dtype (fsdp_gathered), as torch's
 fully_shard and PipelineStage keep it: without a pipeline the blocks and the root unit (embedding, final norm, head)

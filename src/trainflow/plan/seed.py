@@ -80,8 +80,9 @@ def seed_comparison(cfg: TrainflowConfig, setup: PlanSetup, step: StepPlan) -> S
     ]
     if p.tp > per_node:
         notes.append(
-            f"tp={p.tp} spans {p.tp // per_node} nodes of {per_node} devices: every block's tp all-reduces cross the "
-            f"network ({shares['tp']:.0%} of the planned step), a share the seed's split does not name"
+            f"tp={p.tp} spans {p.tp // per_node} nodes of {per_node} devices: the tp collectives (every block's and "
+            f"the vocab ends') cross the network ({shares['tp']:.0%} of the planned step), a share the seed's split "
+            "does not name"
         )
     return SeedComparison(
         seed={**SEED_SHARES, "tokens_per_s_per_device": SEED_TOKENS_PER_S},

@@ -17,7 +17,7 @@ GB = 1e9
 PARTS = ("compute", "tp", "cp", "bubble", "activation", "dp", "optimizer")
 LABELS = {
     "compute": "compute",
-    "tp": "tp all-reduce in blocks",
+    "tp": "tp collectives (blocks, ends)",
     "cp": "cp K/V all-gather in blocks",
     "bubble": "pipeline bubble",
     "activation": "activation send/recv",
