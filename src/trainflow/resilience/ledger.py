@@ -66,7 +66,8 @@ class JobRun(Record):
     """The newest checkpoint's step when it ended (-1: none): a job that raised it made progress."""
     step: int | None = None
     """A hot restart's job step (launch.supervisor: 0 the allocation's first, each hot restart one more; job_id is then
-    <job>.<step>, as sacct names steps); None: the record is a whole job's."""
+    <job>.<step>; Slurm's own step id is one more, its step 0 being the supervisor); None: the record is a whole
+    job's."""
     first_step_s: float | None = None
     """For a hot restart's step: seconds from the failure of the step before it (that step's `ended`, when the
     supervisor saw it end) to the end of this step's first trained step (spans.jsonl): the measured hot restart."""
