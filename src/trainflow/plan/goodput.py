@@ -212,9 +212,11 @@ def needed(best: GoodputScenario, mtbf_s: float) -> str | None:
 
 def cannot_finish(configured: GoodputScenario, best: GoodputScenario, mtbf_s: float) -> str | None:
     """The one line saying the configured scenario's campaign cannot finish at this MTBF (FINISH_FLOOR, or detection
-    and restart outlasting the MTBF), its cause and the way out; None when it can."""
+    and restart outlasting the MTBF), its cause and the way out; None when it can. A campaign that expects less than
+    one failure finishes, however little of its time its steps take (a smoke run's job starts dwarf its seconds of
+    steps: that is the job starts' term, not the failures')."""
     s, recovery = configured, configured.detect_s + configured.restart_s
-    if recovery < mtbf_s and s.simulated >= FINISH_FLOOR:
+    if s.failures < 1 or (recovery < mtbf_s and s.simulated >= FINISH_FLOOR):
         return None
     interval_s = s.interval_s + s.blocking_s
     if recovery >= mtbf_s and not (s.simulated < FINISH_FLOOR and interval_s > recovery):
