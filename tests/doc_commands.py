@@ -42,6 +42,10 @@ DRILL = "tests/integration/test_restarts.py::test_a_dead_rank_ends_the_job_fast_
 GOODPUT_DRILL = (  # slow
     "tests/workflow/test_goodput_drill.py::test_measured_goodput_is_the_plan_from_the_runs_terms_at_both_mtbfs"
 )
+SLURM_DRILL = (  # slow, slurm, 3 nodes
+    "tests/slurm/test_goodput_drill_on_slurm.py::"
+    "test_measured_goodput_with_hot_restarts_on_slurm_is_the_plan_from_the_runs_terms"
+)
 FROM_RUN = "tests/unit/test_plan_from_run.py::test_from_run_prints_the_plan_beside_the_measurement"
 MTBF_DRILL = (
     "experiment=smoke train.segments=2 train.segment_steps=120 checkpoint.interval_steps=3 "
@@ -65,6 +69,13 @@ COMMANDS: dict[str, tuple[Ran | str, ...]] = {
     ),
     ".venv/bin/python -m trainflow.plan --from-run runs/mtbf": (Ran(FROM_RUN, '"--from-run"'),),
     "bash scripts/slurm_cluster.sh start --nodes 2": (Ran("scripts/test.sh", "slurm_cluster.sh start --nodes 2"),),
+    "bash scripts/slurm_cluster.sh start --nodes 3": (Ran(SLURM_DRILL, "slurm_cluster.sh start --nodes 3"),),
+    '.venv/bin/snakemake --profile profiles/slurm_local --config run=mtbf overrides="experiment=smoke '
+    "train.segments=2 train.segment_steps=240 checkpoint.interval_steps=3 cluster.allocation.nodes=2 "
+    "cluster.allocation.spare_nodes=1 cluster.hardware.hang_share=0.4 resilience.hang_detect_s=20 "
+    'resilience.heartbeat_s=0.5 resilience.max_restarts=40 fault.seed=2 fault.mtbf_s=30"': (
+        Ran(SLURM_DRILL, "profiles/slurm_local"),
+    ),
     '.venv/bin/snakemake --profile profiles/slurm_local --config overrides="experiment=smoke"': (
         Ran(SLURM_RUN, "profiles/slurm_local"),
     ),

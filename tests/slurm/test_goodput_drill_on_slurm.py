@@ -49,9 +49,6 @@ DRILL = (
 """The local drill's (tests/workflow/test_goodput_drill.py) on 2 nodes + 1 spare, with segments twice as long: a step
 took 0.28 s here, not the local drill's ~1 s at load 20, and two segments of 120 steps (35 s each) met no failure."""
 POINTS = 0.02
-KERNELS = ("--set-resources", "build_kernels:cpus_per_task=1", "build_kernels:mem_mb=1000")
-"""build_kernels' 8 CPUs and 8 GB fit no emulated node (2 CPUs, 4 GB): its job would pend for ever; on CPUs it only
-records that there is no GPU to build for."""
 TIMEOUT_S = 1800
 
 
@@ -59,7 +56,7 @@ def test_measured_goodput_with_hot_restarts_on_slurm_is_the_plan_from_the_runs_t
     if len(idle_nodes()) < 3:
         pytest.skip("2 nodes + 1 spare need 3 idle nodes: bash scripts/slurm_cluster.sh start --nodes 3")
     started = time.time()
-    args = ["--directory", str(tmp_path), "--profile", str(REPO / "profiles/slurm_local"), *KERNELS]
+    args = ["--directory", str(tmp_path), "--profile", str(REPO / "profiles/slurm_local")]
     overrides = " ".join(DRILL)
     done = subprocess.run(
         [*SNAKEMAKE, *args, "--config", f"overrides={overrides}"], capture_output=True, text=True, timeout=TIMEOUT_S
