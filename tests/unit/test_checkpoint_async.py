@@ -129,6 +129,25 @@ def test_a_writer_process_killed_mid_write_fails_in_one_line_and_leaves_the_prev
     manager.close()
 
 
+def test_the_job_s_stop_signals_reach_the_writer_and_leave_its_write_to_finish(tmp_path):
+    """Slurm signals every process of a job step, the writer too: its pre-timeout USR2 (and a time limit's TERM) are
+    the rank's to handle, so the write in flight ends durable (the Slurm requeue drill's async writer died of it)."""
+    manager = CheckpointManager(tmp_path, keep=2, pinned=set(), mode="async")
+    state = {"model": {"w": torch.randn(64, 1024, 1024)}, "step": torch.tensor(2)}  # 256 MB
+    want = snapshot(state)
+    manager.save(2, state)
+    folder, writer = step_dir(tmp_path, 2, "tmp"), manager.saves.writer.process
+    deadline = time.monotonic() + 30
+    while not any(folder.glob("*.distcp")) and time.monotonic() < deadline:  # the writer has begun its files
+        time.sleep(0.001)
+    for stop in (signal.SIGUSR2, signal.SIGTERM):
+        os.kill(writer.pid, stop)
+    manager.finish()
+    assert writer.is_alive() and list_steps(tmp_path) == [2]
+    assert_loads(manager, 2, want)
+    manager.close()
+
+
 def test_async_is_refused_at_start_up_when_host_memory_cannot_hold_the_copy(tmp_path):
     with pytest.raises(StagingError) as err:
         CheckpointManager(tmp_path, keep=1, pinned=set(), mode="async", staging_bytes=10**15)

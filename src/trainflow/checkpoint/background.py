@@ -51,6 +51,8 @@ PR_SET_PDEATHSIG = 1
 NICE = 10
 """The writer's scheduling niceness: where cores are short, the training rank's threads go first (the write has an
 interval's slack; a step has none)."""
+IGNORED_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+"""What the writer process leaves to its rank (serve)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ def serve(conn: Connection, parent: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the rank died before the line above
         return
+    # Slurm signals every process of a job step: its pre-timeout USR2 and the TERM of a time limit or scancel reach
+    # this process too, whose default is to die mid-write. They are the rank's to handle (save, then requeue or stop),
+    # and the rank waits for this write first; the rank's end still ends this process (PR_SET_PDEATHSIG).
+    for stop in IGNORED_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # it writes host memory; a CUDA context would cost device memory
     os.nice(NICE)
     buffers: dict[str, torch.Tensor] = {}
