@@ -93,12 +93,17 @@ def wait_for_end(job: submitit.Job, kind: str, max_pending_s: float = 0.0) -> tu
     return None
 
 
+def show_job(job_id: str) -> subprocess.CompletedProcess:
+    """scontrol's one-line record of a Slurm job (its fields as Name=value), while slurmctld remembers the job."""
+    return subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+
+
 def job_state(job: submitit.Job, kind: str) -> tuple[tuple[str, int] | None, str]:
     """The final state and requeue count of a job that has ended (None while it runs or may run again), and why it
     is pending where it is (scontrol's reason, e.g. 'Reason=Resources'; '' otherwise)."""
     if kind == "local":
         return (None if job.state == "RUNNING" else ("", 0)), ""  # its controller process has exited
-    out = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True)
+    out = show_job(job.job_id)
     if state := re.search(r"\bJobState=(\S+)", out.stdout):
         restarts = re.search(r"\bRestarts=(\d+)", out.stdout)
         reason = re.search(r"\bReason=(\S+)", out.stdout)
@@ -124,8 +129,7 @@ NODE_DOWN = re.compile(r"down|drain|fail|not_responding|boot", re.IGNORECASE)
 def lost_nodes(job_id: str) -> list[str]:
     """The nodes of a Slurm job that Slurm now holds down, drained or failed (its NodeList, read from scontrol while
     slurmctld remembers the job), in order; [] where none is or the job is forgotten."""
-    job = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
-    nodelist = re.search(r"\bNodeList=(\S+)", job.stdout)
+    nodelist = re.search(r"\bNodeList=(\S+)", show_job(job_id).stdout)
     if not nodelist or nodelist[1] == "(null)":
         return []
     out = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist[1], "-o", "%N %T"], capture_output=True, text=True)

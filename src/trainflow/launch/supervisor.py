@@ -42,7 +42,7 @@ from trainflow.journal import Journal
 from trainflow.launch.container import python_command, srun_args
 from trainflow.launch.executors import LocalExecutor
 from trainflow.launch.failure import analyse
-from trainflow.launch.job_end import LaunchError, wait_job
+from trainflow.launch.job_end import LaunchError, show_job, wait_job
 from trainflow.launch.restart import first_step_at, job_run, straggler_hosts
 from trainflow.launch.task import MASTER_ADDR, configure_logging
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
@@ -145,8 +145,7 @@ class SrunSteps:
         """Nothing where Slurm counts a restart more than this job's run (rank 0 requeued it); else `scontrol requeue`
         (its ranks died before their handler, or stopped after it without a rank 0 to requeue)."""
         job, count = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-        if (restarts := re.search(r"\bRestarts=(\d+)", shown)) and int(restarts.group(1)) > count:
+        if (restarts := re.search(r"\bRestarts=(\d+)", show_job(job).stdout)) and int(restarts.group(1)) > count:
             return "its rank 0 requeued the job"
         if count >= self.allocation.max_requeues:
             raise LaunchError(
