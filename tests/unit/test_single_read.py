@@ -1,7 +1,7 @@
 """The checkpoint read once per job start (checkpoint.single_read): who reads which file, where a received tensor's
 bytes land (checkpoint.landing), and on 2 gloo ranks that a load reads each byte of the checkpoint once between them,
-loads what one rank would (into destinations of the saved layout and of another dtype), and that a damaged file is
-caught by the rank that read it and refused on both in one line."""
+loads what one rank would (into destinations of the saved layout and of another dtype) through the host's memory and
+over gloo alike, and that a damaged file is caught by the rank that read it and refused on both in one line."""
 
 from __future__ import annotations
 
@@ -72,14 +72,16 @@ def rank_main(rank: int, world: int, port: int, folder: str) -> None:
     manager = CheckpointManager(folder, keep=1, pinned=set())
     manager.save(3, state)
     manager.wait()
-    loaded = blank_like(state)
-    done = manager.load(3, loaded)
-    out["equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
-    out["done"] = done.to_json()
-    wider = blank_like(state)
-    wider["model"]["w"] = torch.zeros(64, 32, dtype=torch.float64)  # a record that does not land in place
-    manager.load(3, wider)
-    out["wider"] = torch.equal(wider["model"]["w"], state["model"]["w"].double())
+    for host_memory in (True, False):  # the ranks share one host: through its memory, else over gloo as across hosts
+        manager.host_memory, mode = host_memory, "memory" if host_memory else "group"
+        loaded = blank_like(state)
+        out[mode] = manager.load(3, loaded).to_json()
+        out[f"{mode}_equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
+        wider = blank_like(state)
+        wider["model"]["w"] = torch.zeros(64, 32, dtype=torch.float64)  # a record that does not land in place
+        manager.load(3, wider)
+        out[f"{mode}_wider"] = torch.equal(wider["model"]["w"], state["model"]["w"].double())
+    manager.host_memory = True
     dist.barrier()
     if rank == 0:  # the largest shard file, whichever rank's share it is
         victim = max(step_dir(Path(folder), 3).glob("__*.distcp"), key=lambda p: p.stat().st_size)
@@ -104,15 +106,20 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
     manifest = read_manifest(step_dir(tmp_path, 3))
     metadata = manifest.files[METADATA].bytes
     for out in outs:
-        assert out["equal"] and out["wider"]
-        # The shard files once between the two ranks, .metadata once by each (DCP plans from it).
-        assert out["done"]["bytes_read_all"] == manifest.nbytes + metadata
-        assert out["done"]["checkpoint_bytes"] == manifest.nbytes
-        assert out["done"]["bytes_read"] < manifest.nbytes
+        assert out["memory_equal"] and out["memory_wider"] and out["group_equal"] and out["group_wider"]
+        for done in (out["memory"], out["group"]):
+            # The shard files once between the two ranks, .metadata once by each (DCP plans from it).
+            assert done["bytes_read_all"] == manifest.nbytes + metadata
+            assert done["checkpoint_bytes"] == manifest.nbytes
+            assert done["bytes_read"] < manifest.nbytes
+        assert out["memory"]["bytes_received"] == out["group"]["bytes_mapped"] == 0
+    # What a rank needs of the file its peer read it mapped from the peer's memory, or received over gloo.
+    assert sum(out["memory"]["bytes_mapped"] for out in outs) > 0
+    assert sum(out["group"]["bytes_received"] for out in outs) > 0
     assert outs[0]["error"] == outs[1]["error"] and "\n" not in outs[0]["error"]
     victim = max(step_dir(tmp_path, 3).glob("__*.distcp"), key=lambda p: p.stat().st_size)
     assert outs[0]["error"].startswith(f"{victim} (read by rank ")
     reader = int(outs[0]["error"].split("(read by rank ", 1)[1].split(")")[0])
-    assert outs[reader]["done"]["bytes_read"] >= manifest.files[victim.name].bytes
+    assert outs[reader]["memory"]["bytes_read"] >= manifest.files[victim.name].bytes
     assert "manifest says" in outs[0]["error"] and "the file is corrupt" in outs[0]["error"]
     assert outs[0]["newest"] == outs[1]["newest"] == 3

@@ -57,13 +57,16 @@ CPU = torch.device("cpu")
 @dataclass(frozen=True)
 class LoadDone(Record):
     """What a load read (CheckpointManager.load): the bytes this rank and all ranks read from the checkpoint's
-    files, beside the checkpoint's own size (its manifest's files)."""
+    files, beside the checkpoint's own size (its manifest's files), and the bytes of the files this rank had from
+    other ranks' reads: mapped from a reader's memory on its host, received over the group."""
 
     step: int
     seconds: float
     bytes_read: int
     bytes_read_all: int
     checkpoint_bytes: int
+    bytes_mapped: int
+    bytes_received: int
 
 
 class CheckpointManager:
@@ -85,6 +88,8 @@ class CheckpointManager:
         self.committer = Committer(self.root, keep=keep, pinned=pinned)
         self.collectives = collectives = device if dist.get_backend() == "nccl" else CPU
         """Where the small tensors of the saves' and loads' own collectives live (NCCL takes device tensors only)."""
+        self.host_memory = True
+        """Whether a load's ranks of one host exchange through memory (checkpoint.host_shared), else over the group."""
         self.mode = SaveMode(mode)
         self.saves = (
             AsyncSaves(
@@ -164,7 +169,13 @@ class CheckpointManager:
         self.saves.wait_staged()  # an async save's background copy reads the tensors this load writes
         start, folder = time.perf_counter(), step_dir(self.root, step)
         manifest = read_manifest(folder)
-        reader = SingleReader(folder, manifest=manifest, thread_count=self.io_threads, device=self.collectives)
+        reader = SingleReader(
+            folder,
+            manifest=manifest,
+            thread_count=self.io_threads,
+            device=self.collectives,
+            host_memory=self.host_memory,
+        )
         try:
             dcp.load(state, storage_reader=reader, planner=ExactLoadPlanner())
         except CheckpointException as err:  # its text holds every failing rank's traceback
@@ -181,11 +192,20 @@ class CheckpointManager:
             ) from err
         total = torch.tensor(reader.bytes_read, dtype=torch.int64, device=self.collectives)
         dist.all_reduce(total)
-        done = LoadDone(step, time.perf_counter() - start, reader.bytes_read, int(total), manifest.nbytes)
+        done = LoadDone(
+            step,
+            time.perf_counter() - start,
+            reader.bytes_read,
+            int(total),
+            manifest.nbytes,
+            reader.bytes_mapped,
+            reader.bytes_received,
+        )
         log.info(
             "Loaded checkpoint step %d in %.2f s: this rank read %d bytes of its files, all %d ranks %d bytes (%.2f x "
-            "the checkpoint's %d)",
+            "the checkpoint's %d); it mapped %d bytes from its host's readers and received %d",
             *(step, done.seconds, done.bytes_read, dist.get_world_size(), done.bytes_read_all),
             *(done.bytes_read_all / max(done.checkpoint_bytes, 1), done.checkpoint_bytes),
+            *(done.bytes_mapped, done.bytes_received),
         )
         return done

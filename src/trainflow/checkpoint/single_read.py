@@ -5,19 +5,20 @@
 Megatron-Core's "fully parallel load" is the model: the replicas share the reading and exchange the rest over the
 network. Here each file of the checkpoint is read whole by one rank, which checks its CRC-32C against the manifest as
 it reads and describes its records (checkpoint.tensor_record); a file's bytes then go point to point to the other ranks
-whose load plan reads from it (under data parallelism, its dp peers), each tensor's straight into the receiving
-rank's destination where it is that whole tensor (checkpoint.landing), a whole record otherwise, which that rank reads
-from memory as checkpoint.reader reads it from a file. Who reads which file is planned once, on DCP's coordinator,
-from every rank's load plan (SingleReader.prepare_global_plan): largest files first, each to the rank among those that
-need it with the fewest bytes to read so far; a file no rank needs (an empty shard, a reshard that reads fewer keys)
-is still read and checked by the least loaded rank. FSDP's shards, which only their own rank needs, are read by that
-rank alone, as before. The bytes read are the checkpoint's files once, plus `.metadata`, which every rank reads (DCP
-plans from it; each rank checks its CRC). A failed check anywhere raises the same error on every rank before any byte
-is exchanged or loaded (the state is untouched), so the caller can fall back to an older checkpoint. The cost: during
-a load a rank holds the files it read (its share) and a buffer for each received record that does not land in place.
-The exchange starts only once every file is read and checked, as that rule asks: on a 2-core VM, where 4 ranks' read
-and exchange share the cores, dp4's load is the read plus gloo's exchange of 3/4 of the state over loopback, not the
-read alone (benchmarks/checkpoint_load.py).
+whose load plan reads from it (under data parallelism, its dp peers). A rank on another host (or any rank, where the
+bytes travel on a GPU: NCCL has its own transports within a node) receives them point to point, each tensor's straight
+into its destination where it is that whole tensor (checkpoint.landing), a whole record otherwise, which that rank
+reads from memory as checkpoint.reader reads it from a file. A rank on the reader's host maps the memory the reader
+read the file into and loads from it as the reader does (checkpoint.host_shared), where gloo would copy every byte
+through TCP loopback. Who reads which file is planned once, on DCP's coordinator, from every rank's load plan
+(SingleReader.prepare_global_plan): largest files first, each to the rank among those that need it with the fewest
+bytes to read so far; a file no rank needs (an empty shard, a reshard that reads fewer keys) is still read and checked
+by the least loaded rank. FSDP's shards, which only their own rank needs, are read by that rank alone, as before. The
+bytes read are the checkpoint's files once, plus `.metadata`, which every rank reads (DCP plans from it; each rank
+checks its CRC). A failed check anywhere raises the same error on every rank before any byte is exchanged or loaded
+(the state is untouched), so the caller can fall back to an older checkpoint. The cost: during a load a rank holds the
+files it read (its share) and a buffer for each received record that does not land in place. The exchange starts only
+once every file is read and checked, as that rule asks (benchmarks/checkpoint_load.py measures what that costs).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from trainflow.checkpoint.host_shared import Address, SharedBytes, mapped
 from trainflow.checkpoint.landing import land
 from trainflow.checkpoint.manifest import FALLS_BACK, METADATA, ChecksumError, FileEntry, Manifest
 from trainflow.checkpoint.reader import InPlaceReader, not_trainflows, unpickled_metadata
@@ -48,9 +50,9 @@ from trainflow.crc import BLOCK
 CPU = torch.device("cpu")
 PHASES = ("read", "agree", "own", "exchange", "received")
 """SingleReader.read_data's phases: this rank's files read and CRC-checked and their records described; every rank's
-verdicts and descriptions, then asks, gathered (with the wait for the slowest reader); the files this rank read loaded
-while the exchange runs; the wait for the rest of the exchange; the received records that did not land in place
-loaded."""
+verdicts, descriptions and shared memory, then asks, gathered (with the wait for the slowest reader); the files this
+rank read, and those it maps from a reader on its host, loaded while the exchange runs; the wait for the rest of the
+exchange; the received records that did not land in place loaded."""
 
 
 class Clock:
@@ -80,11 +82,14 @@ class FileShare:
     receivers: tuple[int, ...]
 
 
-def read_checked(path: Path, want: FileEntry | None, *, directory: Path) -> torch.Tensor:
-    """The whole file `path` as a uint8 tensor, its size and CRC-32C checked against the manifest's `want` as it is
-    read; one CorruptFileError naming the file and the rank that read it otherwise."""
+def read_checked(
+    path: Path, want: FileEntry | None, *, directory: Path, into: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The whole file `path` as a uint8 tensor (`into` where given, of the manifest's size), its size and CRC-32C
+    checked against the manifest's `want` as it is read; one CorruptFileError naming the file and the rank that read
+    it otherwise."""
     size = path.stat().st_size
-    data = torch.empty(size, dtype=torch.uint8)
+    data = torch.empty(size, dtype=torch.uint8) if into is None or into.numel() != size else into
     view, crc, done = memoryview(data.numpy()), 0, 0
     with open(path, "rb", buffering=0) as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -116,7 +121,9 @@ def schedule(files: dict[str, int], needs: dict[str, set[int]], ranks: int) -> l
 class SingleReader(InPlaceReader):
     """InPlaceReader whose ranks (of `group`, the default: all) read each file once between them (the module's
     docstring), checking every CRC-32C of `manifest` as they read; `bytes_read` counts this rank's bytes read from
-    the checkpoint's files, `seconds` the wall time of each phase of its read_data (PHASES)."""
+    the checkpoint's files, `bytes_mapped` those of files it copied from the memory of a reader on its host
+    (`host_memory`, checkpoint.host_shared), `bytes_received` those that came over the group, `seconds` the wall time
+    of each phase of its read_data (PHASES)."""
 
     def __init__(
         self,
@@ -126,11 +133,14 @@ class SingleReader(InPlaceReader):
         thread_count: int,
         device: torch.device = CPU,
         group: dist.ProcessGroup | None = None,
+        host_memory: bool = True,
     ):
         super().__init__(path, thread_count=thread_count)
-        self.manifest, self.device, self.group = manifest, device, group
-        """`device`: where the exchanged bytes travel (NCCL sends device tensors only)."""
-        self.bytes_read = 0
+        self.manifest, self.device, self.group, self.host_memory = manifest, device, group, host_memory
+        """`device`: where the exchanged bytes travel (NCCL sends device tensors only). `host_memory`: whether ranks
+        of one host exchange through memory where the bytes travel on the CPU (else over the group, as across
+        hosts)."""
+        self.bytes_read = self.bytes_mapped = self.bytes_received = 0
         self.seconds = dict.fromkeys(PHASES, 0.0)
 
     def _checked_metadata(self) -> Metadata:
@@ -159,21 +169,31 @@ class SingleReader(InPlaceReader):
         items: dict[str, list[ReadItem]] = {}
         for item in sorted(plan.items, key=self.item_offset):  # the order both ends of an exchange list it in
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        held, described = self.read_own(plan, [s for s in shares if s.reader == rank], clock)
-        coming = [s for s in shares if rank in s.receivers]
-        landings = {s.name: self.landings(items.get(s.name, []), described[s.name], planner) for s in coming}
-        asked = self.gathered({name: [(x.start, x.nbytes) for x in ls if x.nbytes] for name, ls in landings.items()})
+        sharing: list[SharedBytes] = []
+        try:
+            held, described, addresses = self.read_own(plan, [s for s in shares if s.reader == rank], sharing, clock)
+            coming = [s for s in shares if rank in s.receivers]
+            near = {s.name: data for s in coming if (data := mapped(addresses.get(s.name))) is not None}
+            far = [s for s in coming if s.name not in near]
+            landings = {s.name: self.landings(items.get(s.name, []), described[s.name], planner) for s in far}
+            self.bytes_mapped += sum(data.numel() for data in near.values())
+            self.bytes_received += sum(x.nbytes for ls in landings.values() for x in ls)
+            asked = self.gathered({n: [(x.start, x.nbytes) for x in ls if x.nbytes] for n, ls in landings.items()})
+        finally:
+            for shared in sharing:  # every peer that maps a file has it mapped by now
+                shared.unshare()
         clock.lap("agree")
         # Every send and receive posted at once, as one batch (NCCL pairs a batch's sends and receives, where ops issued
-        # one by one could each wait on the other), so the bytes flow while this rank loads the files it read itself.
+        # one by one could each wait on the other), so the bytes flow while this rank loads the files it read itself
+        # and those a reader on its host shares with it.
         works = dist.batch_isend_irecv(ops) if (ops := self.exchange(shares, held, asked, landings)) else []
-        for name, data in held.items():
+        for name, data in (held | near).items():
             self.read_from(HeldFile(self.file_path(name), memoryview(data.numpy())), items.get(name, []), planner)
         clock.lap("own")
         for work in works:
             work.wait()
         clock.lap("exchange")
-        for s in coming:
+        for s in far:
             for x in landings[s.name]:
                 if x.in_place:
                     planner.commit_tensor(x.item, x.target)
@@ -210,7 +230,7 @@ class SingleReader(InPlaceReader):
                     for start, n in asked[peer].get(s.name, []):
                         ops.append(op(dist.isend, held[s.name][start : start + n].to(self.device), peer))
             elif rank in s.receivers:
-                ops += [op(dist.irecv, x.into, s.reader) for x in landings[s.name] if x.nbytes]
+                ops += [op(dist.irecv, x.into, s.reader) for x in landings.get(s.name, []) if x.nbytes]
         return ops
 
     def gathered(self, mine: object) -> list:
@@ -219,11 +239,15 @@ class SingleReader(InPlaceReader):
         dist.all_gather_object(everyone, mine, group=self.group)
         return everyone
 
-    def read_own(self, plan: LoadPlan, mine: list[FileShare], clock: Clock) -> tuple[dict[str, torch.Tensor], dict]:
+    def read_own(
+        self, plan: LoadPlan, mine: list[FileShare], sharing: list[SharedBytes], clock: Clock
+    ) -> tuple[dict[str, torch.Tensor], dict, dict[str, Address]]:
         """Read this rank's share of the files, each checked against its CRC, and describe their records; then every
         rank learns whether every rank's checks passed (a collective), and all raise the first failure, before any
-        byte is exchanged. This rank's files, and every file's records by offset (None: not described)."""
-        held, described, error = {}, {}, None
+        byte is exchanged. This rank's files; every file's records by offset (None: not described); where each file
+        that others need and its reader holds in memory its host can share (checkpoint.host_shared) is found. The
+        shared memory this rank made is appended to `sharing`."""
+        held, described, error, addresses = {}, {}, None, {}
         try:
             for item in plan.items:
                 if item.type == LoadItemType.BYTE_IO:  # DCP would torch.load it with weights_only=False
@@ -232,18 +256,35 @@ class SingleReader(InPlaceReader):
                         f"could run code: trainflow saves only tensors; delete {self.path}"
                     )
             folder, files = Path(self.path), self.manifest.files
+            into = {s.name: self.shareable(s, sharing) for s in mine}
             with ThreadPoolExecutor(max_workers=max(1, min(self.thread_count, len(mine)))) as pool:
-                datas = pool.map(lambda s: read_checked(folder / s.name, files[s.name], directory=folder), mine)
-                held = dict(zip((s.name for s in mine), datas, strict=True))
+                read = lambda s: read_checked(folder / s.name, files[s.name], directory=folder, into=into[s.name])  # noqa: E731
+                held = dict(zip((s.name for s in mine), pool.map(read, mine), strict=True))
             self.bytes_read += sum(s.bytes for s in mine)
             described = {name: self.described(name, data) for name, data in held.items()}
+            addresses = {s.address.name: s.address for s in sharing}
         except (ChecksumError, OSError) as err:
             error = err
         clock.lap("read")
-        everyone = self.gathered((error, described))
-        if failed := next((e for e, _ in everyone if e is not None), None):
+        everyone = self.gathered((error, described, addresses))
+        if failed := next((e for e, _, _ in everyone if e is not None), None):
             raise failed
-        return held, {name: records for _, d in everyone for name, records in d.items()}
+        return (
+            held,
+            {n: records for _, d, _ in everyone for n, records in d.items()},
+            {n: a for _, _, near in everyone for n, a in near.items()},
+        )
+
+    def shareable(self, share: FileShare, sharing: list[SharedBytes]) -> torch.Tensor | None:
+        """Memory the ranks of this host can map for the file `share`, where others need it and the exchange runs on
+        the CPU (appended to `sharing`); None where the file is this rank's alone, or the memory cannot be had."""
+        if not (share.receivers and self.host_memory and self.device.type == "cpu"):
+            return None
+        try:
+            sharing.append(SharedBytes(share.bytes, name=share.name))
+        except OSError:  # no memfd here, or not that much memory: the bytes go over the group
+            return None
+        return sharing[-1].tensor
 
     def described(self, name: str, data: torch.Tensor) -> dict[int, SavedTensor | None]:
         """The records of the file `name`, read whole as `data`, by offset (checkpoint.tensor_record)."""
