@@ -81,5 +81,7 @@ def mapped(address: Address | None) -> torch.Tensor | None:
         if os.readlink(f"/proc/self/fd/{fd}") != address.link() or os.fstat(fd).st_size != address.bytes:
             return None
         return torch.frombuffer(mmap.mmap(fd, address.bytes, access=mmap.ACCESS_COPY), dtype=torch.uint8)
+    except OSError:  # no address space for it here: over the group, like any peer that cannot map it
+        return None
     finally:
         os.close(fd)
