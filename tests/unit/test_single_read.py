@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tests.support import blank_like, flat, free_port, sample_state
+from trainflow.checkpoint import single_read
 from trainflow.checkpoint.landing import land
 from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError, step_dir
 from trainflow.checkpoint.manifest import METADATA, read_manifest
@@ -123,3 +124,32 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
     assert outs[reader]["memory"]["bytes_read"] >= manifest.files[victim.name].bytes
     assert "manifest says" in outs[0]["error"] and "the file is corrupt" in outs[0]["error"]
     assert outs[0]["newest"] == outs[1]["newest"] == 3
+
+
+def mixed_main(rank: int, world: int, port: int, folder: str) -> None:
+    """Ranks 0 and 1 share a host; rank 2 stands for one on another host, which can map nothing of theirs."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    g = torch.Generator().manual_seed(0)
+    state = {"model": {f"w{i}": torch.randn(128, 128, generator=g) for i in range(6)}, "step": torch.tensor(7)}
+    manager = CheckpointManager(folder, keep=1, pinned=set())
+    manager.save(3, state)
+    manager.wait()
+    if rank == 2:
+        single_read.mapped = lambda address: None
+    loaded = blank_like(state)
+    done = manager.load(3, loaded).to_json()
+    done["equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
+    manager.close()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(done))
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo over TCP on this host")
+def test_a_load_maps_what_its_host_shares_and_receives_the_rest(tmp_path):
+    mp.spawn(mixed_main, args=(3, free_port(), str(tmp_path)), nprocs=3)
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert all(out["equal"] for out in outs)
+    # The two of one host map each other's files and rank 2's; rank 2 receives both of theirs over gloo.
+    assert all(out["bytes_mapped"] > 0 and out["bytes_received"] == 0 for out in outs[:2])
+    assert outs[2]["bytes_mapped"] == 0 and outs[2]["bytes_received"] > 0
+    assert sum(out["bytes_read"] for out in outs) == outs[0]["bytes_read_all"]
