@@ -67,17 +67,34 @@ def test_a_received_tensor_lands_in_its_destination_else_its_record_in_a_buffer(
     assert held.read(4) == record[4:8]
 
 
-def rank_main(rank: int, world: int, port: int, folder: str) -> None:
+def saved(rank: int, world: int, port: int, folder: str, state: dict) -> CheckpointManager:
+    """Join the gloo group of `world` ranks and save `state` as step 3 of `folder`."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    state, out = sample_state(), {}
     manager = CheckpointManager(folder, keep=1, pinned=set())
     manager.save(3, state)
     manager.wait()
+    return manager
+
+
+def loaded(manager: CheckpointManager, state: dict) -> dict:
+    """Load step 3 into a zeroed copy of `state`: the LoadDone, and whether every tensor came back equal."""
+    into = blank_like(state)
+    done = manager.load(3, into).to_json()
+    return done | {"equal": all(torch.equal(flat(into)[k], v) for k, v in flat(state).items())}
+
+
+def finished(manager: CheckpointManager, folder: str, rank: int, out: dict) -> None:
+    manager.close()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def rank_main(rank: int, world: int, port: int, folder: str) -> None:
+    state, out = sample_state(), {}
+    manager = saved(rank, world, port, folder, state)
     for host_memory in (True, False):  # the ranks share one host: through its memory, else over gloo as across hosts
         manager.host_memory, mode = host_memory, "memory" if host_memory else "group"
-        loaded = blank_like(state)
-        out[mode] = manager.load(3, loaded).to_json()
-        out[f"{mode}_equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
+        out[mode] = loaded(manager, state)
         wider = blank_like(state)
         wider["model"]["w"] = torch.zeros(64, 32, dtype=torch.float64)  # a record that does not land in place
         manager.load(3, wider)
@@ -95,9 +112,7 @@ def rank_main(rank: int, world: int, port: int, folder: str) -> None:
     except CorruptFileError as err:
         out["error"] = str(err)
     out["newest"] = manager.newest_complete(at_most=10)  # the manifest is complete: only the read finds it
-    manager.close()
-    Path(folder, f"rank{rank}.json").write_text(json.dumps(out))
-    dist.destroy_process_group()
+    finished(manager, folder, rank, out)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo over TCP on this host")
@@ -107,7 +122,7 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
     manifest = read_manifest(step_dir(tmp_path, 3))
     metadata = manifest.files[METADATA].bytes
     for out in outs:
-        assert out["memory_equal"] and out["memory_wider"] and out["group_equal"] and out["group_wider"]
+        assert out["memory"]["equal"] and out["memory_wider"] and out["group"]["equal"] and out["group_wider"]
         for done in (out["memory"], out["group"]):
             # The shard files once between the two ranks, .metadata once by each (DCP plans from it).
             assert done["bytes_read_all"] == manifest.nbytes + metadata
@@ -128,20 +143,12 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
 
 def mixed_main(rank: int, world: int, port: int, folder: str) -> None:
     """Ranks 0 and 1 share a host; rank 2 stands for one on another host, which can map nothing of theirs."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     g = torch.Generator().manual_seed(0)
     state = {"model": {f"w{i}": torch.randn(128, 128, generator=g) for i in range(6)}, "step": torch.tensor(7)}
-    manager = CheckpointManager(folder, keep=1, pinned=set())
-    manager.save(3, state)
-    manager.wait()
+    manager = saved(rank, world, port, folder, state)
     if rank == 2:
         single_read.mapped = lambda address: None
-    loaded = blank_like(state)
-    done = manager.load(3, loaded).to_json()
-    done["equal"] = all(torch.equal(flat(loaded)[k], v) for k, v in flat(state).items())
-    manager.close()
-    Path(folder, f"rank{rank}.json").write_text(json.dumps(done))
-    dist.destroy_process_group()
+    finished(manager, folder, rank, loaded(manager, state))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo over TCP on this host")
