@@ -85,7 +85,9 @@ def test_a_node_slurm_marks_down_is_left_out_of_a_new_step_in_the_same_job(tmp_p
     # resumed at the end, whatever happens.
     three_nodes()
     slow = ("fault.rank=1", "fault.slow_ms=1000")
-    drill = threading.Thread(target=down_rank_1_node, args=(tmp_path, slow), daemon=True)
+    # Composed here: Hydra's global state is not the drill thread's to share with the run composing beside it.
+    folder = Path(make_config("train_segment", tmp_path, *BASE, *SLURM, *slow).io.submitit)
+    drill = threading.Thread(target=down_rank_1_node, args=(folder,), daemon=True)
     drill.start()
     summary = run_segment(tmp_path, tokens, *BASE, *SLURM, *slow)
     drill.join()
@@ -94,9 +96,9 @@ def test_a_node_slurm_marks_down_is_left_out_of_a_new_step_in_the_same_job(tmp_p
     assert len(idle_nodes()) == 3  # the node is back for the tests after this one
 
 
-def down_rank_1_node(root: Path, extra: tuple[str, ...]) -> None:
-    """Set the node of step 0's rank 1 down once that rank has trained a step; resume it once step 1 started."""
-    folder = Path(make_config("train_segment", root, *BASE, *SLURM, *extra).io.submitit)
+def down_rank_1_node(folder: Path) -> None:
+    """Set the node of step 0's rank 1 (whose job's files are in `folder`) down once that rank has trained a step;
+    resume it once step 1 started."""
     deadline, node = time.monotonic() + 300, None
     try:
         while time.monotonic() < deadline and node is None:
