@@ -4,12 +4,15 @@ follows, which go back to the stage (a new job, or its end), and the hosts of th
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from submitit.helpers import DelayedSubmission
 from submitit.slurm.slurm import SlurmExecutor
 
+from tests.conftest import make_config
 from trainflow.config import compose
+from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.launch import build_executor
 from trainflow.launch import supervisor as launch_supervisor
@@ -18,6 +21,7 @@ from trainflow.launch.supervisor import SrunSteps, Supervisor, allocated, swappe
 from trainflow.launch.task import MASTER_ADDR
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure
+from trainflow.stages.train_segment import drill
 from trainflow.train.arrivals import Arrival, ArrivalKind, drilled_hosts
 
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited"
@@ -136,3 +140,16 @@ def test_a_host_blamed_only_for_injected_failures_is_not_left_out_of_later_jobs(
     assert drilled_hosts(ledger, jobs) == {"n1", "n2"}  # n3's failure was no drill's
     assert drilled_hosts(ledger, [*jobs, job(3, ["n1"], 50.0)]) == {"n2"}  # n1 failed again, undrilled
     assert drilled_hosts(tmp_path / "none.jsonl", jobs) == frozenset()
+
+
+def test_a_faults_file_written_into_a_run_without_a_drill_excuses_no_host(tmp_path):
+    """Only a drill (fault.mtbf_s) reads faults.jsonl: a line written there cannot bring back a host a real failure
+    blamed (train_segment.drill)."""
+    plain = make_config("train_segment", tmp_path)
+    ledger = Path(RunFolder.faults_log(plain.io.checkpoints))
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    Journal(ledger, Arrival).append(Arrival(10.0, ArrivalKind.START))
+    Journal(ledger, Arrival).append(Arrival(15.0, ArrivalKind.KILL, rank=1, host="n2"))
+    job = JobRun(0, 0, "7.0", 10.0, 10.0, 20.0, JobOutcome.DIED, left_out=["n2"])
+    assert drill(plain) == {}
+    assert drill(make_config("train_segment", tmp_path, "fault.mtbf_s=30"))["excused"]([job]) == {"n2"}

@@ -92,15 +92,20 @@ class TrainSegment(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(TrainSegment(self.cfg, self.attempt))
 
 
+def drill(cfg: TrainflowConfig) -> dict:
+    """Where fault.mtbf_s injects failures at a rate: the campaign's clock started before its first job
+    (train.arrivals), and run_jobs' `excused`, which lets later jobs use again the hosts only the drill's failures were
+    blamed on (train.arrivals.drilled_hosts). Nothing otherwise: a campaign without a drill reads no faults.jsonl, so
+    no file in the run folder can excuse a host a real failure blamed."""
+    if not cfg.fault.mtbf_s:
+        return {}
+    ledger = Path(RunFolder.faults_log(cfg.io.checkpoints))
+    start_clock(ledger, mtbf_s=cfg.fault.mtbf_s, seed=cfg.fault.seed, hang_share=cfg.cluster.hardware.hang_share)
+    return {"excused": functools.partial(drilled_hosts, ledger)}
+
+
 def run(cfg: TrainflowConfig) -> StageFigures:
-    if cfg.fault.mtbf_s:  # failures at a rate: the campaign's clock, before its first job (train.arrivals)
-        ledger = Path(RunFolder.faults_log(cfg.io.checkpoints))
-        start_clock(ledger, mtbf_s=cfg.fault.mtbf_s, seed=cfg.fault.seed, hang_share=cfg.cluster.hardware.hang_share)
-    # A drill's hosts come back for later jobs (train.arrivals.drilled_hosts); a campaign without injected failures
-    # reads no faults.jsonl, so no file in the run folder can excuse a host a real failure blamed.
-    drilled = functools.partial(drilled_hosts, Path(RunFolder.faults_log(cfg.io.checkpoints)))
-    extra = {"excused": drilled} if cfg.fault.mtbf_s else {}
-    results: list[RankResult] = run_jobs(cfg, functools.partial(TrainSegment, cfg), **extra)
+    results: list[RankResult] = run_jobs(cfg, functools.partial(TrainSegment, cfg), **drill(cfg))
     summary = results[0].summary
     if not summary.completed:
         raise StageError(f"segment {cfg.segment} stopped at step {summary.end_step} before its end; rerun it to resume")
