@@ -33,7 +33,7 @@ def peer_maps(*addresses: Address) -> list[str]:
 
 
 def test_a_peer_maps_the_readers_bytes_and_nothing_at_a_forged_or_stale_address():
-    shared = SharedBytes(3 << 20, name="__0_0.distcp")
+    shared = SharedBytes(3 << 20)
     shared.tensor.copy_(torch.randint(0, 256, (3 << 20,), dtype=torch.uint8))
     forged = [
         dataclasses.replace(shared.address, token="0" * 32),  # the descriptor, another memfd's name
@@ -49,5 +49,5 @@ def test_a_peer_maps_the_readers_bytes_and_nothing_at_a_forged_or_stale_address(
 
 def test_a_reader_that_has_gone_shares_nothing():
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    address = Address("__0_0.distcp", int(gone.stdout), 3, "0" * 32, 1 << 20)
+    address = Address(int(gone.stdout), 3, "0" * 32, 1 << 20)
     assert mapped(address) is None and mapped(None) is None

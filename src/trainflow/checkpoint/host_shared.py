@@ -1,7 +1,7 @@
 """A checkpoint file's bytes, read once by one rank into memory that the ranks on its host map and copy from:
 checkpoint.single_read's exchange between peers that share a host.
 
-    python -m pytest tests/unit/test_single_read.py -k host
+    python -m pytest tests/unit/test_host_shared.py tests/unit/test_single_read.py
 
 Gloo, the CPU backend, has no shared-memory transport: two ranks of one host exchange over TCP loopback, a copy into
 the kernel and one out of it per byte plus the stack's work, on cores the load needs (benchmarks/checkpoint_load.py).
@@ -29,10 +29,9 @@ PREFIX = "trainflow-load-"
 
 @dataclass(frozen=True)
 class Address:
-    """Where a peer on the same host finds a SharedBytes: the checkpoint file it holds, the reader's process, its
-    descriptor, the memfd's token, its size."""
+    """Where a peer on the same host finds a SharedBytes: the reader's process, its descriptor, the memfd's token,
+    its size."""
 
-    name: str
     pid: int
     fd: int
     token: str
@@ -44,13 +43,12 @@ class Address:
 
 
 class SharedBytes:
-    """`size` bytes of memory (`tensor`, uint8) for the checkpoint file `name`, which processes of this user on this
-    host can map while the reader holds it open; OSError where the memory cannot be had (reserved whole up front: no
-    SIGBUS on a page later)."""
+    """`size` bytes of memory (`tensor`, uint8), which processes of this user on this host can map while the reader
+    holds it open; OSError where the memory cannot be had (reserved whole up front: no SIGBUS on a page later)."""
 
-    def __init__(self, size: int, *, name: str) -> None:
-        self.token = secrets.token_hex(16)
-        self.fd: int | None = os.memfd_create(PREFIX + self.token, os.MFD_CLOEXEC)
+    def __init__(self, size: int) -> None:
+        token = secrets.token_hex(16)
+        self.fd: int | None = os.memfd_create(PREFIX + token, os.MFD_CLOEXEC)
         try:
             if size:
                 os.posix_fallocate(self.fd, 0, size)
@@ -59,7 +57,7 @@ class SharedBytes:
             os.close(self.fd)
             raise
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
-        self.address = Address(name, os.getpid(), self.fd, self.token, size)
+        self.address = Address(os.getpid(), self.fd, token, size)
 
     def unshare(self) -> None:
         """Close the descriptor peers open it by (those that mapped it keep their mapping); `tensor` stays valid."""

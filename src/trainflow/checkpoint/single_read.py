@@ -169,7 +169,7 @@ class SingleReader(InPlaceReader):
         items: dict[str, list[ReadItem]] = {}
         for item in sorted(plan.items, key=self.item_offset):  # the order both ends of an exchange list it in
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        sharing: list[SharedBytes] = []
+        sharing: dict[str, SharedBytes] = {}
         try:
             held, described, addresses = self.read_own(plan, [s for s in shares if s.reader == rank], sharing, clock)
             coming = [s for s in shares if rank in s.receivers]
@@ -180,7 +180,7 @@ class SingleReader(InPlaceReader):
             self.bytes_received += sum(x.nbytes for ls in landings.values() for x in ls)
             asked = self.gathered({n: [(x.start, x.nbytes) for x in ls if x.nbytes] for n, ls in landings.items()})
         finally:
-            for shared in sharing:  # every peer that maps a file has it mapped by now
+            for shared in sharing.values():  # every peer that maps a file has it mapped by now
                 shared.unshare()
         clock.lap("agree")
         # Every send and receive posted at once, as one batch (NCCL pairs a batch's sends and receives, where ops issued
@@ -240,13 +240,13 @@ class SingleReader(InPlaceReader):
         return everyone
 
     def read_own(
-        self, plan: LoadPlan, mine: list[FileShare], sharing: list[SharedBytes], clock: Clock
+        self, plan: LoadPlan, mine: list[FileShare], sharing: dict[str, SharedBytes], clock: Clock
     ) -> tuple[dict[str, torch.Tensor], dict, dict[str, Address]]:
         """Read this rank's share of the files, each checked against its CRC, and describe their records; then every
         rank learns whether every rank's checks passed (a collective), and all raise the first failure, before any
         byte is exchanged. This rank's files; every file's records by offset (None: not described); where each file
         that others need and its reader holds in memory its host can share (checkpoint.host_shared) is found. The
-        shared memory this rank made is appended to `sharing`."""
+        shared memory this rank made goes into `sharing`, by file."""
         held, described, error, addresses = {}, {}, None, {}
         try:
             for item in plan.items:
@@ -262,7 +262,7 @@ class SingleReader(InPlaceReader):
                 held = dict(zip((s.name for s in mine), pool.map(read, mine), strict=True))
             self.bytes_read += sum(s.bytes for s in mine)
             described = {name: self.described(name, data) for name, data in held.items()}
-            addresses = {s.address.name: s.address for s in sharing}
+            addresses = {name: shared.address for name, shared in sharing.items()}
         except (ChecksumError, OSError) as err:
             error = err
         clock.lap("read")
@@ -275,16 +275,16 @@ class SingleReader(InPlaceReader):
             {n: a for _, _, near in everyone for n, a in near.items()},
         )
 
-    def shareable(self, share: FileShare, sharing: list[SharedBytes]) -> torch.Tensor | None:
+    def shareable(self, share: FileShare, sharing: dict[str, SharedBytes]) -> torch.Tensor | None:
         """Memory the ranks of this host can map for the file `share`, where others need it and the exchange runs on
-        the CPU (appended to `sharing`); None where the file is this rank's alone, or the memory cannot be had."""
+        the CPU (put in `sharing`); None where the file is this rank's alone, or the memory cannot be had."""
         if not (share.receivers and self.host_memory and self.device.type == "cpu"):
             return None
         try:
-            sharing.append(SharedBytes(share.bytes, name=share.name))
+            sharing[share.name] = SharedBytes(share.bytes)
         except OSError:  # no memfd here, or not that much memory: the bytes go over the group
             return None
-        return sharing[-1].tensor
+        return sharing[share.name].tensor
 
     def described(self, name: str, data: torch.Tensor) -> dict[int, SavedTensor | None]:
         """The records of the file `name`, read whole as `data`, by offset (checkpoint.tensor_record)."""
