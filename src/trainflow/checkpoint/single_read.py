@@ -256,9 +256,11 @@ class SingleReader(InPlaceReader):
                         f"could run code: trainflow saves only tensors; delete {self.path}"
                     )
             folder, files = Path(self.path), self.manifest.files
-            into = {s.name: self.shareable(s, sharing) for s in mine}
+
+            def read(s: FileShare) -> torch.Tensor:  # the shared memory is made here, its pages zeroed beside the reads
+                return read_checked(folder / s.name, files[s.name], directory=folder, into=self.shareable(s, sharing))
+
             with ThreadPoolExecutor(max_workers=max(1, min(self.thread_count, len(mine)))) as pool:
-                read = lambda s: read_checked(folder / s.name, files[s.name], directory=folder, into=into[s.name])  # noqa: E731
                 held = dict(zip((s.name for s in mine), pool.map(read, mine), strict=True))
             self.bytes_read += sum(s.bytes for s in mine)
             described = {name: self.described(name, data) for name, data in held.items()}
