@@ -11,20 +11,20 @@ at each size and per byte (`per_byte`: the growth of the time from the smaller s
 what a load costs whatever its size; that is what a campaign's load of hundreds of GB sees).
 
 The replicated state is each `--mb` MB of fp32 tensors of 4 MB (a dp replica's model and AdamW moments), saved once by
-CheckpointManager at each world size as a dpN run saves it. The loads then run in one world of 4 gloo ranks (CPU): dpN
-is its first N ranks' group, so dp1, dp2 and dp4 interleave round by round, in reverse order every other round, and
-see the same machine; the ranks outside a load's group wait at a barrier. Before each load rank 0 drops the
-checkpoint's files from this kernel's page cache (fsync + posix_fadvise(DONTNEED)); a load is rank 0 of the group
-checking the manifest, then the load into the state's tensors, built and written before the rounds as a job's model
-and optimizer state are (zeroed before each load, checked equal after); its time is the slowest rank's. A job start
-runs in fresh processes, whose buffers are fresh memory (this VM's host backs it at 0.25-0.8 GB/s): glibc would
-recycle freed buffers under 32 MB from round to round, so the ranks run with MALLOC_MMAP_THRESHOLD_ fixed at 1 MB and
-every buffer of 1 MB or more is fresh in every round. The single read's bytes are the reader's own counter; the
-per-replica load's are rank 0's CRC pass plus the bytes of the records each rank's DCP plan reads; after that pass
-its repeats come from this kernel's page cache, which replicas on separate nodes do not share. `exchange_floor` is
-gloo's batch_isend_irecv of the bytes the single read exchanges (each rank's 1/N of the state to every peer, into
-written memory), nothing else. Times are medians of the rounds after the first; CPU seconds (time.process_time: all
-of a rank's threads, gloo's included) are summed over a group's ranks.
+CheckpointManager at each world size as a dpN run saves it; each dp loads both the dp4 run's checkpoint and its own
+(SAVED). The loads then run in one world of 4 gloo ranks (CPU): dpN is its first N ranks' group, so dp1, dp2 and dp4
+interleave round by round, in reverse order every other round, and see the same machine; the ranks outside a load's
+group wait at a barrier. Before each load rank 0 drops the checkpoint's files from this kernel's page cache (fsync +
+posix_fadvise(DONTNEED)); a load is rank 0 of the group checking the manifest, then the load into the state's tensors,
+built and written before the rounds as a job's model and optimizer state are (zeroed before each load, checked equal
+after); its time is the slowest rank's. A job start runs in fresh processes, whose buffers are fresh memory (this VM's
+host backs it at 0.25-0.8 GB/s): glibc would recycle freed buffers under 32 MB from round to round, so the ranks run
+with MALLOC_MMAP_THRESHOLD_ fixed at 1 MB and every buffer of 1 MB or more is fresh in every round. The single read's
+bytes are the reader's own counter; the per-replica load's are rank 0's CRC pass plus the bytes of the records each
+rank's DCP plan reads; after that pass its repeats come from this kernel's page cache, which replicas on separate nodes
+do not share. `exchange_floor` is gloo's batch_isend_irecv of the bytes the single read exchanges (each rank's 1/N of
+the state to every peer, into written memory), nothing else. Times are medians of the rounds after the first; CPU
+seconds (time.process_time: all of a rank's threads, gloo's included) are summed over a group's ranks.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ from trainflow.checkpoint.single_read import PHASES, SingleReader
 
 DPS = (1, 4, 2)
 """The order of a round's loads (reversed every other round): dp1 and dp4 side by side."""
+SAVED = (f"dp{max(DPS)}", "own")
+"""Which checkpoint each load reads: the one the dp4 run saved, at every dp (the same files and bytes: only the load's
+parallelism changes), and each dpN's own, as a job start after a dpN run reads it (a dp1 run saves 2 files of 1/2 of
+the state, a dp4 run 8 of 1/8)."""
 TENSOR_MB = 4
 KINDS = ("single", "single_over_group", "per_replica", "exchange_floor")
 """The single read as CheckpointManager.load runs it (the ranks of this host exchange through its memory); the same
@@ -148,16 +152,21 @@ def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, group: dist
     return row
 
 
+def loads() -> list[tuple[str, str, int]]:
+    """A round's loads: (SAVED, KINDS, dp); the bare exchange, which reads no checkpoint, once per dp past 1."""
+    out = [(saved, kind, dp) for saved in SAVED for kind in KINDS[:-1] for dp in DPS]
+    return out + [(SAVED[0], KINDS[-1], dp) for dp in DPS if dp != 1]
+
+
 def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
     groups = {dp: dist.new_group(list(range(dp))) for dp in DPS}  # every rank makes every group
     s = state(mb)
     dest = blank(s)  # written: a job's model and optimizer state exist before its load
     floor = {dp: floor_buffers(rank, dp, mb * (1 << 20) // dp) for dp in DPS if rank < dp}
-    out: dict[str, dict[int, list]] = {kind: {dp: [] for dp in DPS} for kind in KINDS}
+    out = {saved: {kind: {dp: [] for dp in DPS} for kind in KINDS} for saved in SAVED}
     for r in range(rounds):
-        order = [(kind, dp) for kind in KINDS for dp in DPS if not (kind == "exchange_floor" and dp == 1)]
-        for kind, dp in order if r % 2 == 0 else order[::-1]:
-            folder = step_dir(Path(work, f"dp{dp}"), 1)
+        for saved, kind, dp in loads() if r % 2 == 0 else loads()[::-1]:
+            folder = step_dir(Path(work, saved if saved != "own" else f"dp{dp}"), 1)
             dist.barrier()
             if rank == 0:
                 drop_cache(sorted(folder.iterdir()))
@@ -166,7 +175,7 @@ def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
                 row = timed(kind, dp, folder, dest, floor, groups[dp])
                 if kind != "exchange_floor" and not all(torch.equal(a, b) for a, b in zip(tensors(dest), tensors(s))):
                     raise AssertionError(f"the {kind} load at dp{dp} did not restore the state")
-                out[kind][dp].append(row)
+                out[saved][kind][dp].append(row)
     return out
 
 
@@ -185,6 +194,7 @@ def summary(rows: list[dict], size: int) -> dict:
 
 
 def report(out: dict, sizes: dict[int, int]) -> dict:
+    """One checkpoint's loads (`out`: by kind and dp) against the checkpoint's bytes (`sizes`: by dp)."""
     result: dict[str, dict] = {}
     for kind in KINDS:
         rows = {
@@ -202,6 +212,14 @@ def report(out: dict, sizes: dict[int, int]) -> dict:
     return result
 
 
+def reports(out: dict, sizes: dict[int, int]) -> dict:
+    """report() for each checkpoint of SAVED."""
+    return {
+        saved: report(out[saved], sizes if saved == "own" else dict.fromkeys(sizes, sizes[int(saved[2:])]))
+        for saved in SAVED
+    }
+
+
 def per_byte(small: dict, large: dict, kind: str = "single") -> dict:
     """What each further byte of the state costs a load at dp2 and dp4 against dp1: the medians' difference between
     the two sizes, over the bytes between them. Fixed costs (the group's collectives, 4-5 ms each among 4 ranks on
@@ -211,15 +229,17 @@ def per_byte(small: dict, large: dict, kind: str = "single") -> dict:
 
 
 def goals(results: dict[int, dict]) -> dict:
-    """Issue 32's goals: dp4's bytes read and its load time against dp1's at each size, and per byte."""
+    """Issue 32's goals, for each checkpoint of SAVED: dp4's bytes read and its load time against dp1's at each size,
+    and per byte."""
     out = {}
-    for mb, result in results.items():
-        dp4 = result["single"]["dp4"]
-        out[f"dp4_bytes_over_checkpoint <= 1.1 ({mb} MB)"] = dp4["bytes_over_checkpoint"] <= 1.1
-        out[f"dp4_load_over_dp1 <= 1.25 ({mb} MB)"] = dp4["s_over_dp1"] <= 1.25
-    if len(results) > 1:
-        slopes = per_byte(results[min(results)], results[max(results)])
-        out["dp4_load_over_dp1 <= 1.25 (per byte)"] = slopes["dp4_over_dp1"] <= 1.25
+    for saved in SAVED:
+        for mb, result in results.items():
+            dp4 = result[saved]["single"]["dp4"]
+            out[f"dp4_bytes_over_checkpoint <= 1.1 ({mb} MB, {saved})"] = dp4["bytes_over_checkpoint"] <= 1.1
+            out[f"dp4_load_over_dp1 <= 1.25 ({mb} MB, {saved})"] = dp4["s_over_dp1"] <= 1.25
+        if len(results) > 1:
+            slopes = per_byte(results[min(results)][saved], results[max(results)][saved])
+            out[f"dp4_load_over_dp1 <= 1.25 (per byte, {saved})"] = slopes["dp4_over_dp1"] <= 1.25
     return out
 
 
@@ -238,11 +258,15 @@ def main() -> None:
         try:
             sizes = {dp: run_ranks(save_main, dp, str(work / f"dp{dp}"), mb)[0] for dp in sorted(DPS)}
             log(f"saved {mb} MB at dp{', dp'.join(map(str, sorted(DPS)))}; loading: {rounds} rounds")
-            results[mb] = report(run_ranks(load_main, max(DPS), str(work), mb, rounds)[0], sizes)
+            results[mb] = reports(run_ranks(load_main, max(DPS), str(work), mb, rounds)[0], sizes)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    loads = [kind for kind in KINDS if kind != "exchange_floor"]  # the floor has no dp1 to hold it against
-    slopes = {kind: per_byte(results[mbs[0]], results[mbs[-1]], kind) for kind in loads} if len(mbs) > 1 else {}
+    kinds = [kind for kind in KINDS if kind != "exchange_floor"]  # the floor has no dp1 to hold it against
+    slopes = {
+        saved: {kind: per_byte(results[mbs[0]][saved], results[mbs[-1]][saved], kind) for kind in kinds}
+        for saved in SAVED
+        if len(mbs) > 1
+    }
     emit(
         {
             "benchmark": "checkpoint_load",
