@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -41,10 +42,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from _common import drop_cache, emit, log, median, run_ranks
 
+from trainflow.checkpoint.host_shared import SharedBytes, mapped
 from trainflow.checkpoint.manager import CheckpointManager, step_dir
-from trainflow.checkpoint.manifest import check_complete, read_manifest, verify
+from trainflow.checkpoint.manifest import METADATA, check_complete, read_manifest, verify
 from trainflow.checkpoint.reader import ExactLoadPlanner, InPlaceReader
-from trainflow.checkpoint.single_read import PHASES, SingleReader
+from trainflow.checkpoint.single_read import PHASES, SingleReader, read_checked
 
 DPS = (1, 4, 2)
 """The order of a round's loads (reversed every other round): dp1 and dp4 side by side."""
@@ -53,9 +55,10 @@ SAVED = (f"dp{max(DPS)}", "own")
 parallelism changes), and each dpN's own, as a job start after a dpN run reads it (a dp1 run saves 2 files of 1/2 of
 the state, a dp4 run 8 of 1/8)."""
 TENSOR_MB = 4
-KINDS = ("single", "single_over_group", "per_replica", "exchange_floor")
+KINDS = ("single", "single_over_group", "per_replica", "bare_read", "exchange_floor")
 """The single read as CheckpointManager.load runs it (the ranks of this host exchange through its memory); the same
-over gloo, as ranks on separate hosts exchange; each replica reading its own copy; gloo's bare exchange."""
+over gloo, as ranks on separate hosts exchange; each replica reading its own copy; the single read's bare work (what
+any load of one copy into every replica must do here, the floor it is held against); gloo's bare exchange."""
 
 
 class CountingReader(InPlaceReader):
@@ -122,6 +125,33 @@ def per_replica(folder: Path, dest: dict, group: dist.ProcessGroup) -> tuple[int
     return checked + reader.bytes_read, {}
 
 
+def bare_read(folder: Path, sink: torch.Tensor, group: dist.ProcessGroup) -> tuple[int, dict]:
+    """The single read's bare work at dpN: each rank reads and checks its 1/N of the files (read_checked, 2 threads)
+    into memory its host shares (checkpoint.host_shared; at dp1, fresh memory), the ranks gather where it is (one
+    collective), and every rank copies every file into `sink` (written memory, as the state is); a barrier, so no
+    reader frees what a peer still copies. No DCP, no records parsed, no plan."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    files = read_manifest(folder).files
+    names = sorted(name for name in files if name != METADATA)
+    mine = names[rank::n]
+    shared = {name: SharedBytes(files[name].bytes) for name in mine} if n > 1 else {}
+    into = {name: shared[name].tensor if shared else None for name in mine}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        read = lambda name: read_checked(folder / name, files[name], directory=folder, into=into[name])  # noqa: E731
+        held = dict(zip(mine, pool.map(read, mine), strict=True))
+    addresses: list = [None] * n
+    dist.all_gather_object(addresses, {name: s.address for name, s in shared.items()}, group=group)
+    at, near = 0, {name: a for peer in addresses for name, a in peer.items()}
+    for name in (name for name in names if files[name].bytes):  # an empty file (a rank that saved nothing) maps not
+        data = held[name] if name in held else mapped(near[name])
+        sink[at : at + data.numel()].copy_(data)
+        at += data.numel()
+    dist.barrier(group=group)
+    for s in shared.values():
+        s.unshare()
+    return sum(files[name].bytes for name in mine), {}
+
+
 def exchange_floor(mine: torch.Tensor, into: dict[int, torch.Tensor], group: dist.ProcessGroup) -> tuple[int, dict]:
     ops = [dist.P2POp(dist.isend, mine, group=group, group_peer=p) for p in into]
     ops += [dist.P2POp(dist.irecv, t, group=group, group_peer=p) for p, t in into.items()]
@@ -130,7 +160,7 @@ def exchange_floor(mine: torch.Tensor, into: dict[int, torch.Tensor], group: dis
     return 0, {}
 
 
-def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, group: dist.ProcessGroup) -> dict:
+def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, sink: torch.Tensor, group: dist.ProcessGroup):
     """One load (or bare exchange) on `group`: its slowest rank's time, this group's bytes read and CPU seconds."""
     for t in tensors(dest):
         t.zero_()
@@ -140,6 +170,8 @@ def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, group: dist
         read, phases = exchange_floor(*floor[dp], group)
     elif kind == "per_replica":
         read, phases = per_replica(folder, dest, group)
+    elif kind == "bare_read":
+        read, phases = bare_read(folder, sink, group)
     else:
         read, phases = single_read(folder, dest, group, host_memory=kind == "single")
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -163,6 +195,7 @@ def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
     s = state(mb)
     dest = blank(s)  # written: a job's model and optimizer state exist before its load
     floor = {dp: floor_buffers(rank, dp, mb * (1 << 20) // dp) for dp in DPS if rank < dp}
+    sink = torch.ones(max(read_manifest(step_dir(p, 1)).nbytes for p in Path(work).iterdir()), dtype=torch.uint8)
     out = {saved: {kind: {dp: [] for dp in DPS} for kind in KINDS} for saved in SAVED}
     for r in range(rounds):
         for saved, kind, dp in loads() if r % 2 == 0 else loads()[::-1]:
@@ -172,8 +205,8 @@ def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
                 drop_cache(sorted(folder.iterdir()))
             dist.barrier()
             if rank < dp:
-                row = timed(kind, dp, folder, dest, floor, groups[dp])
-                if kind != "exchange_floor" and not all(torch.equal(a, b) for a, b in zip(tensors(dest), tensors(s))):
+                row = timed(kind, dp, folder, dest, floor, sink, groups[dp])
+                if kind in KINDS[:3] and not all(torch.equal(a, b) for a, b in zip(tensors(dest), tensors(s))):
                     raise AssertionError(f"the {kind} load at dp{dp} did not restore the state")
                 out[saved][kind][dp].append(row)
     return out
