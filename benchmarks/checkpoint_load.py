@@ -30,6 +30,7 @@ seconds (time.process_time: all of a rank's threads, gloo's included) are summed
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import tempfile
@@ -55,10 +56,11 @@ SAVED = (f"dp{max(DPS)}", "own")
 parallelism changes), and each dpN's own, as a job start after a dpN run reads it (a dp1 run saves 2 files of 1/2 of
 the state, a dp4 run 8 of 1/8)."""
 TENSOR_MB = 4
-KINDS = ("single", "single_over_group", "per_replica", "bare_read", "exchange_floor")
+KINDS = ("single", "single_over_group", "per_replica", "bare_read", "bare_pull", "exchange_floor")
 """The single read as CheckpointManager.load runs it (the ranks of this host exchange through its memory); the same
 over gloo, as ranks on separate hosts exchange; each replica reading its own copy; the single read's bare work (what
-any load of one copy into every replica must do here, the floor it is held against); gloo's bare exchange."""
+any load of one copy into every replica must do here, the floor it is held against), through a memfd as the load
+shares, and pulled from the reader's own memory by process_vm_readv; gloo's bare exchange."""
 
 
 class CountingReader(InPlaceReader):
@@ -125,27 +127,55 @@ def per_replica(folder: Path, dest: dict, group: dist.ProcessGroup) -> tuple[int
     return checked + reader.bytes_read, {}
 
 
-def bare_read(folder: Path, sink: torch.Tensor, group: dist.ProcessGroup) -> tuple[int, dict]:
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.process_vm_readv.restype = ctypes.c_ssize_t
+
+
+def pulled(pid: int, address: int, into: torch.Tensor) -> None:
+    """`into.numel()` bytes at `address` in process `pid` copied into `into` by process_vm_readv (Linux's cross-memory
+    attach, MPI's CMA; Python has no binding)."""
+    done, size = 0, into.numel()
+    while done < size:
+        local, remote = IoVec(into.data_ptr() + done, size - done), IoVec(address + done, size - done)
+        if (n := LIBC.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)) <= 0:
+            raise OSError(ctypes.get_errno(), f"process_vm_readv from process {pid}")
+        done += n
+
+
+def bare_read(folder: Path, sink: torch.Tensor, group: dist.ProcessGroup, *, pull: bool) -> tuple[int, dict]:
     """The single read's bare work at dpN: each rank reads and checks its 1/N of the files (read_checked, 2 threads)
-    into memory its host shares (checkpoint.host_shared; at dp1, fresh memory), the ranks gather where it is (one
-    collective), and every rank copies every file into `sink` (written memory, as the state is); a barrier, so no
-    reader frees what a peer still copies. No DCP, no records parsed, no plan."""
+    into memory its host shares (checkpoint.host_shared; at dp1, or where peers `pull`, its own fresh memory), the
+    ranks gather where it is (one collective), and every rank copies every file into `sink` (written memory, as the
+    state is): from a mapping of the memfd, or pulled (process_vm_readv); a barrier, so no reader frees what a peer
+    still copies. No DCP, no records parsed, no plan."""
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     files = read_manifest(folder).files
     names = sorted(name for name in files if name != METADATA)
     mine = names[rank::n]
-    shared = {name: SharedBytes(files[name].bytes) for name in mine} if n > 1 else {}
+    shared = {name: SharedBytes(files[name].bytes) for name in mine} if n > 1 and not pull else {}
     into = {name: shared[name].tensor if shared else None for name in mine}
     with ThreadPoolExecutor(max_workers=2) as pool:
         read = lambda name: read_checked(folder / name, files[name], directory=folder, into=into[name])  # noqa: E731
         held = dict(zip(mine, pool.map(read, mine), strict=True))
+    where = {name: s.address for name, s in shared.items()} or {
+        name: (os.getpid(), t.data_ptr()) for name, t in held.items()
+    }
     addresses: list = [None] * n
-    dist.all_gather_object(addresses, {name: s.address for name, s in shared.items()}, group=group)
+    dist.all_gather_object(addresses, where, group=group)
     at, near = 0, {name: a for peer in addresses for name, a in peer.items()}
     for name in (name for name in names if files[name].bytes):  # an empty file (a rank that saved nothing) maps not
-        data = held[name] if name in held else mapped(near[name])
-        sink[at : at + data.numel()].copy_(data)
-        at += data.numel()
+        size = files[name].bytes
+        if name in held:
+            sink[at : at + size].copy_(held[name])
+        elif pull:
+            pulled(*near[name], sink[at : at + size])
+        else:
+            sink[at : at + size].copy_(mapped(near[name]))
+        at += size
     dist.barrier(group=group)
     for s in shared.values():
         s.unshare()
@@ -170,8 +200,8 @@ def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, sink: torch
         read, phases = exchange_floor(*floor[dp], group)
     elif kind == "per_replica":
         read, phases = per_replica(folder, dest, group)
-    elif kind == "bare_read":
-        read, phases = bare_read(folder, sink, group)
+    elif kind.startswith("bare_"):
+        read, phases = bare_read(folder, sink, group, pull=kind == "bare_pull")
     else:
         read, phases = single_read(folder, dest, group, host_memory=kind == "single")
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
