@@ -61,6 +61,8 @@ KINDS = ("single", "single_over_group", "per_replica", "bare_read", "bare_pull",
 over gloo, as ranks on separate hosts exchange; each replica reading its own copy; the single read's bare work (what
 any load of one copy into every replica must do here, the floor it is held against), through a memfd as the load
 shares, and pulled from the reader's own memory by process_vm_readv; gloo's bare exchange."""
+STATE_LOADS = ("single", "single_over_group", "per_replica")
+"""The kinds that load the state (checked equal to the saved one after each load)."""
 
 
 class CountingReader(InPlaceReader):
@@ -216,8 +218,8 @@ def timed(kind: str, dp: int, folder: Path, dest: dict, floor: dict, sink: torch
 
 def loads() -> list[tuple[str, str, int]]:
     """A round's loads: (SAVED, KINDS, dp); the bare exchange, which reads no checkpoint, once per dp past 1."""
-    out = [(saved, kind, dp) for saved in SAVED for kind in KINDS[:-1] for dp in DPS]
-    return out + [(SAVED[0], KINDS[-1], dp) for dp in DPS if dp != 1]
+    out = [(saved, kind, dp) for saved in SAVED for kind in KINDS if kind != "exchange_floor" for dp in DPS]
+    return out + [(SAVED[0], "exchange_floor", dp) for dp in DPS if dp != 1]
 
 
 def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
@@ -236,7 +238,7 @@ def load_main(rank: int, world: int, work: str, mb: int, rounds: int) -> dict:
             dist.barrier()
             if rank < dp:
                 row = timed(kind, dp, folder, dest, floor, sink, groups[dp])
-                if kind in KINDS[:3] and not all(torch.equal(a, b) for a, b in zip(tensors(dest), tensors(s))):
+                if kind in STATE_LOADS and not all(torch.equal(a, b) for a, b in zip(tensors(dest), tensors(s))):
                     raise AssertionError(f"the {kind} load at dp{dp} did not restore the state")
                 out[saved][kind][dp].append(row)
     return out
@@ -278,8 +280,7 @@ def report(out: dict, sizes: dict[int, int]) -> dict:
 def reports(out: dict, sizes: dict[int, int]) -> dict:
     """report() for each checkpoint of SAVED."""
     return {
-        saved: report(out[saved], sizes if saved == "own" else dict.fromkeys(sizes, sizes[int(saved[2:])]))
-        for saved in SAVED
+        saved: report(out[saved], sizes if saved == "own" else dict.fromkeys(sizes, sizes[max(DPS)])) for saved in SAVED
     }
 
 
