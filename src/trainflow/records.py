@@ -10,6 +10,12 @@ its value, or None); written by hand because the standard library has no inverse
 function keeps the records free of a dependency. A document written by another trainflow version, or altered, fails
 in one line naming the file, the missing or unexpected field and the stage to rerun: these files may be hostile, so
 nothing in them is trusted to have the right shape.
+
+Every document carries its record's format (`"format": n`, FORMAT; a document without one is format 1, as everything
+trainflow wrote before formats was). A document whose fields change, its own or those of a record nested in it, takes
+the next format and a migration from the one before (MIGRATIONS: format n's document -> format n + 1's), so a reader
+upgrades an older document explicitly, step by step, and refuses a newer one in one line (NewerFormatError): a campaign
+outlives the trainflow release that began it. Nested records carry no format of their own: their document's does.
 """
 
 from __future__ import annotations
@@ -19,27 +25,49 @@ import enum
 import json
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from trainflow.errors import TrainflowError
 
 R = TypeVar("R", bound="Record")
 
 
+FORMAT_KEY = "format"
+
+
 class RecordError(TrainflowError):
     """A document that does not hold the record it should."""
 
 
+class NewerFormatError(RecordError):
+    """A document in a format this trainflow does not read yet: written by a newer release."""
+
+
 class Record:
-    """Base of the typed records: `to_json` writes the fields, `from_json` reads them back."""
+    """Base of the typed records: `to_json` writes the fields and the format, `from_json` reads them back."""
+
+    FORMAT: ClassVar[int] = 1
+    """The format of the record's document: one more each time its fields change."""
+    MIGRATIONS: ClassVar[dict[int, Callable[[dict], dict]]] = {}
+    """Format n -> the function that rewrites a format-n document (without its format key) as format n + 1's."""
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """The document: the fields, and the format (only here: records nested in it are written without theirs)."""
+        return {FORMAT_KEY: self.FORMAT, **dataclasses.asdict(self)}  # type: ignore[call-overload]
 
     @classmethod
     def from_json(cls: type[R], data: object, *, where: str = "") -> R:
-        return _build(cls, data, where or cls.__name__)
+        """The record a document holds, upgraded from its format first (the records nested in it are its own: a
+        document's migrations rewrite them)."""
+        where = where or cls.__name__
+        return _build(cls, upgraded(cls, data, where) if isinstance(data, dict) else data, where)
+
+
+def fields_added(data: dict) -> dict:
+    """A migration to a format that only added fields with defaults: the older document reads as it is."""
+    return data
 
 
 def read_record(cls: type[R], path: str | Path, *, rerun: str = "the stage that writes it") -> R:
@@ -49,12 +77,34 @@ def read_record(cls: type[R], path: str | Path, *, rerun: str = "the stage that 
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise RecordError(f"{path} is missing: {rerun} has not run; run the whole DAG or force that stage") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deep
         raise RecordError(f"{path} is not readable JSON ({err}); rerun {rerun}") from err
     try:
         return cls.from_json(data, where=str(path))
+    except NewerFormatError:
+        raise
     except RecordError as err:
         raise RecordError(f"{err}; it was written by another trainflow version or altered: rerun {rerun}") from None
+
+
+def upgraded(kind: type[Record], data: dict, where: str) -> dict:
+    """A document of `kind` without its format key, migrated from its format to kind.FORMAT; one NewerFormatError
+    where it is newer than this trainflow reads."""
+    data = dict(data)
+    version = data.pop(FORMAT_KEY, 1)
+    if type(version) is not int or version < 1:
+        raise RecordError(f"{where} holds format {version!r}, not a format number (1, 2, ...)")
+    if version > kind.FORMAT:
+        raise NewerFormatError(
+            f"{where} is {kind.__name__} format {version}, written by a newer trainflow than this one (which reads "
+            f"formats up to {kind.FORMAT}): upgrade trainflow to read it; nothing was changed"
+        )
+    for step in range(version, kind.FORMAT):
+        try:
+            data = kind.MIGRATIONS[step](data)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:  # a hostile document: its fields' shapes
+            raise RecordError(f"{where} is {kind.__name__} format {step} but does not read as one ({err!r})") from None
+    return data
 
 
 def _build(kind: Any, data: object, where: str) -> Any:
@@ -72,6 +122,8 @@ def _build(kind: Any, data: object, where: str) -> Any:
     if isinstance(kind, type) and issubclass(kind, Record):
         if not isinstance(data, dict):
             raise RecordError(f"{where} holds {type(data).__name__}, not an object of {kind.__name__}'s fields")
+        if FORMAT_KEY in data:  # a record written as a document of its own (to_json) into another
+            data = upgraded(kind, data, where)
         hints = typing.get_type_hints(kind)
         fields = {f.name: f for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
         if extra := sorted(set(data) - set(fields)):

@@ -154,7 +154,16 @@ def test_a_manifest_that_is_not_what_trainflow_writes_is_one_line(tmp_path, case
 def test_a_manifest_round_trips_and_leaves_out_what_it_does_not_record(tmp_path):
     dcp_folder(tmp_path, step=3, provenance=Provenance(layout="tp2", init_from="hf/tiny"))
     written = json.loads((tmp_path / MANIFEST).read_text())
-    assert sorted(written) == ["algorithm", "file_count", "files", "init_from", "layout", "step", "world_size"]
+    assert sorted(written) == [
+        "algorithm",
+        "file_count",
+        "files",
+        "format",
+        "init_from",
+        "layout",
+        "step",
+        "world_size",
+    ]
     manifest = verify(tmp_path)
     assert (manifest.step, manifest.layout, manifest.init_from, manifest.guard) == (3, "tp2", "hf/tiny", None)
     assert manifest.world_size == 3 and len(manifest.files) == 7 and manifest.nbytes == 6 * 5000 + 100

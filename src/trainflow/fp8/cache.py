@@ -18,6 +18,7 @@ folder private to the builder and is renamed into place whole, so a reader sees 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -52,7 +53,8 @@ class BuildKey(Record):
     torch: str
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+        fields = dataclasses.asdict(self)  # not to_json: the document's format is no part of what was built
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ training reads), resumed by each segment and restart, and by the report stage, w
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from abc import ABC, abstractmethod
@@ -23,12 +24,14 @@ from trainflow.train.step_log import StepRecord
 
 SEPARATOR = re.compile(r"\|\s*:?-{3,}")
 """The row under a Markdown table's header: |---|---| or | --- | --- |."""
-NOT_SCALARS = ("step", "started", "skipped")
-"""A step record's fields that are no metric: the step (the x axis), a wall-clock time, the guard's reason."""
+NOT_SCALARS = ("step", "started", "skipped", "window", "sources")
+"""A step record's fields that are no metric: the step (the x axis), a wall-clock time, the guard's reason, its data
+window's positions and its rows per source."""
 
 
 def step_scalars(record: StepRecord) -> dict[str, float]:
-    scalars = {f"train/{k}": float(v) for k, v in record.to_json().items() if k not in NOT_SCALARS}
+    fields = dataclasses.asdict(record)
+    scalars = {f"train/{k}": float(v) for k, v in fields.items() if k not in NOT_SCALARS}
     return {**scalars, "train/applied": float(record.skipped is None)}
 
 
