@@ -47,6 +47,14 @@ SLURM_DRILL = (  # slow, slurm, 3 nodes
     "test_measured_goodput_with_hot_restarts_on_slurm_is_the_plan_from_the_runs_terms"
 )
 FROM_RUN = "tests/unit/test_plan_from_run.py::test_from_run_prints_the_plan_beside_the_measurement"
+CAMPAIGN = (
+    "tests/workflow/test_campaign.py::test_an_extended_campaign_trains_one_segment_and_a_variant_and_back_trains_none"
+)
+LAYOUT = "tests/distributed/test_steering.py::test_a_layout_change_at_a_segment_boundary_trains_on_like_the_old_layout"
+BRANCH = (
+    "tests/distributed/test_steering.py::"
+    "test_a_branch_trains_a_new_series_from_a_checkpoint_and_leaves_the_old_one_as_it_was"
+)
 MTBF_DRILL = (
     "experiment=smoke train.segments=2 train.segment_steps=120 checkpoint.interval_steps=3 "
     "cluster.hardware.hang_share=0.4 resilience.hang_detect_s=20 resilience.heartbeat_s=0.5 "
@@ -68,6 +76,21 @@ COMMANDS: dict[str, tuple[Ran | str, ...]] = {
         Ran(GOODPUT_DRILL, "fault.mtbf_s="),
     ),
     ".venv/bin/python -m trainflow.plan --from-run runs/mtbf": (Ran(FROM_RUN, '"--from-run"'),),
+    f'.venv/bin/snakemake {LOCAL} --config overrides="experiment=smoke train.segments=3"': (
+        DRY_RUN,
+        Ran(CAMPAIGN, "train.segments=3"),
+    ),
+    f'.venv/bin/snakemake {LOCAL} --config overrides="experiment=smoke train.segments=3 optim.lr=1e-3"': (
+        DRY_RUN,
+        Ran(CAMPAIGN, "train.segments=3 optim.lr=1e-3"),
+    ),
+    f'.venv/bin/snakemake {LOCAL} --config overrides="experiment=smoke train.segments=3 parallel=tp2"': (
+        DRY_RUN,
+        Ran(LAYOUT, '"tp2"'),
+    ),
+    f'.venv/bin/snakemake {LOCAL} --config overrides="experiment=smoke train.branch_from=6 optim.lr=1e-4"': (
+        Ran(BRANCH, "train.branch_from="),
+    ),
     "bash scripts/slurm_cluster.sh start --nodes 2": (Ran("scripts/test.sh", "slurm_cluster.sh start --nodes 2"),),
     "bash scripts/slurm_cluster.sh start --nodes 3": (Ran(SLURM_DRILL, "slurm_cluster.sh start --nodes 3"),),
     '.venv/bin/snakemake --profile profiles/slurm_local --config run=mtbf overrides="experiment=smoke '

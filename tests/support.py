@@ -21,6 +21,8 @@ from tests.conftest import REPO, make_config, run_segment
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.config import ModelConfig, TrainflowConfig
 from trainflow.config.run_folder import RunFolder
+from trainflow.data.sampler import TokenSampler
+from trainflow.data.stream import DataStream, migrated
 from trainflow.energy.metrics import JobMetrics
 from trainflow.journal import Journal
 from trainflow.resilience.ledger import JobRun
@@ -36,6 +38,8 @@ LAYERS = {
     "records": 1,
     "tensors": 1,
     "host": 1,
+    "code_version": 2,
+    "stream_position": 2,
     "config": 2,
     "journal": 2,
     "fp8": 3,
@@ -50,6 +54,7 @@ LAYERS = {
     "plan": 5,
     "export": 5,
     "resilience": 5,
+    "campaign": 5,
     "train": 6,
     "gate": 6,
     "report": 7,
@@ -296,3 +301,10 @@ def wandb_records(folder: Path, kind: str) -> list:
                 if record.WhichOneof("record_type") == kind:
                     found.append(record)
     return found
+
+
+def step_batch(sampler: TokenSampler, step: int, batch: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `rows` of training step `step` of a stream whose global batch was always `batch` (data.stream)."""
+    weights = dict(zip(sampler.names, sampler.weights))
+    position = migrated(step, [], batch=batch, weights=weights, seed=sampler.seed)
+    return sampler.train(DataStream(position, weights=weights, seed=sampler.seed).take(batch), rows, block=batch)

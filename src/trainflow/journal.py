@@ -2,7 +2,7 @@
 checked: the step, evaluation, guard and span logs of a segment, and the run's jobs ledger.
 
     python -c "from trainflow.journal import Journal; from trainflow.resilience.ledger import JobRun; \
-        print(Journal('runs/default/capacity/checkpoints/<hash>/jobs.jsonl', JobRun).read())"
+        print(Journal('runs/default/capacity/checkpoints/<series>/jobs.jsonl', JobRun).read())"
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 A stage module is `run(cfg) -> StageFigures` plus a two-line `stage_main` call; `run_stage` validates the config,
 runs the pre-flight checks (trainflow.preflight), meters the job (wall, CPU, RAPL/NVML energy where readable) and
 writes `io.job_metrics` (trainflow.energy.metrics.JobMetrics: the StageFigures run() reported, with the resolved
-config the job ran with), which `account_energy` and `report` read.
+config the job ran with), which `account_energy` and `report` read. A run() that finds its work already done and
+restores its outputs from where they were kept returns None: nothing was measured, and no metrics are written over
+the kept ones.
 """
 
 from __future__ import annotations
@@ -39,28 +41,37 @@ def stage_log(module_file: str) -> logging.Logger:
     return logging.getLogger(f"trainflow.{Path(module_file).stem}")
 
 
-def run_stage(raw: DictConfig, run: Callable[[TrainflowConfig], StageFigures]) -> None:
-    """Validate, pre-flight check, run and meter one stage; expected failures end in one error line and exit 1."""
+def run_stage(
+    raw: DictConfig,
+    run: Callable[[TrainflowConfig], StageFigures | None],
+    keep: Callable[[TrainflowConfig], str] | None = None,
+) -> None:
+    """Validate, pre-flight check, run and meter one stage; expected failures end in one error line and exit 1.
+    `keep` names a second place the metrics are written, kept beside the work they measure (a training segment's)."""
     try:
         cfg = to_config(raw)
         preflight(cfg)  # the files and tools it names, again: they may have changed since the DAG was built
         start = Reading.now()
         figures = run(cfg)
+        if figures is None:  # its work was done: run() restored its outputs, metrics included
+            return
         if figures.slurm_job_id is None:
             figures = dataclasses.replace(figures, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
         measured = delta(start, Reading.now())
         metrics = JobMetrics.of(
             figures, stage=cfg.stage, segment=cfg.segment, job=cfg.job or cfg.stage, config=as_dict(cfg), **measured
         )
+        if keep is not None:
+            write_json(keep(cfg), metrics.to_json())
         write_json(cfg.io.job_metrics, metrics.to_json())
     except TrainflowError as err:
         log.error("%s: %s", type(err).__name__, err)
         sys.exit(1)
 
 
-def stage_main(run: Callable, *, config_name: str) -> None:
+def stage_main(run: Callable, *, config_name: str, keep: Callable[[TrainflowConfig], str] | None = None) -> None:
     """`python -m trainflow.stages.<stage> [OVERRIDE ...]`: the stage's config from its command line, then run_stage."""
-    run_stage(command_line_config(config_name), run)
+    run_stage(command_line_config(config_name), run, keep)
 
 
 @functools.cache

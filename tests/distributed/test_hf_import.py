@@ -36,7 +36,7 @@ def transformers_val_loss(model, tokens: Path, cfg) -> float:
     losses = []
     with torch.no_grad():
         for i in range(t.eval_batches):
-            inputs, targets = sampler.batch("val", i, t.global_batch, slice(0, t.global_batch))
+            inputs, targets = sampler.evaluation(i, t.global_batch, slice(0, t.global_batch))
             logits = model.eval()(inputs).logits
             losses.append(float(F.cross_entropy(logits.flatten(0, 1), targets.flatten())))
     sampler.close()
@@ -66,10 +66,11 @@ def test_an_exported_checkpoint_starts_a_run_bitwise_where_it_ended(fixed_tokens
     first = run_segment(tmp_path / "a", fixed_tokens, *RUN)
     checkpoints = make_config("train_segment", tmp_path / "a", *RUN, tokens=fixed_tokens).io.checkpoints
     export(Path(checkpoints), tmp_path / "hf")
-    second = run_segment(tmp_path / "b", fixed_tokens, *RUN, f"io.init_from={tmp_path / 'hf'}")
+    init = f"io.init_from={tmp_path / 'hf'}"  # part of the campaign's identity: it names the series
+    second = run_segment(tmp_path / "b", fixed_tokens, *RUN, init)
     assert second["evals"][0]["val_loss"] == first["evals"][-1]["val_loss"]  # bitwise: the same weights, batches
     assert second["setup"]["init_from"] == str(tmp_path / "hf") and first["setup"]["init_from"] is None
-    series = make_config("train_segment", tmp_path / "b", *RUN, tokens=fixed_tokens).io.checkpoints
+    series = make_config("train_segment", tmp_path / "b", *RUN, init, tokens=fixed_tokens).io.checkpoints
     manifest = json.loads((step_dir(series, list_steps(Path(series))[-1]) / "manifest.json").read_text())
     assert manifest["init_from"] == str(tmp_path / "hf")
 

@@ -84,9 +84,9 @@ def test_status_and_trackers_follow_the_default_campaign(tmp_path, tokens):
     assert done.goodput == pytest.approx(sum(productive) / sum(walls))
 
     losses = {r["step"]: r["loss"] for s in (first, second) for r in s["steps"]}
-    folder = tmp_path / "train" / done.train_hash / "wandb"
+    folder = tmp_path / "train" / done.series / "wandb"
     assert len(list(folder.glob("wandb/offline-run-*"))) == 2  # one per segment's job ...
-    assert {r.run.run_id for r in wandb_records(folder, "run")} == {done.train_hash}  # ... of one run
+    assert {r.run.run_id for r in wandb_records(folder, "run")} == {done.series}  # ... of one run
     history = wandb_history(folder)
     assert {step: row["train/loss"] for step, row in history.items() if "train/loss" in row} == losses
     assert {step for step, row in history.items() if "eval/val_loss" in row} == {0, 3, 6}
@@ -95,6 +95,6 @@ def test_status_and_trackers_follow_the_default_campaign(tmp_path, tokens):
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (found,) = client.search_runs([client.get_experiment_by_name("trainflow").experiment_id])
-    assert found.data.tags["trainflow.train_hash"] == done.train_hash and found.info.status == "FINISHED"
+    assert found.data.tags["trainflow.train_hash"] == done.series and found.info.status == "FINISHED"
     assert {m.step: m.value for m in client.get_metric_history(found.info.run_id, "train/loss")} == losses
     assert len([a for a in client.list_artifacts(found.info.run_id) if a.path.startswith("config-segment-")]) == 2

@@ -176,12 +176,14 @@ def test_a_nan_step_is_skipped_and_a_rerun_with_the_same_fault_is_bitwise_equal(
 
 
 def test_a_config_error_is_not_restarted_and_fails_in_one_line(tmp_path, tokens):
+    (tmp_path / "empty").mkdir()
+    nothing = f"io.resume_from={tmp_path / 'empty'}"  # segment 1 of a series continued by hand, from no checkpoint
     with pytest.raises(LaunchError) as err:
-        segment(tmp_path, tokens, "train.segments=2", "segment=1")  # no checkpoint of segment 0 to resume from
+        segment(tmp_path, tokens, "train.segments=2", "segment=1", nothing)
     line = str(err.value)
     assert "\n" not in line and "holds no valid checkpoint at or before step 12" in line
     assert "not restarted: trainflow refused an input, which a new job would refuse again" in line
-    jobs, _ = ledgers(tmp_path, "train.segments=2", "segment=1")
+    jobs, _ = ledgers(tmp_path, "train.segments=2", "segment=1", nothing)
     assert len(jobs) == 1
 
 

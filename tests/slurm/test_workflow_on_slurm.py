@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slurm
 PROFILE = ("--profile", str(REPO / "profiles/slurm_local"))
 LIGHT = {*(set(STAGES) - set(ALLOCATING)), "prepare_data_shard"}  # the stages sent to Slurm by the plugin
 PLUGIN_JOB = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S+/rule_(\w+)/")
-SUBMITIT_JOB = re.compile(r"Submitted slurm job (\d+)")
+SUBMITIT_JOB = re.compile(r"Waiting for slurm job (\d+)")
 FINISHED = re.compile(r"Finished jobid: \d+ \(Rule: (\w+)\)")
 DAG = {
     "prepare_data_shard": 1,

@@ -88,4 +88,4 @@ def test_the_rate_is_in_no_hash(tmp_path):
     plain = make_config("train_segment", tmp_path)
     drill = make_config("train_segment", tmp_path, "fault.mtbf_s=30", "fault.seed=2")
     assert (drill.fault.mtbf_s, drill.fault.seed) == (30.0, 2)
-    assert RunFolder.of(drill).train_hash == RunFolder.of(plain).train_hash
+    assert RunFolder.of(drill).series == RunFolder.of(plain).series

@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from tests.conftest import make_config
+from tests.support import step_batch
 from trainflow.data.corpus import shard_groups
 from trainflow.data.documents import Documents
 from trainflow.data.index import TokenIndex, read_index
 from trainflow.data.record import DataError, record_path
 from trainflow.data.sampler import TokenSampler
+from trainflow.data.stream import DataStream, migrated
 from trainflow.data.tokenizer import ByteTokenizer, train_bpe
 from trainflow.data.tokens import write_shard
 from trainflow.stage import StageError
@@ -114,18 +116,20 @@ def test_empty_glob_is_one_clear_error(tmp_path):
 def test_batches_are_a_pure_function_of_seed_and_step(tokens):
     a = TokenSampler(tokens, seq_len=16, seed=7)
     b = TokenSampler(tokens, seq_len=16, seed=7)
-    x1, y1 = a.batch("train", 3, 8, slice(0, 8))
-    x2, y2 = b.batch("train", 3, 8, slice(0, 8))
+    x1, y1 = step_batch(a, 3, 8, slice(0, 8))
+    x2, y2 = step_batch(b, 3, 8, slice(0, 8))
     assert torch.equal(x1, x2) and torch.equal(y1, y2)
     assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the next tokens
     # Data-parallel ranks take disjoint rows of the same global batch.
-    halves = [a.batch("train", 3, 8, slice(r * 4, (r + 1) * 4))[0] for r in range(2)]
+    halves = [step_batch(a, 3, 8, slice(r * 4, (r + 1) * 4))[0] for r in range(2)]
     assert torch.equal(torch.cat(halves), x1)
-    assert not torch.equal(a.batch("train", 4, 8, slice(0, 8))[0], x1)
-    # a read step 5 ahead in the background while returning step 4; b reads it when asked: the same batch.
-    assert torch.equal(a.batch("train", 5, 8, slice(0, 8))[0], b.batch("train", 5, 8, slice(0, 8))[0])
-    a.batch("val", 0, 8, slice(0, 8))  # an evaluation between steps keeps step 6's read in flight
-    assert a.ahead is not None and a.ahead[0][0] == 6
+    assert not torch.equal(step_batch(a, 4, 8, slice(0, 8))[0], x1)
+    # a reads step 5 ahead in the background while returning step 4; b reads it when asked: the same batch.
+    stream = DataStream(migrated(4, [], batch=8, weights={"corpus": 1.0}, seed=7), weights={"corpus": 1.0}, seed=7)
+    a.train(stream.take(8), slice(0, 8), block=8, ahead=stream.peek(8))
+    a.evaluation(0, 8, slice(0, 8))  # an evaluation between steps keeps step 5's read in flight
+    assert a.ahead is not None and a.ahead[0][0] == 40
+    assert torch.equal(a.train(stream.take(8), slice(0, 8), block=8)[0], step_batch(b, 5, 8, slice(0, 8))[0])
     a.close(), b.close()
 
 
@@ -135,16 +139,16 @@ def test_windows_can_be_kept_inside_one_document(tokens):
     inside = TokenSampler(tokens, seq_len=16, seed=7, cross_document=False)
     again = TokenSampler(tokens, seq_len=16, seed=7, cross_document=False)
     eot = inside.eot_id
-    x, _ = inside.batch("train", 3, 8, slice(0, 8))
-    assert not (x == eot).any() and torch.equal(x, again.batch("train", 3, 8, slice(0, 8))[0])
-    assert torch.equal(again.batch("train", 3, 8, slice(4, 8))[0], x[4:])  # a dp rank's rows, drawn alone
+    x, _ = step_batch(inside, 3, 8, slice(0, 8))
+    assert not (x == eot).any() and torch.equal(x, step_batch(again, 3, 8, slice(0, 8))[0])
+    assert torch.equal(step_batch(again, 3, 8, slice(4, 8))[0], x[4:])  # a dp rank's rows, drawn alone
     # 100 windows of 1000 tokens: some cross a document boundary when that is allowed.
     wide = TokenSampler(tokens, seq_len=1000, seed=1)
-    assert (wide.batch("train", 0, 100, slice(0, 100))[0] == eot).any()
+    assert (step_batch(wide, 0, 100, slice(0, 100))[0] == eot).any()
     long = TokenSampler(tokens, seq_len=2000, seed=1, cross_document=False)
     long.eot_id = ord("\n")  # as if every line of the byte-tokenised source were a document: none holds a window
     with pytest.raises(DataError, match=r"documents are shorter than a window; set train.cross_document=true"):
-        long.batch("val", 0, 1, slice(0, 1))
+        long.evaluation(0, 1, slice(0, 1))
     for s in (inside, again, wide, long):
         s.close()
 
@@ -186,7 +190,7 @@ def test_a_window_crosses_shards_and_batches_read_the_concatenated_shards(three_
     sampler = TokenSampler(cfg.io.tokens, seq_len=32, seed=3)
     boundary = len(arrays[0])
     assert np.array_equal(sampler.sources[0].read("train", boundary - 5, 33), whole[boundary - 5 : boundary + 28])
-    x, y = sampler.batch("train", 11, 6, slice(0, 6))
+    x, y = step_batch(sampler, 11, 6, slice(0, 6))
     starts = np.random.default_rng((3, 0, 11)).integers(0, len(whole) - 33, size=6)
     assert torch.equal(x, torch.from_numpy(np.stack([whole[s : s + 32] for s in starts]).astype(np.int64)))
     assert torch.equal(y[:, -1], torch.from_numpy(whole[starts + 32].astype(np.int64)))

@@ -17,6 +17,7 @@ import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.conftest import REPO, make_config
+from tests.support import step_batch
 from trainflow.config import ConfigError
 from trainflow.data.record import DataError
 from trainflow.data.sampler import TokenSampler
@@ -128,7 +129,7 @@ def test_a_vocabulary_beyond_uint16_is_stored_and_sampled_as_uint32(tmp_path):
         assert f["train"].dtype == np.uint32 and f.attrs["dtype"] == "uint32"
         got = sorted(int(t) for s in ("train", "val") for t in f[s][:] if t != 70_001)
     assert got == sorted(int(w[1:]) for w in words) and max(got) > 65_535
-    x, _ = TokenSampler(shard.parent / "index.json", seq_len=8, seed=0).batch("train", 0, 4, slice(0, 4))
+    x, _ = step_batch(TokenSampler(shard.parent / "index.json", seq_len=8, seed=0), 0, 4, slice(0, 4))
     assert x.max() > 65_535
 
 

@@ -1,5 +1,6 @@
 """The loss-spike guard (train.guard): which steps it refuses, when it asks for a rollback, the data windows a
-rollback leaves out, and a checkpoint manifest's guard entry read as the hostile file it may be."""
+rollback leaves out (each a step's [start, end) of the stream's positions), and a checkpoint manifest's guard entry
+read as the hostile file it may be."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import pytest
 
 from trainflow.checkpoint.manifest import MANIFEST, ChecksumError, Provenance, read_manifest, write_manifest
 from trainflow.config.schema import SpikeConfig
-from trainflow.train.guard import GuardState, LossGuard, read_guard_state
+from trainflow.data.stream import DataStream, StreamPosition
+from trainflow.train.guard import GuardEvent, GuardState, LossGuard, read_guard_state
 
 
 def test_a_step_draws_the_next_window_past_each_skipped_one():
-    guard = LossGuard(SpikeConfig())
-    guard.restore(GuardState(skipped=[3, 4, 9], losses=[]))
-    assert [guard.window(step) for step in range(9)] == [0, 1, 2, 5, 6, 7, 8, 10, 11]
+    stream = DataStream(StreamPosition.start(block=4, names=["corpus"]), weights={"corpus": 1.0}, seed=0)
+    stream.skip([[12, 20], [36, 40]])  # the windows of steps 3, 4 and 9 at a batch of 4
+    starts = [stream.take(4).start // 4 for _ in range(9)]
+    assert starts == [0, 1, 2, 5, 6, 7, 8, 10, 11]
 
 
 @pytest.mark.parametrize(("loss", "norm", "why"), [(math.nan, 1.0, "loss nan"), (2.0, math.inf, "gradient norm inf")])
@@ -51,19 +54,26 @@ def test_a_good_step_ends_the_run_of_bad_ones():
     assert not guard.rollback_due
 
 
-def test_a_rollback_leaves_the_bad_windows_out_and_judges_on_from_the_checkpoint():
+def test_a_rollback_names_the_bad_windows_and_judges_on_from_the_checkpoint():
     guard = LossGuard(SpikeConfig(window=3, rollback_after=2))
-    guard.restore(GuardState(skipped=[1], losses=[5.0, 4.0, 3.0]))
+    guard.restore(GuardState(losses=[5.0, 4.0, 3.0]))
     for step in (6, 7):
-        guard.judge(step, guard.window(step), math.nan, 1.0)
-    event = guard.rolled_back(4, GuardState(skipped=[1], losses=[6.0, 5.0]))
-    assert guard.state() == GuardState(skipped=[1, 7, 8], losses=[6.0, 5.0])
-    assert not guard.rollback_due
+        guard.judge(step, [8 * step, 8 * step + 8], math.nan, 1.0)
+    event = guard.rolled_back(4)
+    assert event.windows == [[48, 56], [56, 64]] and not guard.rollback_due
     assert event.line() == (
         "step 7: rolled back to step 4 (2 bad steps in a row: step 6: loss nan; step 7: loss nan); "
-        "skipped data windows 7, 8"
+        "skipped samples 48-55, 56-63"
     )
-    assert [guard.window(step) for step in range(4, 8)] == [5, 6, 9, 10]
+    guard.restore(GuardState(losses=[6.0, 5.0]))  # the checkpoint's (train.checkpointing)
+    assert guard.state() == GuardState(losses=[6.0, 5.0])
+
+
+def test_a_format_1_event_reads_with_its_window_numbers():
+    old = {"step": 7, "action": "skipped", "reason": "loss nan", "windows": [9]}
+    event = GuardEvent.from_json(old)
+    assert (event.windows, event.unit) == ([[9, 10]], "windows")
+    assert event.line() == "step 7: not applied (loss nan; data window 9)"
 
 
 def manifest_folder(folder: Path, guard: GuardState | None = None) -> Path:
@@ -75,18 +85,17 @@ def manifest_folder(folder: Path, guard: GuardState | None = None) -> Path:
 
 
 def test_a_manifest_without_a_guard_entry_is_an_empty_state(tmp_path):
-    assert read_guard_state(read_manifest(manifest_folder(tmp_path))) == GuardState(skipped=[], losses=[])
-    state = GuardState(skipped=[2, 5], losses=[3.5, 3.25])
+    assert read_guard_state(read_manifest(manifest_folder(tmp_path))) == GuardState(losses=[])
+    state = GuardState(losses=[3.5, 3.25])
     assert read_guard_state(read_manifest(manifest_folder(tmp_path, state))) == state
 
 
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ({"skipped": [-1], "losses": []}, "negative data window or a non-finite loss"),
-        ({"skipped": [], "losses": [math.nan]}, "negative data window or a non-finite loss"),
-        ({"skipped": ["3"], "losses": []}, "holds '3', not a int"),
-        ({"skipped": [], "losses": [], "run": "os.system('x')"}, "holds 'run', which GuardState has no field for"),
+        ({"losses": [math.nan]}, "holds a non-finite loss"),
+        ({"losses": ["3"]}, "holds '3', not a float"),
+        ({"losses": [], "run": "os.system('x')"}, "holds 'run', which GuardState has no field for"),
         ("[1, 2]", "not an object of GuardState's fields"),
     ],
 )

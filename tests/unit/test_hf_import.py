@@ -78,7 +78,7 @@ def test_an_export_imports_bitwise_and_streams_shards_transformers_reads(tmp_pat
     resumed.load_state_dict(read_model(newest(cfg), cfg.model, fix=""))
     load_hf(out, [imported], cfg.model)
     sampler = TokenSampler(tokens, seq_len=cfg.model.seq_len, seed=0)
-    inputs, targets = sampler.batch("val", 0, 4, slice(0, 4))
+    inputs, targets = sampler.evaluation(0, 4, slice(0, 4))
     sampler.close()
     with torch.no_grad():
         a, b = resumed(inputs), imported(inputs)

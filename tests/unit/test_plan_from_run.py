@@ -136,7 +136,7 @@ def test_from_run_reads_no_device_behind_the_name(tmp_path, capsys):
 def test_from_run_without_terms_says_what_to_pass(tmp_path, capsys):
     assert main(["--from-run", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "holds no train/<hash>/terms.json" in err
+    assert err.count("\n") == 1 and "holds no train/<series>/terms.json" in err
 
 
 def test_the_report_sets_planned_beside_measured_and_names_the_term_outside_the_band():

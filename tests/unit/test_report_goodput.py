@@ -28,13 +28,13 @@ def segment(index: int, *, failed: bool, ranks: list[RankTiming], guard: list[Gu
 
 def test_the_section_holds_every_term_the_failures_the_guard_and_the_stragglers():
     ranks = [RankTiming(r, f"n{r // 4}", 0.050 + (0.05 if r == 6 else 0.0), 30) for r in range(8)]
-    skip = GuardEvent(step=7, action="skipped", reason="loss nan", windows=[7])
+    skip = GuardEvent(step=7, action="skipped", reason="loss nan", windows=[[56, 64]])
     segments = [segment(0, failed=False, ranks=[], guard=[]), segment(1, failed=True, ranks=ranks, guard=[skip])]
     text = "\n".join(goodput_section(segments, "/r/report/goodput.png", Path("/r/report"), straggler_factor=1.5))
     assert "| segment | wall s | goodput | jobs | productive |" in text and "![goodput](goodput.png)" in text
     assert "| 1 | 10.0 | 20.0% | 2 |" in text  # step 0's second run is kept: 2 s of 10
     assert "| 1 | 0 | 10 | died | rank 1 on host n2 was killed by SIGKILL | restart 1 of 3 |" in text
-    assert "- segment 1, step 7: not applied (loss nan; data window 7)" in text
+    assert "- segment 1, step 7: not applied (loss nan; samples 56-63)" in text
     assert "| n0 | 4 | 50.0 |" in text and "| n1 | 4 | 50.0 |" in text  # per-host medians
     assert "Stragglers (median forward above 1.5 x the median over ranks): rank 6 on n1 (100.0 ms)" in text
     assert text.index("| 6 | n1 | 100.0 | 30 |") < text.index("| 0 | n0 | 50.0 | 30 |")  # slowest first

@@ -32,11 +32,14 @@ def first_segment(tmp_path_factory, fixed_tokens):
         ("model.tie_embeddings=true", r"model\.tie_embeddings\(True\) but .* records False"),
     ],
 )
-def test_a_resume_with_other_scaling_or_tying_is_refused_in_one_line(first_segment, fixed_tokens, override, match):
+def test_a_resume_with_other_scaling_or_tying_is_refused_in_one_line(
+    first_segment, fixed_tokens, override, match, tmp_path
+):
     root, checkpoint = first_segment
     with pytest.raises(LaunchError, match=match) as err:
-        # The checkpoints' folder is named by the config's hash: another model reaches these through io.resume_from.
-        run_segment(root, fixed_tokens, *RUN, "segment=1", override, f"io.resume_from={checkpoint.parent}")
+        # Another model is another campaign (trainflow.campaign refuses it in this run): it reaches these checkpoints
+        # through io.resume_from.
+        run_segment(tmp_path, fixed_tokens, *RUN, "segment=1", override, f"io.resume_from={checkpoint.parent}")
     assert "\n" not in str(err.value) and "resume with model." in str(err.value)
     assert list_steps(checkpoint.parent) == [2]  # no step ran
 

@@ -45,7 +45,7 @@ def test_localrules_are_the_stages_that_submit_their_own_allocation():
         assert "resources:" not in (REPO / f"workflow/rules/{stage}.smk").read_text()
 
 
-def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
+def test_a_training_segment_is_named_by_its_series_never_by_how_it_runs():
     base = stage_hash(compose("train_segment", []), "train_segment")
     values = {
         "resilience.max_restarts": "0",
@@ -61,5 +61,9 @@ def test_how_a_failure_is_handled_is_in_no_hash_what_is_computed_is():
     assert set(values) == {f"resilience.{f.name}" for f in dataclasses.fields(ResilienceConfig)}
     for path, value in values.items():
         assert stage_hash(compose("train_segment", [f"{path}={value}"]), "train_segment") == base, path
-    assert stage_hash(compose("train_segment", ["cluster.allocation.spare_nodes=2"]), "train_segment") == base
-    assert stage_hash(compose("train_segment", ["cluster.runtime.collective_timeout_s=7"]), "train_segment") != base
+    settings = ["cluster.allocation.spare_nodes=2", "cluster.runtime.collective_timeout_s=7", "optim.lr=1e-4"]
+    settings += ["parallel=tp2", "train.segments=9", "checkpoint.interval_steps=9", "cluster.hardware.mtbf_hours=2"]
+    for setting in settings:  # how the next steps run: applied from the next segment, never a rerun
+        assert stage_hash(compose("train_segment", [setting]), "train_segment") == base, setting
+    for identity in ("model.dim=256", "data.tokenizer=bpe", "train.branch_from=12", "model.rope_scaling=llama3"):
+        assert stage_hash(compose("train_segment", [identity]), "train_segment") != base, identity

@@ -21,7 +21,7 @@ from trainflow.train.step_log import Span, StepRecord
 
 HASH = "0123456789ab"
 T0 = 1_700_000_000.0
-RECORD = RunRecord("default", HASH, 2, 4, 2048, 2, f"capacity/checkpoints/{HASH}", 1, T0)
+RECORD = RunRecord("default", HASH, 2, 4, 8, 2048, 2, f"capacity/checkpoints/{HASH}", 1, T0)
 
 
 def step(n: int) -> StepRecord:
@@ -122,7 +122,7 @@ def test_a_hostile_run_folder_ends_in_one_line(tmp_path, capsys, case):
 
 def test_a_folder_without_a_campaign_says_so(tmp_path, capsys):
     assert main([str(tmp_path)]) == 1
-    assert "holds no train/<hash>/run.json" in capsys.readouterr().err
+    assert "holds no train/<series>/run.json" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 1
     assert "is no folder" in capsys.readouterr().err
 

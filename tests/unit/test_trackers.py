@@ -145,7 +145,7 @@ def test_the_report_tables_go_to_the_campaigns_wandb_and_mlflow_runs(tmp_path):
     client = MlflowClient(f"sqlite:///{run.mlflow_store}")
     experiment = client.get_experiment_by_name("trainflow").experiment_id
     (found,) = client.search_runs([experiment])
-    assert found.data.tags["trainflow.train_hash"] == run.train_hash and found.info.status == "FINISHED"
+    assert found.data.tags["trainflow.train_hash"] == run.series and found.info.status == "FINISHED"
     table = json.loads(Path(client.download_artifacts(found.info.run_id, "report/goodput.json", tmp_path)).read_text())
     assert table == {"columns": goodput.columns, "data": goodput.rows}
     assert "report/report.md" in {a.path for a in client.list_artifacts(found.info.run_id, "report")}

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
+from trainflow.campaign.check import check_campaign
 from trainflow.config import ConfigError, stage_hash
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import shard_plan
@@ -15,12 +16,16 @@ from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
 from trainflow.config.rules import spike_warning
 from trainflow.preflight import preflight
+from trainflow.records import RecordError
+from trainflow.train.adopt import check_legacy
 
 try:
     config.update(check_workflow_config(config))  # as text, in one line, before the schema below would dump itself
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
     preflight(CFG)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
-except ConfigError as err:
+    check_campaign(CFG)  # the same model as the campaign in the run folder, its series' seed, a branch's checkpoint
+    check_legacy(CFG)  # series of a trainflow before campaign records: the config's is adopted, or refused
+except (ConfigError, RecordError) as err:
     raise WorkflowError(str(err)) from None
 validate(config, "../schemas/config.schema.yaml")
 if warning := spike_warning(CFG):
@@ -59,9 +64,10 @@ def shard_tokenizer(wildcards):
 
 
 def previous_segment(wildcards):
-    """Segment i starts from segment i-1's last checkpoint."""
+    """Segment i starts from segment i-1's last checkpoint. Ancient: a rerun of a completed segment (which restores
+    its outputs, trainflow.train.kept) does not make the ones after it stale."""
     segment = int(wildcards.segment)
-    return expand(rules.train_segment.output.report, segment=segment - 1) if segment > 0 else []
+    return ancient(expand(rules.train_segment.output.report, segment=segment - 1)) if segment > 0 else []
 
 
 def segment_reports(wildcards):

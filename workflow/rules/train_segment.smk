@@ -1,12 +1,15 @@
 # One DAG node per segment; a local rule that submits the segment through submitit and waits
-# (on Slurm the job may be requeued several times before the segment completes).
+# (on Slurm the job may be requeued several times before the segment completes). Its params hold the checkpoint
+# series' name (config.stages.SERIES), not the settings: a completed segment never reruns for a changed setting, and
+# its inputs are ancient(), so a stage upstream that reruns (the gate after a layout change, staging after a new
+# corpus) orders the next segments after it without making the completed ones stale.
 
 
 rule train_segment:
     input:
-        tokens=rules.stage_data.output.tokens,
-        record=rules.stage_data.output.record,
-        nccl=rules.validate_nccl.output.report,
+        tokens=ancient(rules.stage_data.output.tokens),
+        record=ancient(rules.stage_data.output.record),
+        nccl=ancient(rules.validate_nccl.output.report),
         previous=previous_segment,
     output:
         report=RUN.segment_report("{segment}"),

@@ -38,7 +38,7 @@ from trainflow.checkpoint.reader import ExactLoadPlanner
 from trainflow.checkpoint.saves import SaveMode, SyncSaves, tensor_bytes
 from trainflow.checkpoint.single_read import CorruptFileError, SingleReader
 from trainflow.checkpoint.writer import CheckpointWriteError
-from trainflow.records import Record
+from trainflow.records import NewerFormatError, Record
 
 __all__ = [
     "CheckpointManager",
@@ -150,18 +150,24 @@ class CheckpointManager:
 
     def newest_complete(self, at_most: int) -> int:
         """The newest checkpoint <= at_most whose manifest is complete (-1: none), agreed by all ranks; its files'
-        CRCs are checked by the ranks that read them, in `load`."""
-        chosen = torch.tensor(-1)
+        CRCs are checked by the ranks that read them, in `load`. A manifest newer than this trainflow reads stops the
+        search on every rank (NewerFormatError): an older checkpoint would train its steps again."""
+        chosen = torch.tensor([-1, 0])  # (step, 1 where its manifest's format is newer)
         if self.rank == 0:
             for step in reversed([s for s in list_steps(self.root) if s <= at_most]):
                 try:
                     check_complete(step_dir(self.root, step), read_manifest(step_dir(self.root, step)))
-                    chosen.fill_(step)
+                    chosen[0] = step
+                    break
+                except NewerFormatError:
+                    chosen[:] = torch.tensor([step, 1])
                     break
                 except ChecksumError as err:
                     log.warning("Skipped checkpoint step %d: %s", step, err)
         dist.broadcast(chosen, src=0)
-        return int(chosen)
+        if chosen[1]:
+            read_manifest(step_dir(self.root, int(chosen[0])))  # raises the same NewerFormatError on every rank
+        return int(chosen[0])
 
     def load(self, step: int, state: dict) -> LoadDone:
         """Load checkpoint `step` into `state`, each file read by one rank (checkpoint.single_read); CorruptFileError

@@ -1,9 +1,13 @@
 """CRC manifests: what a checkpoint directory must contain, byte for byte, and what the run recorded beside it.
 
-manifest.json = {"algorithm": "crc32c", "world_size": w, "file_count": n,
+manifest.json = {"format": 2, "algorithm": "crc32c", "world_size": w, "file_count": n,
                  "files": {relative path: {"bytes": n, "crc32c": c}},
-                 "step": s, "layout": ..., "model": {...}, "guard": {...}, "init_from": ...} (Manifest).
-The checksum is CRC-32C (trainflow.crc).
+                 "step": s, "series": ..., "layout": ..., "model": {...}, "guard": {...}, "stream": {...},
+                 "schedule": {...}, "settings": {...}, "code": {...}, "init_from": ...} (Manifest).
+The checksum is CRC-32C (trainflow.crc). Format 1 (trainflow before formats) kept the data windows a rollback left
+out in its guard entry; format 2 keeps the data stream's position instead (data.stream), with the schedule, settings
+and code that trained it: a format-1 manifest reads with its windows in `legacy_windows`, and the trainer derives
+the position from them and the step (data.stream.migrated).
 
 A manifest is complete or the checkpoint is invalid: the folder holds exactly the files it lists,
 `file_count` of them, `.metadata` among them, and every rank 0..world_size-1 has its DCP files
@@ -26,12 +30,15 @@ from pathlib import Path
 from typing import get_type_hints
 
 from trainflow.atomic import fsync_path, write_text_atomic
+from trainflow.code_version import CodeVersion
 from trainflow.config import ModelConfig
 from trainflow.config.checks import domain_errors
 from trainflow.config.rules import model_errors
+from trainflow.config.schedule import Schedule
 from trainflow.crc import file_crc
 from trainflow.errors import TrainflowError
-from trainflow.records import Record, RecordError
+from trainflow.records import NewerFormatError, Record, RecordError
+from trainflow.stream_position import StreamPosition
 
 MANIFEST = "manifest.json"
 # DCP's file names (torch.distributed.checkpoint.filesystem), spelt out so checking a folder needs no torch.
@@ -58,18 +65,17 @@ class FileEntry(Record):
 
 @dataclass(frozen=True)
 class GuardState(Record):
-    """What a checkpoint's manifest keeps of the loss-spike guard (train.guard), its `guard` entry."""
+    """What a checkpoint's manifest keeps of the loss-spike guard (train.guard), its `guard` entry; the data a rollback
+    left out is the stream's (data.stream.StreamPosition.skipped)."""
 
-    skipped: list[int]
-    """Data windows rollbacks left out of the stream, ascending."""
     losses: list[float]
     """The last train.spike.window applied losses, oldest first."""
 
     def __post_init__(self) -> None:
-        if any(w < 0 for w in self.skipped) or not all(math.isfinite(x) for x in self.losses):
+        if not all(math.isfinite(x) for x in self.losses):
             raise TrainflowError(
-                "it holds a negative data window or a non-finite loss, which trainflow never writes; the checkpoint "
-                "was altered: delete it (trainflow falls back to the previous one)"
+                "it holds a non-finite loss, which trainflow never writes; the checkpoint was altered: delete it "
+                "(trainflow falls back to the previous one)"
             )
 
 
@@ -85,15 +91,38 @@ class Provenance:
     """What a resume from it judges and draws with (train.guard)."""
     init_from: str | None = None
     """The Hugging Face folder step 0 came from (io.init_from); None: random weights."""
+    series: str | None = None
+    """The checkpoint series it belongs to (config.identity.series_name)."""
+    stream: StreamPosition | None = None
+    """Where the training stream stands after its step (data.stream)."""
+    schedule: Schedule | None = None
+    """The learning-rate schedule that trained it (config.schedule)."""
+    settings: dict[str, object] | None = None
+    """The settings it was trained with (config.identity.settings): what the next segment's changes are against."""
+    code: CodeVersion | None = None
+    """The code that trained it."""
 
 
 NO_PROVENANCE = Provenance()
 """What a folder not written by the trainer records (tests, benchmarks, an import)."""
 
 
+def legacy_guard(data: dict) -> dict:
+    """Format 1 -> 2: the guard's skipped data windows move out to legacy_windows (the stream's position replaces
+    them, derived by the trainer, which knows the batch they were windows of)."""
+    guard = data.get("guard")
+    if isinstance(guard, dict) and "skipped" in guard:
+        guard = dict(guard)
+        data = {**data, "guard": guard, "legacy_windows": guard.pop("skipped")}
+    return data
+
+
 @dataclass(frozen=True)
 class Manifest(Record):
     """manifest.json. A field that is None is left out of the file (manifests before it held none)."""
+
+    FORMAT = 2
+    MIGRATIONS = {1: legacy_guard}
 
     algorithm: str
     world_size: int
@@ -106,6 +135,13 @@ class Manifest(Record):
     """ModelConfig's fields as written: recorded_model checks them."""
     guard: GuardState | None = None
     init_from: str | None = None
+    series: str | None = None
+    stream: StreamPosition | None = None
+    schedule: Schedule | None = None
+    settings: dict[str, object] | None = None
+    code: CodeVersion | None = None
+    legacy_windows: list[int] | None = None
+    """A format-1 manifest's skipped data windows (its guard's); None in format 2."""
 
     def __post_init__(self) -> None:
         if self.algorithm != ALGORITHM or self.world_size < 1:
@@ -210,6 +246,11 @@ def write_manifest(
         model=dataclasses.asdict(p.model) if p.model is not None else None,
         guard=p.guard,
         init_from=p.init_from,
+        series=p.series,
+        stream=p.stream,
+        schedule=p.schedule,
+        settings=p.settings,
+        code=p.code,
     )
     write_text_atomic(directory / MANIFEST, json.dumps(manifest.to_json(), indent=1, sort_keys=True))
     return manifest
@@ -234,6 +275,8 @@ def read_manifest(directory: Path, *, fallback: str = FALLS_BACK) -> Manifest:
         ) from err
     try:
         return Manifest.from_json(data, where=str(path))
+    except NewerFormatError:
+        raise  # not damage: no fallback to an older checkpoint, whose steps would be trained again
     except RecordError as err:
         raise ChecksumError(
             f"{err}: no manifest trainflow writes (trainflow before complete manifests wrote no world_size); the "

@@ -3,7 +3,7 @@ folder holds exactly the files its manifest lists, every rank's among them) and 
 CRC-32C. Torch-free: the stage starts without it.
 
     python -c "from trainflow.checkpoint.verify import verify_all; \
-        print(verify_all('runs/default/capacity/checkpoints/<hash>'))"
+        print(verify_all('runs/default/capacity/checkpoints/<series>'))"
 """
 
 from __future__ import annotations

@@ -40,8 +40,9 @@ class FaultConfig:
     """fault.rank sleeps this long in every step's forward, in every job (a straggler: a throttled device); with a
     signal too, that rank is both slow and then killed or stopped."""
     nan_step: int = checked(-1, ge=-1)
-    """The loss and gradients of the step that draws this data window (that step, unless the guard skipped windows) come
-    out NaN on every rank (-1: never): the loss-spike guard's drill. Unlike
+    """The loss and gradients of the step that draws this data window (its first sample at global position nan_step x
+    train.global_batch: that step, unless the guard skipped windows) come out NaN on every rank (-1: never): the
+    loss-spike guard's drill. Unlike
     the signals, it strikes in every job of the segment, so a rerun meets it again."""
     mtbf_s: float = checked(0.0, ge=0, le=1e9)
     """Failures at a rate (0: none): a seeded Poisson process of this mean gap over the campaign's wall time, on its

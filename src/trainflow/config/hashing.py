@@ -9,20 +9,17 @@ import hashlib
 import json
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from trainflow.config.identity import as_dict, series_name
 from trainflow.config.schema import TrainflowConfig
-from trainflow.config.stages import STAGE_READS, UNHASHED
-
-
-def as_dict(node: Any) -> Any:
-    """A plain dict of a config dataclass (or subtree)."""
-    return OmegaConf.to_container(OmegaConf.structured(node), resolve=True)
+from trainflow.config.stages import SERIES, STAGE_READS, UNHASHED
 
 
 def section(cfg: TrainflowConfig, name: str) -> Any:
     """A config subtree as a plain dict; `tokens` is data without the sources' weights, what tokenising reads (a new
-    mixture of the same corpora draws from the same shards)."""
+    mixture of the same corpora draws from the same shards); `series` the checkpoint series' name (config.identity:
+    what training's and verification's outputs are, not how they were computed)."""
+    if name == SERIES:
+        return series_name(cfg)
     if name != "tokens":
         return as_dict(getattr(cfg, name))
     data = as_dict(cfg.data)
@@ -30,10 +27,10 @@ def section(cfg: TrainflowConfig, name: str) -> Any:
     return data
 
 
-def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...]) -> str:
-    """A short stable hash of the named config subtrees, without the UNHASHED settings."""
+def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...], drop: tuple[str, ...] = ()) -> str:
+    """A short stable hash of the named config subtrees, without the UNHASHED settings (and `drop`'s)."""
     tree = {s: section(cfg, s) for s in sections}
-    for path in UNHASHED:
+    for path in (*UNHASHED, *drop):
         *parents, leaf = path.split(".")
         node = tree
         for key in parents:

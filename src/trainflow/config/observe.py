@@ -16,8 +16,8 @@ URI = r"([a-z][a-z0-9+.-]*://[^\s'\"`$;|&<>]*)?"
 
 @dataclass
 class WandbConfig:
-    """Weights & Biases: one W&B run per campaign, its id the hash of what training reads (the checkpoint series'),
-    resumed by every segment and restart; its files under the run's train folder (RunFolder.wandb)."""
+    """Weights & Biases: one W&B run per checkpoint series, its id the series' name (config.identity), resumed by every
+    segment, restart and change of settings; its files under the run's train folder (RunFolder.wandb)."""
 
     enabled: bool = False
     project: str = checked("trainflow", pattern=TRACKER_NAME, fix="letters, digits, _ . - and no leading dot")
@@ -28,8 +28,9 @@ class WandbConfig:
 
 @dataclass
 class MlflowConfig:
-    """MLflow: one MLflow run per campaign in `experiment`, found again by its tag trainflow.train_hash, resumed by
-    every segment and restart."""
+    """MLflow: one MLflow run per checkpoint series in `experiment`, found again by its tag trainflow.train_hash (the
+    series' name: the tag kept its first name, so runs logged before series stay found), resumed by every segment,
+    restart and change of settings."""
 
     enabled: bool = False
     uri: str = checked("", pattern=URI, fix="a tracking URI such as http://mlflow.example:5000 or sqlite:///path.db")

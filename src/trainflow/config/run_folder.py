@@ -1,31 +1,36 @@
-"""The run folder's layout: every path a run writes, as a function of the storage roots and the hash of what
-training reads. The workflow's rules (common.smk) take their outputs from here, and so does every `io.*` path a
+"""The run folder's layout: every path a run writes, as a function of the storage roots and the checkpoint series the
+config trains (config.identity.series_name: the campaign's identity, and the branch). The workflow's rules (common.smk)
+take their outputs from here, and so does every `io.*` path a
 stage is not given, so a stage run alone writes exactly where the workflow would; a path no rule declares (power
 traces, TensorBoard, the exclude list) is a member here too, so nothing else invents a location.
 
     python -c "from trainflow.config import compose; from trainflow.config.run_folder import RunFolder; \
         print(RunFolder.of(compose('report')))"
 
+    <root>/campaign.json                                   train_segment (what the campaign is: trainflow.campaign)
     <root>/nccl.json, nccl-exclude.txt (a failed gate)      validate_nccl
     <root>/verify.json, energy.json                        verify_checkpoint, account_energy
-    <root>/train/<hash>/segment-<i>.json, metrics-<i>.json  train_segment (its summary, its job's metrics)
-    <root>/train/<hash>/tensorboard/, profile/segment-<i>/, power/   train_segment (observe.*, energy sampling)
-    <root>/train/<hash>/run.json, wandb/; <root>/mlflow.db, mlflow-artifacts/   train_segment (the campaign; observe.*)
+    <root>/train/<series>/segment-<i>.json, metrics-<i>.json  train_segment (its summary, its job's metrics)
+    <root>/train/<series>/tensorboard/, profile/segment-<i>/, power/   train_segment (observe.*, energy sampling)
+    <root>/train/<series>/run.json, wandb/; <root>/mlflow.db, mlflow-artifacts/   train_segment (observe.*)
     <root>/report/report.md, <plot>.png                    report
     <root>/metrics/<stage>.json, metrics/<stage>/<job>.json, logs/<stage>/, submitit/<stage>/   every stage
     <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
-    <capacity>/checkpoints/<hash>/step-N/, steps.jsonl, evals.jsonl                train_segment
+    <capacity>/checkpoints/<series>/step-N/, steps.jsonl, evals.jsonl                train_segment
+    <capacity>/checkpoints/<series>/series.json, lineage.jsonl, changes.jsonl, segments/, live-<i>.json   train_segment
     <fast>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json)                      stage_data
     <train.offload_dir>/rank<r>/                           train_segment's offloaded activations (train.activations)
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from trainflow.config.hashing import stage_hash
+from trainflow.config.identity import series_name
 from trainflow.config.schema import TrainflowConfig
 
+SEGMENT_FILE = re.compile(r"segment-([0-9]{1,9})\.json")
 PLOTS = ("loss", "throughput", "breakdown", "power", "goodput")
 TOKEN_INDEX = "index.json"
 TOKENIZER = "tokenizer.json"
@@ -41,14 +46,14 @@ class RunFolder:
     root: str
     capacity: str
     fast: str
-    train_hash: str
-    """Training outputs live under the hash of what training reads: a changed setting starts a new
-    checkpoint series instead of resuming one that belongs to other settings."""
+    series: str
+    """Training outputs live under the checkpoint series' name (config.identity): a changed setting continues the
+    series; another model (an identity change, refused inside a run: trainflow.campaign) or a branch is another."""
 
     @classmethod
     def of(cls, cfg: TrainflowConfig) -> RunFolder:
         s = cfg.storage
-        return cls(s.root, s.capacity, s.fast, stage_hash(cfg, "train_segment"))
+        return cls(s.root, s.capacity, s.fast, series_name(cfg))
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -72,6 +77,11 @@ class RunFolder:
     # -- the gate and training ---------------------------------------------------------------------
 
     @property
+    def campaign_record(self) -> str:
+        """What the campaign is (trainflow.campaign.CampaignRecord): its identity, checked before every segment."""
+        return f"{self.root}/campaign.json"
+
+    @property
     def nccl_report(self) -> str:
         return f"{self.root}/nccl.json"
 
@@ -82,7 +92,43 @@ class RunFolder:
 
     @property
     def checkpoints(self) -> str:
-        return f"{self.capacity}/checkpoints/{self.train_hash}"
+        return f"{self.capacity}/checkpoints/{self.series}"
+
+    def series_checkpoints(self, series: str) -> str:
+        """Another series' checkpoint folder in this run (a branch's parent)."""
+        return f"{self.capacity}/checkpoints/{series}"
+
+    @staticmethod
+    def series_record(checkpoints: str) -> str:
+        """The series' seed and parent (trainflow.campaign.SeriesRecord), written when its first segment starts."""
+        return f"{checkpoints}/series.json"
+
+    @staticmethod
+    def lineage_log(checkpoints: str) -> str:
+        """One line per completed segment (trainflow.campaign.Lineage): its steps, what it continued from, its
+        settings' changes and its code. A segment is complete once its line is there."""
+        return f"{checkpoints}/lineage.jsonl"
+
+    @staticmethod
+    def changes_log(checkpoints: str) -> str:
+        """Every setting a job changed against the checkpoint it resumed from, at that step (config.identity.Change)."""
+        return f"{checkpoints}/changes.jsonl"
+
+    @staticmethod
+    def kept_summary(checkpoints: str, segment: int) -> str:
+        """A completed segment's summary, kept beside its checkpoints: a rerun restores the workflow's output from it
+        (Snakemake deletes a job's outputs before running it again)."""
+        return f"{checkpoints}/segments/segment-{segment}.json"
+
+    @staticmethod
+    def kept_metrics(checkpoints: str, segment: int) -> str:
+        """A completed segment's job metrics, kept as its summary is."""
+        return f"{checkpoints}/segments/metrics-{segment}.json"
+
+    @staticmethod
+    def live_job(checkpoints: str, segment: int) -> str:
+        """The job training the segment now and the stage that waits for it (launch.live_job): a rerun re-attaches."""
+        return f"{checkpoints}/live-{segment}.json"
 
     @staticmethod
     def steps_log(checkpoints: str) -> str:
@@ -116,10 +162,16 @@ class RunFolder:
 
     @property
     def train_dir(self) -> str:
-        return f"{self.root}/train/{self.train_hash}"
+        return f"{self.root}/train/{self.series}"
 
     def segment_report(self, segment: int | str) -> str:
         return f"{self.train_dir}/segment-{segment}.json"
+
+    @staticmethod
+    def segment_of(name: str) -> int | None:
+        """The segment a summary's file name is of (segment-<i>.json); None: no summary's name."""
+        match = SEGMENT_FILE.fullmatch(name)
+        return int(match[1]) if match else None
 
     def segment_reports(self, segments: int) -> list[str]:
         return [self.segment_report(i) for i in range(segments)]

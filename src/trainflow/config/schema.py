@@ -186,9 +186,17 @@ class SpikeConfig:
 @dataclass
 class TrainConfig:
     seed: int = checked(1234, ge=0)
+    """Initialises the weights and draws the data: part of the campaign's identity (config.identity), recorded with its
+    series; another seed on the same series is refused (branch with it instead: branch_from)."""
     segments: int = checked(2, ge=1)
-    """Training is split into this many Snakemake jobs (one DAG node each)."""
+    """Training is split into this many Snakemake jobs (one DAG node each). Raise it to extend a campaign: the segments
+    already completed stay as they are."""
     segment_steps: int = checked(150, ge=1)
+    """Steps of each segment not yet completed: a segment starts where the one before it ended (its lineage)."""
+    branch_from: str = checked("", pattern=r"([0-9a-f]{12}(-b[0-9]+)*@)?[0-9]+|", fix="a step, or SERIES@STEP")
+    """Train a new series (a branch) from a checkpoint of this campaign: STEP (of the main series) or SERIES@STEP (of
+    a branch: its name <main>-b<step>). The branch's segments count from 0 at that step; the old series stays as it
+    is, and the branch's lineage names it. Empty: the main series."""
     global_batch: int = checked(16, ge=1)
     """Sequences per optimizer step, across all data-parallel ranks."""
     eval_every: int = checked(50, ge=1)

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TRAIN_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster")
-"""What training reads: also the name of its checkpoint series (config.run_folder.RunFolder.train_hash)."""
+SERIES = "series"
+"""What a training segment's and the verification's outputs are: the checkpoint series (config.identity), never the
+settings that compute it. A changed setting reruns no completed segment; it applies from the first one not yet
+completed (which trainflow.campaign records in its lineage), and an identity change is refused inside a run."""
 UNHASHED = ("cluster.allocation.container", "cluster.allocation.spare_nodes")
 """Which container the ranks run in and how many spare nodes a job holds for hot restarts (launch.supervisor), never
 what is computed: in no hash, like the resilience and fault sections (which no stage's hash reads), so moving the
-campaign into an image, or giving its jobs spares, keeps the checkpoint series and reruns nothing; the report names a
-campaign whose segments ran on different stacks."""
+campaign into an image, or giving its jobs spares, reruns nothing; the report names a campaign whose segments ran on
+different stacks."""
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     reads: tuple[str, ...]
-    """The config subtrees whose hash is the rule's params: a change in them reruns the stage and what follows."""
+    """The config subtrees whose hash is the rule's params: a change in them reruns the stage and what follows
+    (`series`: the checkpoint series' name, config.hashing.section)."""
     allocates: bool = False
     """Submits its own allocation of the training shape through submitit and waits (a Snakemake localrule); its
     work runs on that allocation's nodes."""
@@ -38,8 +41,8 @@ STAGE_TABLE = (
     Stage("build_kernels", ("train",)),  # which fp8 kernels the ranks dispatch: train.fp8
     # and the plan, which reads model, train, checkpoint and energy too
     Stage("validate_nccl", ("parallel", "cluster", "model", "train", "checkpoint", "energy"), allocates=True),
-    Stage("train_segment", TRAIN_READS, allocates=True),
-    Stage("verify_checkpoint", TRAIN_READS),  # the checkpoint series it verifies is named by what training reads
+    Stage("train_segment", (SERIES,), allocates=True),
+    Stage("verify_checkpoint", (SERIES,)),  # the checkpoint series it verifies
     Stage("account_energy", ("energy", "cluster")),
     Stage("report", ("model", "parallel", "train", "cluster", "energy", "observe")),
 )

@@ -1,9 +1,9 @@
-"""Which source each row of a training batch comes from: a pure function of (seed, data window, row) and the
-sources' weights, so resume, resharding and any data-parallel size draw the same rows (data.sampler).
+"""Which source each sample of the training stream comes from: a pure function of (seed, its global position) and the
+sources' weights, so resume, resharding, any data-parallel size and any batch draw the same rows (data.stream).
 
-    python -c "from trainflow.data.mixture import assign; print(assign([0.25, 0.75], seed=0, window=3, rows=16))"
+    python -c "from trainflow.data.mixture import assign; print(assign([0.25, 0.75], seed=0, start=48, count=16))"
 
-Row r of window w is sample n = w x rows + r of one sequence, and takes the source whose share of [0, 1) holds
+Sample n of the stream takes the source whose share of [0, 1) holds
 frac(n / phi + c(seed)): a Weyl sequence with the golden ratio, whose first N terms fill every interval within
 O(log N) of its share (Weyl's equidistribution, with the golden ratio's least discrepancy). So every stretch of
 training gives each source its weight's share of rows, within a few rows, not only on average as independent draws
@@ -39,11 +39,11 @@ def offset(seed: int) -> np.uint64:
     return np.uint64(int.from_bytes(hashlib.sha256(f"mixture {seed}".encode()).digest()[:8], "little"))
 
 
-def assign(weights: Sequence[float], *, seed: int, window: int, rows: int) -> np.ndarray:
-    """The source index of each of the `rows` rows of data window `window`, (rows,) int64."""
+def assign(weights: Sequence[float], *, seed: int, start: int, count: int) -> np.ndarray:
+    """The source index of each of the stream's samples start .. start + count - 1, (count,) int64."""
     if len(weights) == 1:
-        return np.zeros(rows, dtype=np.int64)
-    n = np.arange(window * rows, (window + 1) * rows, dtype=np.uint64)
+        return np.zeros(count, dtype=np.int64)
+    n = np.arange(start, start + count, dtype=np.uint64)
     with np.errstate(over="ignore"):  # the sequence wraps modulo 2^64 by design
         u = n * GOLDEN + offset(seed)
     return np.searchsorted(thresholds(weights), u, side="right").astype(np.int64)
@@ -63,12 +63,12 @@ class SourceShare(Record):
 
 
 def realised(
-    names: Sequence[str], weights: Sequence[float], *, seed: int, windows: Sequence[int], rows: int, seq_len: int
+    names: Sequence[str], weights: Sequence[float], *, rows: Sequence[Sequence[int]], seq_len: int
 ) -> list[SourceShare]:
-    """The mixture the data windows `windows` (one global batch of `rows` rows each) gave."""
+    """The mixture that training steps realised, each step's rows per source given (`rows`, in `names`' order)."""
     counts = np.zeros(len(names), dtype=np.int64)
-    for window in windows:
-        counts += np.bincount(assign(weights, seed=seed, window=window, rows=rows), minlength=len(names))
+    for step in rows:
+        counts += np.asarray(step, dtype=np.int64)
     total, tokens = max(int(counts.sum()), 1), counts * seq_len
     return [
         SourceShare(name, w / sum(weights), int(t), int(c) / total)

@@ -3,15 +3,16 @@ layout).
 
     python -c "from trainflow.data.sampler import TokenSampler; print(TokenSampler('index.json', seq_len=16, seed=0))"
 
-Each source's split is read as the concatenation of its shards' datasets in index order: a window starts at a token
-position of its source drawn from (seed, split, step), and may run from one shard into the next. Which source each
-row of a batch comes from is data.mixture's pure function of (seed, step, row) and the weights. So the batch for
-(step, rank) is a function of the seed, the weights and the shards' token counts alone (one source reads exactly as
-the single corpus did before mixtures: its rows' draws are the same), and a resumed run needs only the step to
-continue the same data order. An evaluation reads one source (`source=`): each source has its validation split.
+Each source's split is read as the concatenation of its shards' datasets in index order. A training row is sample k of
+its source (data.stream: the step's rows, each row's source and its position there), and its window starts at a token
+position of that source drawn from (seed, k): the draws come in blocks of the stream's `block` positions, one random
+generator per block (and per source, where there are several), so a run whose batch never changed draws exactly the
+windows trainflow drew per step before positions. So the batch of a step is a function of the seed, the weights, the
+shards' token counts and the stream's position alone, whatever the layout, and a resumed run needs only the position.
+An evaluation reads batch i of one source's validation split (`evaluation`).
 
 With cross_document=False (train.cross_document) a window may not run over an end-of-document token into the
-next document: each row's start is re-drawn (from its own stream of (seed, split, step, row)) until its
+next document: each row's start is re-drawn (from its own stream of (seed, split, block, row)) until its
 inputs hold no end-of-document token, its last target may be one; after MAX_DRAWS draws the batch fails,
 naming the fix (documents shorter than a window cannot give one).
 
@@ -24,6 +25,7 @@ ahead changes nothing but when the bytes are read); evaluation batches are read 
 
 from __future__ import annotations
 
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,12 +34,14 @@ import numpy as np
 import torch
 
 from trainflow.data.index import Shard, read_index
-from trainflow.data.mixture import assign
 from trainflow.data.record import DataError, check_size
+from trainflow.data.stream import StepRows
 
 RERUN = "stage_data (snakemake --forcerun stage_data)"
 MAX_DRAWS = 1000
 """Draws per row for a window inside one document (cross_document=False) before the batch is refused."""
+KEPT_BLOCKS = 64
+"""Blocks of window starts kept drawn (a step's rows fall in a block or two of each source)."""
 
 
 class SourceTokens:
@@ -114,6 +118,7 @@ class TokenSampler:
             )
         self.weights = [float(weights[name]) for name in self.names]
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        self.drawn: dict[tuple[int, int, int], np.ndarray] = {}
         self.ahead: tuple[tuple, Future] | None = None
         self.sources: list[SourceTokens] = []
         try:
@@ -123,43 +128,66 @@ class TokenSampler:
             self.close()
             raise
 
-    def batch(
-        self, split: str, index: int, global_batch: int, rows: slice, *, source: int | None = None
+    def train(
+        self, step: StepRows, rows: slice, *, block: int, ahead: StepRows | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows `rows` of the global batch number `index` of `split` (of the mixture, or of source number
-        `source` alone): (B, T) inputs and targets (T: this rank's columns). A training batch starts the read of
-        the next one in the background."""
-        if split == "train" and source is None:  # an evaluation between two steps leaves the next read running
-            key = (index, global_batch, rows.start, rows.stop, rows.step)
-            ahead, self.ahead = self.ahead, None
-            hit = ahead is not None and ahead[0] == key
-            windows = ahead[1].result() if hit else self.windows(split, index, global_batch, rows)
-            after = (index + 1, global_batch, rows.start, rows.stop, rows.step)
-            self.ahead = (after, self.reader.submit(self.windows, split, index + 1, global_batch, rows))
+        """Rows `rows` of a training step (data.stream's StepRows, in draw blocks of `block`): (B, T) inputs and targets
+        (T: this rank's columns). `ahead`, the next step's rows, is read in the background meanwhile."""
+        key = (step.start, step.end, rows.start, rows.stop, rows.step)
+        held, self.ahead = self.ahead, None
+        windows = held[1].result() if held is not None and held[0] == key else self.train_windows(step, rows, block)
+        if ahead is not None:
+            after = (ahead.start, ahead.end, rows.start, rows.stop, rows.step)
+            self.ahead = (after, self.reader.submit(self.train_windows, ahead, rows, block))
+        return self.split(windows)
+
+    def evaluation(
+        self, index: int, global_batch: int, rows: slice, *, source: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `rows` of validation batch `index` of source number `source` (global_batch rows drawn together)."""
+        tokens = self.sources[source]
+        if self.cross_document:
+            starts = np.random.default_rng((self.seed, 1, index)).integers(0, tokens.last("val"), size=global_batch)
+            picked = [tokens.read("val", int(starts[r]), self.seq_len + 1) for r in range(global_batch)[rows]]
         else:
-            windows = self.windows(split, index, global_batch, rows, source)
+            streams = [(self.seed, 1, index, r) for r in range(global_batch)[rows]]
+            picked = [self.inside_one_document("val", source, stream) for stream in streams]
+        return self.split(np.stack(picked).astype(np.int64))
+
+    def split(self, windows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         window = torch.from_numpy(windows)
         inputs, targets = window[:, :-1], window[:, 1:]
         if self.columns is not None:
             return inputs[:, self.columns], targets[:, self.columns]
         return inputs, targets
 
-    def rows_of(self, index: int, global_batch: int) -> np.ndarray:
-        """The source of each row of the mixture's global batch number `index` (data.mixture)."""
-        return assign(self.weights, seed=self.seed, window=index, rows=global_batch)
+    def stream_key(self, source: int, *key: int) -> tuple[int, ...]:
+        """A training draw's random stream: (seed, 0, block, ...) and, where there are several sources, the source's
+        name's (so adding a source moves no other's windows); one source keeps the key it had before mixtures."""
+        named = (zlib.crc32(self.names[source].encode()),) if len(self.names) > 1 else ()
+        return (self.seed, 0, *key, *named)
 
-    def windows(self, split: str, index: int, global_batch: int, rows: slice, source: int | None = None) -> np.ndarray:
-        """The (B, T + 1) token windows of those rows."""
-        split_id = 0 if split == "train" else 1
-        which = self.rows_of(index, global_batch) if source is None else np.full(global_batch, source)
-        lasts = np.array([s.last(split) for s in self.sources])[which]  # each row's bound, its source's
-        if self.cross_document:
-            # Every rank draws the whole global batch and keeps its rows: dp sizes share one stream.
-            starts = np.random.default_rng((self.seed, split_id, index)).integers(0, lasts)
-            picked = [(which[r], int(starts[r])) for r in range(global_batch)[rows]]
-            return np.stack([self.sources[k].read(split, s, self.seq_len + 1) for k, s in picked]).astype(np.int64)
-        picked = [(which[r], (self.seed, split_id, index, r)) for r in range(global_batch)[rows]]
-        return np.stack([self.inside_one_document(split, k, stream) for k, stream in picked]).astype(np.int64)
+    def starts(self, source: int, block_index: int, block: int) -> np.ndarray:
+        """The window starts of one block of a source's positions, drawn once and kept (KEPT_BLOCKS)."""
+        key = (source, block_index, block)
+        if (starts := self.drawn.get(key)) is None:  # the prefetch thread draws too: one lookup, no KeyError
+            if len(self.drawn) >= KEPT_BLOCKS:
+                self.drawn.clear()
+            rng = np.random.default_rng(self.stream_key(source, block_index))
+            starts = self.drawn[key] = rng.integers(0, self.sources[source].last("train"), size=block)
+        return starts
+
+    def train_windows(self, step: StepRows, rows: slice, block: int) -> np.ndarray:
+        """The (B, T + 1) token windows of those rows of the step."""
+        picked = []
+        for k, position in zip(step.sources[rows], step.positions[rows]):
+            b, j = divmod(int(position), block)
+            if self.cross_document:
+                start = int(self.starts(int(k), b, block)[j])
+                picked.append(self.sources[k].read("train", start, self.seq_len + 1))
+            else:
+                picked.append(self.inside_one_document("train", int(k), self.stream_key(int(k), b, j)))
+        return np.stack(picked).astype(np.int64)
 
     def inside_one_document(self, split: str, source: int, stream: tuple[int, ...]) -> np.ndarray:
         """A window of `source` whose inputs hold no end-of-document token, drawn from its own random stream."""

@@ -2,9 +2,9 @@
 start a run from one (io.init_from: trainflow.checkpoint.hf_reader, which the trainer calls).
 
     python -m trainflow.export CHECKPOINT OUT [--max-shard-gb 5] [OVERRIDE ...]
-    python -m trainflow.export runs/default/capacity/checkpoints/<hash> hf/default
+    python -m trainflow.export runs/default/capacity/checkpoints/<series> hf/default
 
-CHECKPOINT is one checkpoint (`.../checkpoints/<hash>/step-N/`) or a series (`.../checkpoints/<hash>/`, whose
+CHECKPOINT is one checkpoint (`.../checkpoints/<series>/step-N/`) or a series (`.../checkpoints/<series>/`, whose
 newest checkpoint is taken), written by any layout. The model is the one its manifest records (the trainer
 writes ModelConfig's fields there). The manifest is read as untrusted input: its CRCs cover the shards, not
 itself, so its model must hold exactly ModelConfig's fields, each of its type, within the schema's domains

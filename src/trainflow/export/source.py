@@ -50,7 +50,7 @@ def find_checkpoint(path: Path) -> Path:
     if steps := list_steps(path):
         return step_dir(path, steps[-1])
     raise ExportError(
-        f"{path} is neither a checkpoint (step-N/) nor a folder of them; give <capacity>/checkpoints/<hash> or "
+        f"{path} is neither a checkpoint (step-N/) nor a folder of them; give <capacity>/checkpoints/<series> or "
         "one of its step-N folders"
     )
 
@@ -150,5 +150,5 @@ def run_tokens(series: Path) -> Path | None:
     """The first token shard of the run folder holding the checkpoint series `series` (config.run_folder's
     layout puts both on the capacity tier; every shard records the tokenizer); None where `series` lies in no
     run folder."""
-    run = RunFolder(root="", capacity=str(series.parent.parent), fast="", train_hash=series.name)
+    run = RunFolder(root="", capacity=str(series.parent.parent), fast="", series=series.name)
     return first_shard(run.tokens) if Path(run.checkpoints) == series else None

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import submitit
 from submitit.core.utils import pickle_load
@@ -51,12 +51,14 @@ def run_job(executor: submitit.Executor, fn: object, *, max_pending_s: float = 0
     return wait_job(executor.submit(fn), max_pending_s=max_pending_s)
 
 
-def wait_job(job: submitit.Job, *, max_pending_s: float = 0.0) -> list:
+def wait_job(job: submitit.Job, *, max_pending_s: float = 0.0, owned: Callable[[], bool] = lambda: True) -> list:
     """Wait for a submitted job and return every task's result; a failure becomes one LaunchError line, and so does a
-    Slurm job left pending for longer than `max_pending_s` (0: however long), which is cancelled."""
+    Slurm job left pending for longer than `max_pending_s` (0: however long), which is cancelled. `owned`: whether
+    this process still answers for the job (launch.live_job: a rerun may have re-attached), else an interrupt
+    leaves it running."""
     kind = "local" if isinstance(job, LocalJob) else "slurm"
-    log.info("Submitted %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
-    with cancel_on_interrupt(job, kind):
+    log.info("Waiting for %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
+    with cancel_on_interrupt(job, kind, owned):
         end = wait_for_end(job, kind, max_pending_s)
     outcomes = [
         pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None for k in range(job.num_tasks)
@@ -142,16 +144,18 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def cancel_on_interrupt(job: submitit.Job, kind: str) -> Iterator[None]:
+def cancel_on_interrupt(job: submitit.Job, kind: str, owned: Callable[[], bool] = lambda: True) -> Iterator[None]:
     """Cancel the job if the waiting process is stopped (Ctrl-C, or SIGTERM from Snakemake cancelling
-    its local rule): an orphaned training job would keep writing the checkpoints a rerun writes too."""
+    its local rule): an orphaned training job would keep writing the checkpoints a rerun writes too. A job another
+    stage has re-attached to (`owned` false) is that stage's: it runs on."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
     try:
         yield
     except KeyboardInterrupt:
-        job.cancel(check=False)
-        log.warning("Cancelled %s job %s: the stage waiting for it was interrupted", kind, job.job_id)
+        if owned():
+            job.cancel(check=False)
+            log.warning("Cancelled %s job %s: the stage waiting for it was interrupted", kind, job.job_id)
         raise
     finally:
         if main:

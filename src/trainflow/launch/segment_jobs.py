@@ -9,7 +9,8 @@ After a failure: its verdict, with the restarts in a row that made no progress (
 hang whose evidence names nobody, the gate's checks on a new allocation first (launch.gate_job.slow_hosts), so no host
 is left out on a guess. With cluster.allocation.spare_nodes the job is a launch.supervisor, which restarts inside its
 allocation (a new job step on a spare) and hands back only what it does not restart: those failures are judged here as
-a job's.
+a job's. A job a stage before this one submitted and left (its Snakemake died) is re-attached, never submitted
+twice (launch.live_job).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trainflow.journal import Journal
 from trainflow.launch.executors import build_executor
 from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.job_end import LaunchError, wait_job
+from trainflow.launch.live_job import LiveJobs
 from trainflow.launch.restart import gate_exclusions, job_run, straggler_hosts
 from trainflow.launch.supervisor import Supervised, Supervisor, submit_supervisor
 from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
@@ -59,45 +61,74 @@ def run_jobs(
     hosts the ledger's jobs blame that later jobs may use again."""
     a, r, ledger = cfg.cluster.allocation, cfg.resilience, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
     failures: list[JobFailure] = []
+    live, left = LiveJobs(cfg), None
+    if attached := live.attach():
+        job, left = attached
     while True:
-        history, attempt = ledger.read(), len(failures)
-        blamed = frozenset(standing(history).excluded) - excused(history)
-        exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | blamed
-        if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
-            raise LaunchError(f"segment {cfg.segment} not started: {why}")
-        executor = build_executor(
-            a,
-            world_size=cfg.parallel.world_size,
-            folder=cfg.io.submitit,
-            name=f"{cfg.run}-train-{cfg.segment}",
-            exclude=exclude if a.executor == "slurm" else (),  # one machine: recorded in the ledger, not applied
-            supervised=a.spare_nodes > 0,
-        )
-        submitted = time.time()
-        if a.spare_nodes:
-            supervisor = Supervisor(cfg, task, attempt, submitted, exclude, list(failures))
-            job = submit_supervisor(executor, supervisor)
+        if left is not None:  # the job a stage before this one submitted: waited for, not submitted again
+            attempt, submitted, exclude = left.attempt, left.submitted, frozenset(left.exclude)
+            left = None
         else:
-            job = executor.submit(task(attempt))
+            history, attempt = ledger.read(), len(failures)
+            blamed = frozenset(standing(history).excluded) - excused(history)
+            exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | blamed
+            if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
+                raise LaunchError(f"segment {cfg.segment} not started: {why}")
+            submitted = time.time()
+            job = submit(cfg, task, attempt, submitted, exclude, failures)
+            live.submitted(job, attempt=attempt, submitted=submitted, exclude=exclude)
         try:
-            results = wait_job(job, max_pending_s=r.max_pending_s)
+            results = wait_job(job, max_pending_s=r.max_pending_s, owned=live.mine)
         except LaunchError as err:
+            live.check_mine(job)
             if err.failure is None:
                 raise
             ran = job_run(cfg, job, attempt=attempt, submitted=submitted, exclude=exclude, failure=err.failure)
-            failures.append(judged(cfg, job, ran, err.failure, failures, exclude, err))
+            try:
+                failures.append(judged(cfg, job, ran, err.failure, failures, exclude, err))
+            finally:
+                live.clear()  # its end is in the ledger: no rerun re-attaches to it
             continue
+        live.check_mine(job)
         if not a.spare_nodes:
             ledger.append(job_run(cfg, job, attempt=attempt, submitted=submitted, exclude=exclude, failure=None))
+            live.clear()
             return results
         supervised: Supervised = results[0]
         failures += supervised.failures
         if supervised.failure is None:
             ledger.append(supervised.run)
+            live.clear()
             return supervised.results
         log.warning("Segment %d: job %s handed back its failure: %s", cfg.segment, job.job_id, supervised.why)
         err = LaunchError(supervised.failure.line, supervised.failure)
-        failures.append(judged(cfg, job, supervised.run, supervised.failure, failures, exclude, err))
+        try:
+            failures.append(judged(cfg, job, supervised.run, supervised.failure, failures, exclude, err))
+        finally:
+            live.clear()
+
+
+def submit(
+    cfg: TrainflowConfig,
+    task: Callable[[int], Checkpointable],
+    attempt: int,
+    submitted: float,
+    exclude: frozenset[str],
+    failures: list[JobFailure],
+) -> submitit.Job:
+    """Submit the segment's next job: its ranks, or the supervisor that starts them (cluster.allocation.spare_nodes)."""
+    a = cfg.cluster.allocation
+    executor = build_executor(
+        a,
+        world_size=cfg.parallel.world_size,
+        folder=cfg.io.submitit,
+        name=f"{cfg.run}-train-{cfg.segment}",
+        exclude=exclude if a.executor == "slurm" else (),  # one machine: recorded in the ledger, not applied
+        supervised=a.spare_nodes > 0,
+    )
+    if a.spare_nodes:
+        return submit_supervisor(executor, Supervisor(cfg, task, attempt, submitted, exclude, list(failures)))
+    return executor.submit(task(attempt))
 
 
 def judged(

@@ -167,7 +167,7 @@ def read_terms(run: str | Path) -> RunTerms:
     found = sorted(Path(run).glob(os.path.relpath(RunFolder(".", "", "", "*").run_terms)), key=os.path.getmtime)
     if not Path(run).is_dir() or not found:
         raise RunTermsError(
-            f"{run} holds no train/<hash>/terms.json: pass a run folder, runs/<run>, whose train_segment finished a "
+            f"{run} holds no train/<series>/terms.json: pass a run folder, runs/<run>, whose train_segment finished a "
             "segment (it writes the terms after each)"
         )
     return load_terms(found[-1])

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from trainflow.atomic import atomic_path  # noqa: E402
+from trainflow.campaign.records import StepChange  # noqa: E402
 from trainflow.energy.phases import power_series, trace_host  # noqa: E402
 from trainflow.energy.report import SegmentEnergy  # noqa: E402
 from trainflow.train.goodput import TERMS  # noqa: E402
@@ -45,7 +46,10 @@ def save(fig: plt.Figure, out: Path) -> None:
     plt.close(fig)
 
 
-def plot_loss(steps: Sequence[StepRecord], evals: Sequence[EvalRecord], out: Path) -> None:
+def plot_loss(
+    steps: Sequence[StepRecord], evals: Sequence[EvalRecord], out: Path, changes: Sequence[StepChange] = ()
+) -> None:
+    """The train and validation losses; a dotted line at each step a setting changed from (the lineage)."""
     fig, ax = figure("Loss", "step", "cross-entropy (nats/token)")
     ax.plot([r.step + 1 for r in steps], [r.loss for r in steps], label="train", lw=1)
     ax.plot([e.step for e in evals], [e.val_loss for e in evals], "o-", label="validation")
@@ -53,6 +57,13 @@ def plot_loss(steps: Sequence[StepRecord], evals: Sequence[EvalRecord], out: Pat
     for name in mixed:
         points = [(e.step, e.sources[name]) for e in evals if name in e.sources]
         ax.plot(*zip(*points), ".--", lw=1, label=f"validation: {name}")
+    by_step: dict[int, list[str]] = {}
+    for c in changes:
+        by_step.setdefault(c.step, []).append(c.change.key)
+    for step, keys in sorted(by_step.items()):
+        ax.axvline(step, color="grey", ls=":", lw=1)
+        label = ", ".join(keys[:2]) + (f" +{len(keys) - 2}" if len(keys) > 2 else "")
+        ax.annotate(label, (step, 1), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", size=7)
     ax.legend()
     ax.grid(alpha=0.3)
     save(fig, out)

@@ -24,6 +24,7 @@ from trainflow.report import sections
 from trainflow.report.checklist import checklist
 from trainflow.report.energy import energy_section
 from trainflow.report.goodput import goodput_section
+from trainflow.report.lineage import changes_of, lineage_section
 from trainflow.report.mixture import mixture_section
 from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
 from trainflow.report.stack import stack_section
@@ -54,7 +55,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     steps = [r for s in segments for r in s.steps]
     evals = sorted({e.step: e for s in segments for e in s.evals}.values(), key=lambda e: e.step)
     plots = dict(zip(PLOTS, io.plots))
-    plot_loss(steps, evals, Path(plots["loss"]))
+    plot_loss(steps, evals, Path(plots["loss"]), changes_of(segments))
     plot_throughput(steps, Path(plots["throughput"]))
     plot_breakdown(steps, Path(plots["breakdown"]))
     plot_power(energy.segments, cfg.energy.cpu_watts_per_core, Path(plots["power"]))
@@ -64,6 +65,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     lines = [
         *sections.header(cfg, last.setup),
         *sections.training(segments, io.segment_reports, evals, plots=plots, here=here, cfg=cfg),
+        *lineage_section(segments),
         *mixture_section(segments, evals),
         *sections.planned_vs_measured(nccl.plan, steps, last),
         *sections.calibration(nccl.calibration),

@@ -5,6 +5,11 @@
 The job is a `submitit.helpers.Checkpointable`: on Slurm's pre-timeout or preemption signal every
 rank agrees at the next step boundary, the checkpoint is written, and submitit requeues the job,
 which resumes from that checkpoint. `checkpoint()` returns a fresh instance: no tensors pickled.
+
+Before it submits anything the stage checks the config against the campaign in the run folder (trainflow.campaign:
+the same model, the series' seed, a branch's checkpoint); a segment the series' lineage holds as complete trains
+nothing and has its outputs restored from what was kept (train.kept). A completed segment keeps its summary, with its
+lineage: what it continued from, the settings and code its jobs changed.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from pathlib import Path
 
 import submitit
 
+from trainflow.campaign.check import check_campaign, start_series
+from trainflow.campaign.segments import segment_span
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
@@ -32,8 +39,10 @@ from trainflow.launch.segment_jobs import run_jobs
 from trainflow.resilience.ledger import JobRun
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
+from trainflow.train.adopt import adopt_legacy
 from trainflow.train.arrivals import drilled_hosts, start_clock
 from trainflow.train.goodput import measure_goodput, segment_jobs
+from trainflow.train.kept import keep_segment, lineage_of, restore_segment
 from trainflow.train.run_terms import write_terms
 from trainflow.train.step_log import Span
 from trainflow.train.summary import RankEnergy, RankResult
@@ -104,7 +113,13 @@ def drill(cfg: TrainflowConfig) -> dict:
     return {"excused": functools.partial(drilled_hosts, ledger)}
 
 
-def run(cfg: TrainflowConfig) -> StageFigures:
+def run(cfg: TrainflowConfig) -> StageFigures | None:
+    adopt_legacy(cfg)  # a run folder of trainflow before campaign records: its series becomes the campaign's
+    check_campaign(cfg)
+    span = segment_span(cfg)
+    if span.done is not None:
+        return None if restore_segment(cfg, span) else StageFigures()
+    start_series(cfg)
     results: list[RankResult] = run_jobs(cfg, functools.partial(TrainSegment, cfg), **drill(cfg))
     summary = results[0].summary
     if not summary.completed:
@@ -129,8 +144,15 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         *(cfg.segment, 100 * goodput.goodput, goodput.wall_s, len(jobs)),
     )
     summary = dataclasses.replace(
-        summary, goodput=goodput, slurm_job_id=results[0].slurm_job_id, stack=per_node(r.stack for r in results)
+        summary,
+        goodput=goodput,
+        slurm_job_id=results[0].slurm_job_id,
+        stack=per_node(r.stack for r in results),
+        lineage=lineage_of(cfg, span, summary),
     )
+    for change in summary.lineage.changes:
+        log.info("Segment %d changed from step %d: %s", cfg.segment, change.step, change.change.line())
+    keep_segment(cfg, summary)  # complete from here: a rerun restores the outputs below
     write_json(cfg.io.segment_report, summary.to_json())
     write_terms(cfg, summary)  # the campaign's measured terms so far: python -m trainflow.plan --from-run
     return StageFigures(
@@ -143,5 +165,10 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     )
 
 
+def kept_metrics(cfg: TrainflowConfig) -> str:
+    """Where the stage's metrics are kept beside the segment's checkpoints, for a rerun to restore (train.kept)."""
+    return RunFolder.kept_metrics(cfg.io.checkpoints, cfg.segment)
+
+
 if __name__ == "__main__":
-    stage_main(run, config_name="train_segment")
+    stage_main(run, config_name="train_segment", keep=kept_metrics)

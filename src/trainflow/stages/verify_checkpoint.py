@@ -1,7 +1,7 @@
 """Check that every checkpoint of the run is complete and re-read every file against the manifest's CRC-32C
 (trainflow.checkpoint.verify), writing verify.json.
 
-    python -m trainflow.stages.verify_checkpoint io.checkpoints=runs/default/capacity/checkpoints/<hash>
+    python -m trainflow.stages.verify_checkpoint io.checkpoints=runs/default/capacity/checkpoints/<series>
 """
 
 from __future__ import annotations

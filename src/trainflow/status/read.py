@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,6 +16,7 @@ from pathlib import Path
 from statistics import median
 from typing import TypeVar
 
+from trainflow.campaign.records import StepChange
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, check_complete, read_manifest
 from trainflow.checkpoint.verify import VerifyReport
@@ -35,7 +35,6 @@ RECENT = 20
 """The step records the step time and throughput are the median of: the newest, not the warm-up."""
 MAX_STEPS = 2**53
 """More steps than a float counts exactly: a run.json that claims them was altered."""
-SEGMENT_FILE = re.compile(r"segment-([0-9]{1,9})\.json")
 
 
 class StatusError(TrainflowError):
@@ -66,7 +65,7 @@ class CheckpointState(Record):
 @dataclass(frozen=True)
 class CampaignStatus(Record):
     run: str
-    train_hash: str
+    series: str
     folder: str
     state: State
     segments: int
@@ -97,6 +96,8 @@ class CampaignStatus(Record):
     """The remaining steps at the measured step time."""
     eta_wall_s: float | None
     """The same at the goodput so far (evaluations, saves, queues and restarts at their rate until now)."""
+    last_change: StepChange | None = None
+    """The newest setting a job changed against the checkpoint it resumed from (changes.jsonl; the lineage)."""
 
 
 def read_status(
@@ -106,11 +107,12 @@ def read_status(
     checkpoint folder when that lies outside the run folder (storage.capacity elsewhere)."""
     root, now = Path(folder), time.time() if now is None else now
     record = newest_record(root)
-    run = RunFolder(str(root), "", "", record.train_hash)
+    run = RunFolder(str(root), "", "", record.series)
     ckpts = Path(checkpoints) if checkpoints else inside(root, record.checkpoints)
     steps = read_log(Path(RunFolder.steps_log(str(ckpts))), StepRecord)
     spans = read_log(Path(RunFolder.spans_log(str(ckpts))), Span)
     jobs = read_log(Path(RunFolder.jobs_log(str(ckpts))), JobRun)
+    changes = read_log(Path(RunFolder.changes_log(str(ckpts))), StepChange)
     if odd := next((r for r in steps if not 0 <= r.step < record.total_steps), None):
         last = record.total_steps - 1
         raise StatusError(
@@ -130,7 +132,7 @@ def read_status(
         excluded |= checked_hosts(jobs[-1].exclude, RunFolder.jobs_log(str(ckpts)))
     return CampaignStatus(
         run=record.run,
-        train_hash=record.train_hash,
+        series=record.series,
         folder=run.train_dir,
         state=state,
         segments=record.segments,
@@ -151,6 +153,7 @@ def read_status(
         wall_s=wall,
         eta_s=eta,
         eta_wall_s=eta / goodput if eta is not None and goodput else None,
+        last_change=changes[-1] if changes else None,
     )
 
 
@@ -161,16 +164,17 @@ def newest_record(root: Path) -> RunRecord:
     paths = sorted(Path(root).glob(os.path.relpath(RunFolder(".", "", "", "*").run_record)), key=os.path.getmtime)
     if not paths:
         raise StatusError(
-            f"{root} holds no train/<hash>/run.json: no training job has started there (pass runs/<run>, the run "
+            f"{root} holds no train/<series>/run.json: no training job has started there (pass runs/<run>, the run "
             "folder; a campaign trained before trainflow wrote run.json shows from its next job)"
         )
     record = read_record(RunRecord, paths[-1], rerun="the next train_segment job (it rewrites the file)")
-    if record.train_hash != paths[-1].parent.name:
+    if record.series != paths[-1].parent.name:
+        raise StatusError(f"{paths[-1]} names the campaign {record.series!r}, not its folder's; the file was altered")
+    if not (1 <= record.segments <= MAX_STEPS and 1 <= record.segment_steps and 0 <= record.total_steps <= MAX_STEPS):
         raise StatusError(
-            f"{paths[-1]} names the campaign {record.train_hash!r}, not its folder's; the file was altered"
+            f"{paths[-1]} claims {record.segments} x {record.segment_steps} steps (to step {record.total_steps}); the "
+            "file was altered"
         )
-    if not (1 <= record.segments and 1 <= record.segment_steps and record.total_steps <= MAX_STEPS):
-        raise StatusError(f"{paths[-1]} claims {record.segments} x {record.segment_steps} steps; the file was altered")
     return record
 
 
@@ -206,8 +210,8 @@ def read_summaries(run: RunFolder, segments: int) -> dict[int, SegmentSummary]:
     """The summaries of the finished segments, by segment."""
     found = {}
     for path in Path(run.train_dir).glob(Path(run.segment_report("*")).name):
-        if (m := SEGMENT_FILE.fullmatch(path.name)) and int(m[1]) < segments:
-            found[int(m[1])] = read_record(SegmentSummary, path, rerun=f"train_segment segment={int(m[1])}")
+        if (k := RunFolder.segment_of(path.name)) is not None and k < segments:
+            found[k] = read_record(SegmentSummary, path, rerun=f"train_segment segment={k}")
     return found
 
 

@@ -43,7 +43,7 @@ def render(status: CampaignStatus, *, bar: bool) -> str:
         filled = round(BAR * share)
         progress = f"[{'#' * filled}{'-' * (BAR - filled)}] {progress}"
     lines = [
-        f"Run {clean(s.run)}, campaign {clean(s.train_hash)} ({clean(s.folder)})",
+        f"Run {clean(s.run)}, campaign {clean(s.series)} ({clean(s.folder)})",
         f"{progress}  {s.state.value}: {where}, {len(s.done)} done",
     ]
     if s.loss is not None:
@@ -60,6 +60,8 @@ def render(status: CampaignStatus, *, bar: bool) -> str:
         at = f", {seconds(s.eta_wall_s)} at the goodput so far" if s.eta_wall_s is not None else ""
         lines.append(f"ETA: {seconds(s.eta_s)} of steps at the measured step time{at}")
     lines.append(checkpoint_line(s))
+    if (c := s.last_change) is not None:
+        lines.append(f"Last change: from step {c.step} (segment {c.segment}): {clean(c.change.line())}")
     lines.append(f"Jobs: {s.restarts} restart(s) after a failure, {s.requeues} Slurm requeue(s) of finished segments")
     for job in s.failures:
         line = f": {clean(job.line)}" if job.line else ""

@@ -1,8 +1,10 @@
-"""A segment's checkpoints as the training loop sees them: where it resumes from (or step 0 from io.init_from), when
-it saves (the planned interval), rolling back past a loss spike, and what each save cost.
+"""A segment's checkpoints as the training loop sees them: where it resumes from (or step 0 from io.init_from), with
+what besides the tensors (the data stream's position, the schedule, the guard: train.resume), when it saves (the
+planned interval), rolling back past a loss spike, and what each save cost.
 
-    ckpt = SegmentCheckpoints(cfg, device, model, optimizers, guard, recorder)   # Trainer does
-    step = ckpt.resume()            # the newest verified checkpoint at or before the segment's end; 0: none
+    ckpt = SegmentCheckpoints(cfg, device, model, optimizers, guard, recorder, span=span, weights=weights)
+    step = ckpt.resume()            # the newest verified checkpoint at or before the segment's end; its start: none
+    ckpt.stream.take(rows)          # the next step's data (data.stream); ckpt.schedule.lr_at(step)
     ckpt.save(step)                 # sync: durable on return; async: staged, written in the background
     ckpt.poll()                     # async: every step boundary, records the saves that became durable
     ckpt.finish()                   # the segment's end: the save in flight durable, the manager closed
@@ -18,18 +20,24 @@ from pathlib import Path
 
 import torch
 
+from trainflow.campaign.segments import SegmentSpan
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
 from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError
-from trainflow.checkpoint.manifest import MANIFEST, Provenance, read_manifest, scaling_mismatch
+from trainflow.checkpoint.manifest import MANIFEST, Manifest, Provenance, read_manifest, scaling_mismatch
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
+from trainflow.code_version import CodeVersion
 from trainflow.config import TrainflowConfig
+from trainflow.config.identity import branch_point, changes, settings
+from trainflow.config.run_folder import RunFolder
+from trainflow.data.stream import DataStream
 from trainflow.errors import TrainflowError
 from trainflow.parallel import Parallelized
 from trainflow.train.faults import maybe_inject_fault
 from trainflow.train.guard import DivergenceError, GuardEvent, GuardState, LossGuard, read_guard_state
 from trainflow.train.recorder import StepRecorder
+from trainflow.train.resume import job_settings, recorded_settings, resumed_schedule, stream_position
 from trainflow.train.summary import SaveRecord
 
 log = logging.getLogger(__name__)
@@ -50,15 +58,17 @@ class SegmentCheckpoints:
     on_phase: Callable[[str, int], None]
     attempt: int
     is_logger: bool
+    span: SegmentSpan
+    weights: dict[str, float]
+    """The stream's sources and their weights, in the token index's order (data.sampler's names)."""
 
     def __post_init__(self) -> None:
-        cfg, t, c = self.cfg, self.cfg.train, self.cfg.checkpoint
-        self.start_step = cfg.segment * t.segment_steps
-        self.end_step = self.start_step + t.segment_steps
+        cfg, c = self.cfg, self.cfg.checkpoint
+        self.start_step, self.end_step = self.span.start, self.span.end
         self.manager = CheckpointManager(
             cfg.io.checkpoints,
             keep=c.keep,
-            pinned={(s + 1) * t.segment_steps for s in range(t.segments)},
+            pinned=set(self.span.pinned),
             io_threads=c.io_threads,
             mode=c.mode,
             device=self.device,
@@ -72,13 +82,16 @@ class SegmentCheckpoints:
         """This job's rollbacks (resilience.max_rollbacks bounds them)."""
         self.init_from: str | None = None
         """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
+        self.stream = DataStream(stream_position(None, 0, cfg, self.weights), weights=self.weights, seed=cfg.train.seed)
+        self.schedule = resumed_schedule(None, cfg, horizon=self.span.horizon, step=0)
 
     def state(self, step: int = 0) -> dict:
         return build_state(self.model.named_parts(), self.optimizers, step=step)
 
     def resume(self) -> int:
-        """Load the newest verified checkpoint at or before the segment's end; its step (0: none, at the start)."""
-        step, guard = self.load(at_most=self.end_step, why="Resumed from")
+        """Load the newest verified checkpoint at or before the segment's end (a branch's first: its parent's); its
+        step (the segment's start where there is none: step 0, from io.init_from or fresh weights)."""
+        step, manifest = self.load(at_most=self.end_step, why="Resumed from")
         if step < 0 and self.start_step > 0:
             raise ResumeError(
                 f"segment {self.cfg.segment} starts at step {self.start_step} but {self.cfg.io.checkpoints} "
@@ -87,8 +100,19 @@ class SegmentCheckpoints:
             )
         if step < 0 and self.cfg.io.init_from:
             self.initialise()
-        self.guard.restore(guard)
-        return max(step, 0)
+        step = max(step, 0)
+        self.restore(manifest, step)
+        self.schedule = resumed_schedule(manifest, self.cfg, horizon=self.span.horizon, step=step)
+        self.recorder.changes(step, changes(recorded_settings(manifest), job_settings(self.cfg, self.schedule)))
+        return step
+
+    def restore(self, manifest: Manifest | None, step: int, skipped: list[list[int]] = ()) -> None:
+        """The guard and the stream as checkpoint `step` (its `manifest`; None: the start) left them, the data ranges
+        `skipped` left out besides."""
+        self.guard.restore(read_guard_state(manifest) if manifest else GuardState(losses=[]))
+        position = stream_position(manifest, step, self.cfg, self.weights)
+        self.stream = DataStream(position, weights=self.weights, seed=self.cfg.train.seed)
+        self.stream.skip(skipped)
 
     def initialise(self) -> None:
         """Step 0 from io.init_from's Hugging Face weights, resharded to this layout; the optimizer starts fresh."""
@@ -98,46 +122,55 @@ class SegmentCheckpoints:
         self.init_from = self.cfg.io.init_from
         self.recorder.span("load", 0, started, time.time() - started)
 
-    def load(self, at_most: int, why: str) -> tuple[int, GuardState]:
-        """Load the newest verified checkpoint at or before `at_most` (this run's, else io.resume_from's, resharded
-        to this layout); its step and the guard state its manifest holds (-1 and an empty one: none). A checkpoint
-        whose file fails its CRC as it is read is skipped for the next older one, as one whose manifest is not
-        complete is (CheckpointManager.newest_complete)."""
-        for source in self.sources():
-            step = source.newest_complete(at_most=at_most)
-            while step >= 0:
+    def load(self, at_most: int, why: str) -> tuple[int, Manifest | None]:
+        """Load the newest verified checkpoint at or before `at_most` (this series', else a branch's parent's at the
+        branch's step, else io.resume_from's, resharded to this layout); its step and manifest (-1 and None: none). A
+        checkpoint whose file fails its CRC as it is read is skipped for the next older one, as one whose manifest is
+        not complete is (CheckpointManager.newest_complete); a parent's must be the branch's step itself."""
+        for source, most, exact in self.sources(at_most):
+            step = source.newest_complete(at_most=most)
+            while step >= 0 and (not exact or step == most):
                 try:
                     return self.load_step(source, step, why)
                 except CorruptFileError as err:  # raised alike on every rank (checkpoint.single_read)
                     if self.is_logger:
                         log.warning("Skipped checkpoint step %d: %s", step, err)
                     step = source.newest_complete(at_most=step - 1)
-        return -1, GuardState(skipped=[], losses=[])
+            if exact:
+                raise ResumeError(
+                    f"the branch's parent {source.root} holds no verified checkpoint of step {most} any more; branch "
+                    "from another (train.branch_from)"
+                )
+        return -1, None
 
-    def sources(self) -> Iterator[CheckpointManager]:
-        """Where a load looks, in order: this run's checkpoints, then io.resume_from's."""
-        yield self.manager
+    def sources(self, at_most: int) -> Iterator[tuple[CheckpointManager, int, bool]]:
+        """Where a load looks, in order, with the newest step to take from each and whether it must be that one: this
+        series' checkpoints, a branch's parent's at the branch's step (before the branch saves its own), then
+        io.resume_from's."""
+        yield self.manager, at_most, False
+        threads = self.cfg.checkpoint.io_threads
+        if (point := branch_point(self.cfg)) is not None and at_most >= point[1]:
+            parent = RunFolder.of(self.cfg).series_checkpoints(point[0])
+            yield CheckpointManager(parent, keep=0, pinned=set(), io_threads=threads), point[1], True
         if self.cfg.io.resume_from:
-            yield CheckpointManager(
-                self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=self.cfg.checkpoint.io_threads
-            )
+            yield CheckpointManager(self.cfg.io.resume_from, keep=0, pinned=set(), io_threads=threads), at_most, False
 
-    def load_step(self, source: CheckpointManager, step: int, why: str) -> tuple[int, GuardState]:
-        """Load checkpoint `step` of `source` into the model and optimizers; the step loaded and its guard state."""
+    def load_step(self, source: CheckpointManager, step: int, why: str) -> tuple[int, Manifest]:
+        """Load checkpoint `step` of `source` into the model and optimizers; the step loaded and its manifest."""
         started = time.time()
         self.on_phase("load", step)
         folder = step_dir(source.root, step)
         manifest = read_manifest(folder)  # every rank reads it: no collective to agree
         if mismatch := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model):
             raise ResumeError(mismatch)
-        guard, self.init_from = read_guard_state(manifest), manifest.init_from
+        self.init_from = manifest.init_from
         state = self.state()
         source.load(step, state)
         loaded = load_state(self.model.named_parts(), self.optimizers, state)
         self.recorder.span("load", loaded, started, time.time() - started)
         if self.is_logger:
             log.info("%s the checkpoint of step %d in %s", why, loaded, source.root)
-        return loaded, guard
+        return loaded, manifest
 
     def rollback(self) -> int:
         """After train.spike.rollback_after bad steps in a row: reload the newest verified checkpoint from before the
@@ -150,14 +183,16 @@ class SegmentCheckpoints:
                 f"{len(self.rollbacks)} rollback(s) (from steps {done or 'none'}), past resilience.max_rollbacks "
                 f"({limit}); lower optim.lr, raise train.spike.factor, or check the data"
             )
-        step, restored = self.load(at_most=first, why="Rolled back to")
+        skipped = self.stream.position.skipped  # earlier rollbacks' too: the checkpoint may predate them
+        step, manifest = self.load(at_most=first, why="Rolled back to")
         if step < 0:
             raise DivergenceError(
                 f"{len(bad)} bad steps in a row from step {first} (the last: {bad[-1][2]}) and no verified checkpoint "
                 f"at or before step {first} to roll back to; lower optim.lr, raise train.spike.factor or "
                 "train.spike.rollback_after, or check the data"
             )
-        event = self.guard.rolled_back(step, restored)
+        event = self.guard.rolled_back(step)
+        self.restore(manifest, step, [*skipped, *event.windows])
         self.rollbacks.append(event)
         done, removed = self.manager.discard_after(step)
         self.saved(done)
@@ -179,8 +214,13 @@ class SegmentCheckpoints:
             provenance=Provenance(
                 layout=self.cfg.parallel.name,
                 model=self.cfg.model,  # what trainflow.export rebuilds the model from
-                guard=self.guard.state(),  # what a resume from it judges and draws with (train.guard)
+                guard=self.guard.state(),  # what a resume from it judges with (train.guard)
                 init_from=self.init_from,  # where step 0 came from (io.init_from)
+                series=RunFolder.of(self.cfg).series,
+                stream=self.stream.position,  # where a resume from it draws on (data.stream)
+                schedule=self.schedule,
+                settings=settings(self.cfg),  # what the next segment's changes are against
+                code=CodeVersion.here(),
             ),
         )
         self.recorder.span("save", step, started, time.time() - started)  # the time the loop was blocked

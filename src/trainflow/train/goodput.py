@@ -2,7 +2,7 @@
 ledger of each job's spans (spans.jsonl), beside the checkpoints. Nothing here imports torch.
 
     python -c "from trainflow.records import read_record; from trainflow.train.summary import SegmentSummary; \
-        print(read_record(SegmentSummary, 'runs/default/train/<hash>/segment-0.json').goodput.seconds)"
+        print(read_record(SegmentSummary, 'runs/default/train/<series>/segment-0.json').goodput.seconds)"
 
 The wall time runs from the first job's submission to the last job's end, over the jobs since the segment last
 completed (a rerun by hand after a failure is part of it: its wait is the restart gap a person cost). It splits into

@@ -1,7 +1,6 @@
 """The loss-spike guard: every step's loss and gradient norm are judged before the optimizer applies them.
 
     guard = LossGuard(cfg.train.spike)
-    window = guard.window(step)                  # the data window step `step` draws (skipped ones left out)
     reason = guard.judge(step, window, loss, grad_norm)   # None: apply the step; else why it is not applied
     if guard.rollback_due: ...                   # train.spike.rollback_after bad steps in a row
 
@@ -10,9 +9,10 @@ train.spike.window applied losses by more than train.spike.factor standard devia
 full: early training falls too fast for a running statistic). A bad step is not applied: its gradients are dropped,
 as Megatron's skipped iterations are, and the step still counts (its data window and learning rate are spent). After
 rollback_after bad steps in a row the trainer reloads the newest verified checkpoint from before the first of them
-and leaves their data windows out of the stream for good: the stream then runs on to the next window, so the batch
-of a step is a pure function of (seed, step, skipped windows). The skipped windows and the loss window are saved in
-every checkpoint's manifest (GuardState), so a run resumed from it judges and draws exactly as the uninterrupted run.
+and leaves their data windows (each a step's [start, end) of global sample positions) out of the stream for good
+(data.stream.DataStream.skip): the stream then runs on past them. The skipped windows (the stream's position) and the
+loss window (GuardState) are saved in every checkpoint's manifest, so a run resumed from it judges and draws exactly
+as the uninterrupted run.
 The loss and gradient norm every rank judges are the global ones (all-reduced), so every rank decides the same.
 """
 
@@ -33,44 +33,51 @@ class DivergenceError(TrainflowError):
     """Bad steps in a row with no checkpoint from before them to roll back to."""
 
 
+def window_ranges(data: dict) -> dict:
+    """Format 1 -> 2: a guard event's data windows were window numbers (one step's batch each), now [start, end)
+    ranges of global sample positions; an old event keeps its numbers as one-wide ranges of unit `windows`."""
+    return {**data, "windows": [[w, w + 1] for w in data["windows"]], "unit": "windows"}
+
+
 @dataclass(frozen=True)
 class GuardEvent(Record):
     """A step the guard did not apply, or a rollback: one line of the report each."""
+
+    FORMAT = 2
+    MIGRATIONS = {1: window_ranges}
 
     step: int
     """The step skipped; for a rollback, the checkpoint's step it went back to (a resume from there redoes it)."""
     action: str
     """skipped or rolled back."""
     reason: str
-    windows: list[int]
-    """The data windows the step drew (skipped) or that the rollback left out of the stream for good."""
+    windows: list[list[int]]
+    """The data windows the step drew (skipped) or that the rollback left out of the stream for good: [start, end) of
+    global sample positions (data.stream)."""
     from_step: int = -1
     """A rollback: the step after which it was triggered."""
+    unit: str = "samples"
+    """What `windows` count: samples; `windows` for an event from format 1 (window numbers, one step's batch each)."""
+
+    def spans(self) -> str:
+        if self.unit == "windows":
+            return "data window " + ", ".join(str(a) for a, _ in self.windows)
+        return "samples " + ", ".join(f"{a}-{b - 1}" for a, b in self.windows)
 
     def line(self) -> str:
         if self.action == "skipped":
-            return f"step {self.step}: not applied ({self.reason}; data window {self.windows[0]})"
-        windows = ", ".join(map(str, self.windows))
-        return f"step {self.from_step}: rolled back to step {self.step} ({self.reason}); skipped data windows {windows}"
+            return f"step {self.step}: not applied ({self.reason}; {self.spans()})"
+        return f"step {self.from_step}: rolled back to step {self.step} ({self.reason}); skipped {self.spans()}"
 
 
 class LossGuard:
     def __init__(self, spike: SpikeConfig) -> None:
         self.spike = spike
         self.losses: deque[float] = deque(maxlen=spike.window)
-        self.skipped: list[int] = []
-        self.bad: list[tuple[int, int, str]] = []
-        """The current run of bad steps: (step, window, reason)."""
+        self.bad: list[tuple[int, list[int], str]] = []
+        """The current run of bad steps: (step, its data window [start, end), reason)."""
 
-    def window(self, step: int) -> int:
-        """The data window of `step`: the step-th window of the stream once the skipped ones are left out."""
-        index = step
-        for skipped in self.skipped:  # ascending: each skipped window at or before the index shifts it on by one
-            if skipped <= index:
-                index += 1
-        return index
-
-    def judge(self, step: int, window: int, loss: float, grad_norm: float) -> str | None:
+    def judge(self, step: int, window: list[int], loss: float, grad_norm: float) -> str | None:
         """Record the step; None when it may be applied, else why not."""
         reason = self.why_bad(loss, grad_norm)
         if reason is None:
@@ -102,19 +109,18 @@ class LossGuard:
     def first_bad(self) -> int:
         return self.bad[0][0]
 
-    def rolled_back(self, to_step: int, state: GuardState) -> GuardEvent:
-        """After the trainer reloaded the checkpoint of `to_step` (whose guard state is `state`): leave the bad
-        steps' windows out for good and judge on from the checkpoint's loss window."""
-        windows = [window for _, window, _ in self.bad]
+    def rolled_back(self, to_step: int) -> GuardEvent:
+        """After the trainer reloaded the checkpoint of `to_step`: the event, whose windows the trainer leaves out of
+        the stream for good, restoring the guard from the checkpoint (train.checkpointing)."""
         reasons = "; ".join(f"step {step}: {reason}" for step, _, reason in self.bad)
         event = GuardEvent(
             step=to_step,
             action="rolled back",
             reason=f"{len(self.bad)} bad steps in a row: {reasons}",
-            windows=windows,
+            windows=[window for _, window, _ in self.bad],
             from_step=self.bad[-1][0],
         )
-        self.restore(GuardState(sorted({*self.skipped, *state.skipped, *windows}), state.losses))
+        self.bad = []
         return event
 
     def skip_event(self) -> GuardEvent:
@@ -122,14 +128,14 @@ class LossGuard:
         return GuardEvent(step=step, action="skipped", reason=reason, windows=[window])
 
     def state(self) -> GuardState:
-        return GuardState(skipped=list(self.skipped), losses=list(self.losses))
+        return GuardState(losses=list(self.losses))
 
     def restore(self, state: GuardState) -> None:
-        self.skipped, self.bad = sorted(set(state.skipped)), []
+        self.bad = []
         self.losses = deque(state.losses[-self.spike.window :], maxlen=self.spike.window)
 
 
 def read_guard_state(manifest: Manifest) -> GuardState:
     """The guard state a checkpoint's manifest holds (checked as the manifest was read: checkpoint.manifest's
     GuardState); a manifest from before the guard holds none: empty."""
-    return manifest.guard if manifest.guard is not None else GuardState(skipped=[], losses=[])
+    return manifest.guard if manifest.guard is not None else GuardState(losses=[])

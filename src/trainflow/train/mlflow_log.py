@@ -23,6 +23,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.train.trackers import RunTracker, Table
 
 TAG = "trainflow.train_hash"
+"""The series' name (RunFolder.series) on its MLflow run: named before series were, kept so those runs stay found."""
 
 
 class MlflowLog(RunTracker):

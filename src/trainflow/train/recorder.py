@@ -1,8 +1,9 @@
 """What a segment records about itself on rank 0, step by step: the step and evaluation logs beside the checkpoints,
 the trackers (TensorBoard, W&B, MLflow), the progress lines; and the profiler every rank runs.
 
-    recorder = StepRecorder(cfg, rank=rank, device=device)
+    recorder = StepRecorder(cfg, rank=rank, device=device, span=span)
     recorder.resume(step)          # drop the records of the steps this run redoes
+    recorder.changes(step, changed)   # the settings this job changed against its checkpoint (the lineage)
     recorder.step(record) ...      # after each step; recorder.evaluation(step, val_loss, started, seconds, sources=...)
     recorder.span("save", step, started, seconds)   # where else the job's time went (the measured goodput)
 """
@@ -18,7 +19,10 @@ import torch
 import torch.distributed as dist
 
 from trainflow.atomic import write_json
+from trainflow.campaign.records import StepChange
+from trainflow.campaign.segments import SegmentSpan
 from trainflow.config import TrainflowConfig, as_dict
+from trainflow.config.identity import Change
 from trainflow.config.run_folder import RunFolder
 from trainflow.host import hostname
 from trainflow.journal import Journal
@@ -35,21 +39,20 @@ log = logging.getLogger(__name__)
 
 
 class StepRecorder:
-    def __init__(self, cfg: TrainflowConfig, *, rank: int, device: torch.device) -> None:
+    def __init__(self, cfg: TrainflowConfig, *, rank: int, device: torch.device, span: SegmentSpan) -> None:
         self.cfg, self.is_logger = cfg, rank == 0
-        t, o, run = cfg.train, cfg.observe, RunFolder.of(cfg)
-        self.start_step = cfg.segment * t.segment_steps
-        self.end_step = self.start_step + t.segment_steps
+        o, run = cfg.observe, RunFolder.of(cfg)
+        self.start_step, self.end_step = span.start, span.end
         self.steps_log = Journal(RunFolder.steps_log(cfg.io.checkpoints), StepRecord)
         self.evals_log = Journal(RunFolder.evals_log(cfg.io.checkpoints), EvalRecord)
         self.guard_log = Journal(RunFolder.guard_log(cfg.io.checkpoints), GuardEvent)
         self.spans_log = Journal(RunFolder.spans_log(cfg.io.checkpoints), Span)
         if self.is_logger:
-            write_json(run.run_record, RunRecord.of(cfg).to_json())  # trainflow.status's entry to the run folder
+            write_json(run.run_record, RunRecord.of(cfg, span).to_json())  # trainflow.status's entry to the run folder
         self.trackers = build_trackers(cfg, is_logger=self.is_logger)
         profile = Path(run.profile(cfg.segment)) if o.profile else None
         self.profiler = StepProfiler(profile, rank=rank, steps=o.profile_steps, device=device)
-        self.progress = Progress(log, "Trained", t.segment_steps, unit="steps", every_s=10.0)
+        self.progress = Progress(log, "Trained", span.end - span.start, unit="steps", every_s=10.0)
         self.rank, self.forward_s = rank, []
         """This rank's forward seconds of each step: every rank keeps its own (the stragglers)."""
 
@@ -60,6 +63,14 @@ class StepRecorder:
             self.steps_log.drop(step, self.end_step - 1)
             self.evals_log.drop(step + 1 if step else 0, self.end_step)
             self.guard_log.drop(step, self.end_step - 1)
+
+    def changes(self, step: int, changes: list[Change]) -> None:
+        """The settings this job changed against the checkpoint of `step` it resumed from (changes.jsonl)."""
+        if self.is_logger and changes:
+            journal = Journal(RunFolder.changes_log(self.cfg.io.checkpoints), StepChange)
+            for change in changes:
+                journal.append(StepChange(step, self.cfg.segment, change))
+            log.info("Changed from step %d: %s", step, "; ".join(c.line() for c in changes))
 
     def span(self, kind: str, step: int, started: float, seconds: float) -> None:
         if self.is_logger:
@@ -126,7 +137,7 @@ class StepRecorder:
 
 def campaign(cfg: TrainflowConfig) -> dict[str, Any]:
     """What W&B and MLflow name a run by: the run's name, the campaign's id and the whole resolved config."""
-    return {"name": cfg.run, "id": RunFolder.of(cfg).train_hash, "config": as_dict(cfg)}
+    return {"name": cfg.run, "id": RunFolder.of(cfg).series, "config": as_dict(cfg)}
 
 
 def build_trackers(cfg: TrainflowConfig, *, is_logger: bool) -> list[Tracker]:

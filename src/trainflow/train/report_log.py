@@ -14,7 +14,7 @@ from trainflow.train.trackers import RunTracker, markdown_tables
 def report_trackers(cfg: TrainflowConfig) -> list[RunTracker]:
     """The campaign's runs observe.* keeps, resumed without adding a config (the report stage's is no training's)."""
     o, run, trackers = cfg.observe, RunFolder.of(cfg), []
-    named = {"name": cfg.run, "id": run.train_hash, "config": None}
+    named = {"name": cfg.run, "id": run.series, "config": None}
     if o.wandb.enabled:
         from trainflow.train.wandb_log import WandbLog
 

@@ -102,13 +102,11 @@ def run_terms(
 
 
 def write_terms(cfg: TrainflowConfig, summary: SegmentSummary) -> RunTerms:
-    """The campaign's terms up to this segment (`summary`, the segments before it on disk), written to terms.json."""
+    """The series' terms up to this segment (`summary`, the segments before it as they were kept: train.kept), written
+    to terms.json."""
     folder = RunFolder.of(cfg)
-    earlier = [
-        read_record(SegmentSummary, path, rerun="train_segment")
-        for path in folder.segment_reports(cfg.segment)
-        if Path(path).is_file()
-    ]
+    kept = (RunFolder.kept_summary(cfg.io.checkpoints, i) for i in range(cfg.segment))
+    earlier = [read_record(SegmentSummary, path, rerun="train_segment") for path in kept if Path(path).is_file()]
     spans = Journal(RunFolder.spans_log(cfg.io.checkpoints), Span).read()
     h = cfg.cluster.hardware
     terms = run_terms([*earlier, summary], spans, mtbf_s=cfg.fault.mtbf_s, hang_share=h.hang_share)

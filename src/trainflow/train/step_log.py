@@ -2,7 +2,7 @@
 segment reports its whole range.
 
     python -c "from trainflow.journal import Journal; from trainflow.train.step_log import StepRecord; \
-        print(Journal('runs/default/capacity/checkpoints/<hash>/steps.jsonl', StepRecord).read()[:1])"
+        print(Journal('runs/default/capacity/checkpoints/<series>/steps.jsonl', StepRecord).read()[:1])"
 
 One JSON line per training step, evaluation and loss-guard event, appended by rank 0. On resume from step s, the
 records of the steps this segment will redo are dropped first: they belong to work the checkpoint does not contain.
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainflow.records import Record
+from trainflow.records import Record, fields_added
 
 
 @dataclass(frozen=True)
 class StepRecord(Record):
     """One training step on rank 0: the step it started from, its loss and the split of its seconds."""
+
+    FORMAT = 2
+    MIGRATIONS = {1: fields_added}  # window, sources
 
     step: int
     started: float
@@ -42,6 +45,11 @@ class StepRecord(Record):
     """This rank's own forward seconds (train.clock: the straggler measure)."""
     skipped: str | None = None
     """Why the loss-spike guard did not apply the step (train.guard); None: applied."""
+    window: list[int] = field(default_factory=list)
+    """Its data window: [start, end) of the training stream's global sample positions (data.stream); [] before
+    format 2."""
+    sources: list[int] = field(default_factory=list)
+    """Its rows from each source, in the token index's order (data.mixture: the realised mixture)."""
 
 
 @dataclass(frozen=True)

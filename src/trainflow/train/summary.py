@@ -1,8 +1,8 @@
-"""A training segment's summary: the typed record train_segment writes (train/<hash>/segment-<i>.json) and
+"""A training segment's summary: the typed record train_segment writes (train/<series>/segment-<i>.json) and
 account_energy and report read. Nothing here imports torch: the stages that only read it start without it.
 
     python -c "from trainflow.records import read_record; from trainflow.train.summary import SegmentSummary; \
-        print(read_record(SegmentSummary, 'runs/default/train/<hash>/segment-0.json').speed.median_step_s)"
+        print(read_record(SegmentSummary, 'runs/default/train/<series>/segment-0.json').speed.median_step_s)"
 
 Its fields group into what the segment ran with (SegmentSetup), how fast (SegmentSpeed), the records of its steps,
 evaluations and saves, which the trainer assembles, and what the stage adds once from every rank's RankResult (the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainflow.campaign.records import Lineage
 from trainflow.checkpoint.interval import IntervalPlan
 from trainflow.config.layout import ParallelDims
 from trainflow.data.mixture import SourceShare
@@ -23,7 +24,7 @@ from trainflow.records import Record
 from trainflow.resilience.timing import RankTiming
 from trainflow.stack import NodeStack
 from trainflow.train.goodput import Goodput
-from trainflow.train.guard import GuardEvent
+from trainflow.train.guard import GuardEvent, window_ranges
 from trainflow.train.step_log import EvalRecord, StepRecord
 
 
@@ -109,8 +110,17 @@ class SegmentSpeed(Record):
     mfu: float
 
 
+def guard_ranges(data: dict) -> dict:
+    """Format 1 -> 2: its guard events' windows as GuardEvent's own migration rewrites them (the steps' records only
+    gained fields, the lineage is new)."""
+    return {**data, "guard": [window_ranges(event) for event in data.get("guard", [])]}
+
+
 @dataclass(frozen=True)
 class SegmentSummary(Record):
+    FORMAT = 2
+    MIGRATIONS = {1: guard_ranges}
+
     segment: int
     start_step: int
     end_step: int
@@ -141,6 +151,9 @@ class SegmentSummary(Record):
     """The realised mixture of the segment's applied steps: each source's tokens and share (data.mixture)."""
     stack: list[NodeStack] = field(default_factory=list)
     """Set by the stage: the software stack training ran on, every node's of the job's ranks (trainflow.stack)."""
+    lineage: Lineage | None = None
+    """Set by the stage: what the segment continued from, the settings and code its jobs changed (campaign.records);
+    None before format 2."""
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 
     python -m trainflow.stages.train_segment segment=0 parallel=dp2_tp2_pp2
 
-A segment trains steps [segment * segment_steps, (segment + 1) * segment_steps), resuming from the
-newest verified checkpoint at or before its end. The batch of a step is a pure function of (seed, step
-and the data windows the loss guard left out), the learning rate a pure function of the step, and the model
-has no dropout: so model, optimizer, step and the guard's state (in the checkpoint's manifest) are all a resumed
-run needs to continue bit for bit. Every step is judged by the loss guard before it is applied (train.guard).
+A segment trains steps [start, start + segment_steps), from where the segment before it ended (campaign.segments),
+resuming from the newest verified checkpoint at or before its end. The batch of a step is a pure function of the
+seed and the training stream's position (data.stream), the learning rate of the step and the schedule the checkpoint
+carries (config.schedule), and the model has no dropout: so model, optimizer, step, the stream's position, the
+schedule and the guard's state (in the checkpoint's manifest) are all a resumed run needs to continue bit for bit,
+at any layout. Every step is judged by the loss guard before it is applied (train.guard).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainflow.campaign.segments import segment_span
 from trainflow.checkpoint.state import state_digest
 from trainflow.config import ParallelDims, TrainflowConfig
 from trainflow.config.layout import cp_chunks
@@ -39,7 +42,7 @@ from trainflow.train.arrivals import Arrivals
 from trainflow.train.build import build_model
 from trainflow.train.checkpointing import SegmentCheckpoints
 from trainflow.train.clock import ForwardClock
-from trainflow.train.controls import StopFlag, build_optimizer, lr_at, set_determinism
+from trainflow.train.controls import StopFlag, build_optimizer, set_determinism
 from trainflow.train.faults import maybe_arrive, maybe_inject_fault, maybe_poison, maybe_slow
 from trainflow.train.guard import LossGuard
 from trainflow.train.profile import memory_mb
@@ -89,7 +92,6 @@ class Trainer:
             columns=columns,
         )
         self.build_records()
-        self.start_step, self.end_step = self.ckpt.start_step, self.ckpt.end_step
 
     def build_records(self) -> None:
         """Checkpoints and their interval, the stop signal, what the segment records of itself."""
@@ -103,7 +105,9 @@ class Trainer:
             segment=self.cfg.segment,
         )
         self.guard = LossGuard(self.cfg.train.spike)
-        self.recorder = StepRecorder(self.cfg, rank=self.rank, device=self.device)
+        self.span = span = segment_span(self.cfg)
+        self.start_step, self.end_step = span.start, span.end
+        self.recorder = StepRecorder(self.cfg, rank=self.rank, device=self.device, span=span)
         self.ckpt = SegmentCheckpoints(
             self.cfg,
             self.device,
@@ -114,6 +118,8 @@ class Trainer:
             on_phase=self.on_phase,
             attempt=self.attempt,
             is_logger=self.is_logger,
+            span=span,
+            weights=dict(zip(self.sampler.names, self.sampler.weights)),
         )
 
     # -- loop ----------------------------------------------------------------------------------
@@ -121,17 +127,19 @@ class Trainer:
     def train_step(self, step: int) -> StepRecord:
         start, started = time.perf_counter(), time.time()
         self.on_phase("data", step)
-        lr = lr_at(step, self.cfg.optim, self.cfg.train.total_steps)
+        lr = self.ckpt.schedule.lr_at(step)
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = lr
-        window = self.guard.window(step)
-        inputs, targets = self.sampler.batch("train", window, self.cfg.train.global_batch, self.rows)
+        stream, batch = self.ckpt.stream, self.cfg.train.global_batch
+        rows = stream.take(batch)
+        window = [rows.start, rows.end]
+        inputs, targets = self.sampler.train(rows, self.rows, block=stream.block, ahead=stream.peek(batch))
         data_s = time.perf_counter() - start
         self.on_phase("compute", step)
         self.clock.reset()
         loss, times = self.model.forward_backward(inputs.to(self.device), targets.to(self.device))
-        maybe_poison(self.cfg.fault, window, loss, self.model.parameters())
+        maybe_poison(self.cfg.fault, rows.start // batch, loss, self.model.parameters())
         grad_norm = self.model.clip_grad_norm(self.cfg.optim.grad_clip)
         skipped = self.guard.judge(step, window, float(loss), grad_norm)  # global loss and norm: every rank agrees
         self.model.end_step(applied=skipped is None)  # fp8's amax history leaves a step not applied out
@@ -158,6 +166,8 @@ class Trainer:
             activation_s=times.activation,
             forward_s=self.clock.take(),
             skipped=skipped,
+            window=window,
+            sources=np.bincount(rows.sources, minlength=len(self.sampler.names)).tolist(),
         )
 
     def evaluate(self, step: int) -> float:
@@ -168,7 +178,7 @@ class Trainer:
             losses = []
             for i in range(self.cfg.train.eval_batches):
                 self.on_phase("eval", step)  # each batch is progress: a long evaluation is no hang (launch.heartbeat)
-                inputs, targets = self.sampler.batch("val", i, self.cfg.train.global_batch, self.rows, source=k)
+                inputs, targets = self.sampler.evaluation(i, self.cfg.train.global_batch, self.rows, source=k)
                 losses.append(float(self.model.eval_loss(inputs.to(self.device), targets.to(self.device))))
             per_source[name] = sum(losses) / len(losses)
         weights = dict(zip(self.sampler.names, self.sampler.weights))
@@ -265,9 +275,6 @@ class Trainer:
         )
 
     def mixture(self, steps: list[StepRecord]) -> list[SourceShare]:
-        """The realised mixture of the segment's applied steps (rank 0's records): their windows' rows by source."""
-        t, names, weights = self.cfg.train, self.sampler.names, self.sampler.weights
-        windows = [self.guard.window(r.step) for r in steps if r.skipped is None]
-        return realised(
-            names, weights, seed=t.seed, windows=windows, rows=t.global_batch, seq_len=self.cfg.model.seq_len
-        )
+        """The realised mixture of the segment's applied steps (rank 0's records): their rows by source."""
+        rows = [r.sources for r in steps if r.skipped is None]
+        return realised(self.sampler.names, self.sampler.weights, rows=rows, seq_len=self.cfg.model.seq_len)

@@ -1,6 +1,6 @@
 """Training metrics as a Weights & Biases run (observe.wandb; a Tracker), offline by default.
 
-    wandb sync runs/default/train/<hash>/wandb/wandb/offline-run-*    # upload an offline campaign later
+    wandb sync runs/default/train/<series>/wandb/wandb/offline-run-*    # upload an offline campaign later
 
 One W&B run per campaign: its id is the hash of what training reads, so every segment and restart resumes it
 (offline, each job writes its own offline-run folder of the same id; `wandb sync` joins them), and so does the
