@@ -7,6 +7,7 @@ build_kernels stage's no-op where nothing can be compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from tests.conftest import make_config
 from trainflow.fp8 import build, kernels
 from trainflow.fp8.build import BuildOutcome, KernelsReport, build_campaign_kernels, build_extension
 from trainflow.fp8.cache import RECORD, BuildLock, BuildRecord, LockHolder, build_folder, cached_library, find_library
+from trainflow.fp8.measured import GemmSeconds, KernelMeasurement
+from trainflow.fp8.shapes import SCALED_MM, ShapeTiming
 from trainflow.host import hostname
 from trainflow.records import read_record
 from trainflow.stages import build_kernels
@@ -99,7 +102,10 @@ def test_a_rank_without_a_build_runs_scaled_mm_at_once_with_one_warning_and_neve
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("a rank compiled"))
-    monkeypatch.setenv("TRAINFLOW_FP8_BACKEND", "kernel")  # the dispatch would run the kernel
+    won = ShapeTiming("70b_tp8_wk_wv", [8192, 128, 8192], {"pingpong_s1": 4.3e-5, SCALED_MM: 5.1e-5})
+    record = KernelMeasurement(kernels.kernel_key(SM90), True, "NVIDIA H200", "2.12.0", [won.shape], GemmSeconds(1, 1))
+    measured = {"sm89": [], "sm90": [dataclasses.replace(record, per_shape=[won])]}
+    monkeypatch.setattr(kernels, "read_measured", lambda folder: measured)  # the dispatch would load the kernel
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         backend, reason = kernels._load_cuda((9, 0), "NVIDIA H200", tmp_path)
