@@ -10,7 +10,8 @@ GPU check per device name and build key: per benchmark shape, the seconds of eve
 and of torch._scaled_mm; the kernel is loaded where it measured fastest on some shape, and then each GEMM shape runs
 the fastest measured there, or at the nearest measured shape (trainflow.fp8.dispatch); `shape_choices()` lists which
 ran for each shape so far and why. $TRAINFLOW_FP8_BACKEND=kernel forces the kernel on every shape
-(scripts/gpu_check.sh's tests).
+(scripts/gpu_check.sh's tests); with no usable build that is one ConfigError naming the cache and the build command,
+never a silent _scaled_mm.
 
 The kernels' folder is $TRAINFLOW_KERNELS where set, else the kernels/ of the checkout trainflow is imported from
 (src/trainflow/fp8 -> kernels/); an install without either is told so in one line when it first needs a kernel.
@@ -191,12 +192,17 @@ _LOADED: list[tuple[tuple[int, int], tuple[str, str]]] = []
 
 def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Path) -> tuple[str, str]:
     """Choose, load the chosen kernel's build from the cache (never compile), and register it (or _scaled_mm) as
-    fp8_gemm's CUDA implementation; a missing build is one warning, then _scaled_mm at once."""
+    fp8_gemm's CUDA implementation. A missing build is one warning, then _scaled_mm at once; where the kernel is
+    forced it is one ConfigError naming the cache and the build command instead."""
     build = KERNEL_BUILDS.get(capability)
     name = f"sm_{capability[0]}{capability[1]}"
     try:
         key = kernel_key(build) if build is not None else None
     except (ImportError, OSError) as err:
+        if forced():
+            raise ConfigError(
+                f"{FORCE_ENV}=kernel, but {build.source} has no build key here ({err}): {BUILD_HINT}"
+            ) from err
         key = None
         warnings.warn(f"trainflow.fp8: no build key for {build.source} ({err}); torch._scaled_mm runs", stacklevel=5)
     measured = read_measured(kernels_folder())
@@ -208,6 +214,11 @@ def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Pat
             record = measured_record(measured.get(build.arch, []), device, key)
             torch.library.impl(OP, "cuda")(_kernel_op(build, record.per_shape if record else [], device))
             return backend, f"{reason}; loaded {library.parent.name} ({fact})"
+        if forced():
+            raise ConfigError(
+                f"{FORCE_ENV}=kernel, but {fact}: build it with `python -m trainflow.fp8 --arch {build.arch} CACHE` "
+                f"(or the build_kernels stage) into that cache, or unset {FORCE_ENV}"
+            )
         warnings.warn(f"trainflow.fp8: {fact}; torch._scaled_mm runs the fp8 GEMMs instead: {BUILD_HINT}", stacklevel=5)
         backend, reason = "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because {fact}"
     torch.library.impl(OP, "cuda")(scaled_mm_fp8_gemm)

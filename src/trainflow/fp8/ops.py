@@ -19,7 +19,8 @@ why in one line:
   this device and these very sources (their SHA-256) timed fastest, there or at the nearest measured shape
   (trainflow.fp8.dispatch); torch._scaled_mm everywhere until such a check passed. Never the mma.sync kernel:
   Hopper has no fp8 mma.sync, nvcc emulates it with fp16 HMMA (kernels/README.md).
-- anything else, or a kernel whose build is missing (one warning naming the cache): torch._scaled_mm.
+- anything else, or a kernel whose build is missing (one warning naming the cache): torch._scaled_mm; but with
+  $TRAINFLOW_FP8_BACKEND=kernel a missing build is an error naming the cache and the build command.
 Nothing falls back to bf16 silently.
 
 Why the reference is exact up to summation order: fp8 -> fp32 is exact, and a product of two fp8 values has at
