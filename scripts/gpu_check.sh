@@ -167,9 +167,9 @@ wheels() {  # the carried wheels into $KEEP/site (here, with --stand-in: the env
   fi
   "$PY" scripts/gpu_check_steps/importable.py "$MODE"
 }
-train_steps() {  # one process, eager: fp8 as dispatched (the kernel where it measured fastest)
+train_steps() {  # one process, eager: bf16, fp8 as dispatched, torchao where installed; the split per linear
   unset TRAINFLOW_FP8_BACKEND
-  "$PY" benchmarks/gpu_step.py --fp8 delayed --no-compile --steps 3 --warmup 1
+  "$PY" benchmarks/gpu_step.py --compare --fp8 delayed --no-compile --steps 3 --warmup 1
 }
 export -f wheels train_steps
 
