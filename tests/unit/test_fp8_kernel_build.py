@@ -15,6 +15,7 @@ import torch
 
 from trainflow.errors import ConfigError
 from trainflow.fp8.build import build_extension
+from trainflow.fp8.cache import build_key
 from trainflow.fp8.dispatch import ShapeDispatch, committed
 from trainflow.fp8.kernels import (
     KERNEL_BUILDS,
@@ -124,6 +125,16 @@ def test_the_committed_measurements_are_records_of_known_kernels():
     measured = read_measured(kernels_folder())  # a file that is not Measurements raises
     assert all(isinstance(m, KernelMeasurement) for records in measured.values() for m in records)
     assert any(r.device == H200 and r.correctness_passed for r in measured["sm90"]), "the 2026-12-04 H200 check"
+
+
+def test_the_committed_h200_figures_hold_for_these_sources_marked_as_measured_on_the_unsplit_build():
+    """kernels/measured.json's H200 record: its key is these very sources' (with the GPU machine's nvcc, CUTLASS
+    and torch), so a change of the kernel's sources fails here until the record is measured again or marked; its
+    figures were timed on build 0a8a1c9466464c94, before the split into translation units."""
+    record = next(r for r in read_measured(kernels_folder())["sm90"] if r.device == H200)
+    old = record.build_key
+    assert build_key(old.extension, SM90.key_files(), nvcc_flags(SM90), old.nvcc, old.torch) == old
+    assert record.measured_on == "0a8a1c9466464c94" and old.torch == "2.11.0+cu130", record.measured_on
 
 
 def test_the_committed_h200_figures_run_scaled_mm_at_8192_cubed_and_the_kernel_at_n_128():

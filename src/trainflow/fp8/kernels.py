@@ -32,7 +32,7 @@ from trainflow.fp8.cache import BuildKey, build_key, find_library, find_nvcc, nv
 from trainflow.fp8.dispatch import ShapeDispatch
 from trainflow.fp8.measured import MEASURED, KernelMeasurement, by_measurement, measured_record, read_measured
 from trainflow.fp8.ops import OP, SCHEMA, scaled_mm_fp8_gemm
-from trainflow.fp8.shapes import SM90_CONFIGS, KernelConfig, ShapeTiming
+from trainflow.fp8.shapes import SM90_CONFIGS, KernelConfig, Schedule, ShapeTiming
 
 KERNELS_ENV = "TRAINFLOW_KERNELS"
 CHECKOUT_KERNELS = Path(__file__).resolve().parents[3] / "kernels"
@@ -44,14 +44,20 @@ BUILD_HINT = "the build_kernels stage, or `python -m trainflow.fp8 --arch ARCH C
 
 @dataclass(frozen=True)
 class KernelBuild:
-    """One architecture's kernel: its source in kernels/, its nvcc target, and the torch op its binding registers."""
+    """One architecture's kernel: its sources in kernels/, its nvcc target, and the torch op its binding registers."""
 
     arch: str  # "sm89" | "sm90": the op is trainflow::fp8_gemm_<arch>, the extension EXTENSION_<arch>
     source: str
+    """The .cu with the C interface's entry points (fp8_gemm.h), which names the kernel in reasons."""
     gencode: str
     cutlass: bool  # needs the CUTLASS headers of the nvidia-cutlass wheel
     configs: tuple[KernelConfig, ...] = ()
     """The configurations its op takes (schedule, swizzle: trainflow.fp8.shapes); () where it has one."""
+    units: tuple[str, ...] = ()
+    """Its other translation units, compiled in parallel with `source` (MAX_JOBS): the sm90 kernel's one per
+    configuration."""
+    headers: tuple[str, ...] = ()
+    """Its own headers beside fp8_gemm.h: in the build key, as the sources are."""
 
     @property
     def op(self) -> str:
@@ -66,7 +72,16 @@ class KernelBuild:
         return f"TRAINFLOW_FP8_{self.arch.upper()}"
 
     def sources(self) -> list[Path]:
-        return [kernels_folder() / self.source, kernels_folder() / "fp8_binding.cpp"]
+        """What the build compiles: every translation unit and the binding."""
+        return [kernels_folder() / name for name in (self.source, *self.units, "fp8_binding.cpp")]
+
+    def key_files(self) -> list[Path]:
+        """Every file whose bytes make its machine code: the sources and the headers (its build key's)."""
+        return [*self.sources(), *(kernels_folder() / h for h in ("fp8_gemm.h", *self.headers))]
+
+    def kernel_units(self) -> list[Path]:
+        """The translation units of the kernel itself (no binding): what tests/unit/test_fp8_sass.py compiles."""
+        return [kernels_folder() / name for name in (self.source, *self.units)]
 
 
 def kernels_folder() -> Path:
@@ -82,7 +97,15 @@ def kernels_folder() -> Path:
 
 KERNEL_BUILDS = {
     (8, 9): KernelBuild("sm89", "fp8_gemm.cu", "arch=compute_89,code=sm_89", cutlass=False),
-    (9, 0): KernelBuild("sm90", "fp8_gemm_sm90.cu", "arch=compute_90a,code=sm_90a", cutlass=True, configs=SM90_CONFIGS),
+    (9, 0): KernelBuild(
+        "sm90",
+        "fp8_gemm_sm90.cu",
+        "arch=compute_90a,code=sm_90a",
+        cutlass=True,
+        configs=SM90_CONFIGS,
+        units=tuple(f"fp8_gemm_sm90_{s.name.lower()}_{a}.cu" for s in Schedule for a in ("e4m3", "e5m2")),
+        headers=("fp8_gemm_sm90.h", "fp8_gemm_sm90.cuh"),
+    ),
 }
 
 for _build in KERNEL_BUILDS.values():  # the per-architecture ops the bindings register
@@ -110,9 +133,8 @@ def nvcc_flags(build: KernelBuild) -> list[str]:
 
 def kernel_key(build: KernelBuild) -> BuildKey:
     """The build-cache key of `build` with this machine's nvcc, CUTLASS and torch (trainflow.fp8.cache)."""
-    files = [*build.sources(), kernels_folder() / "fp8_gemm.h"]
     nvcc = nvcc_release(find_nvcc())
-    return build_key(f"{EXTENSION}_{build.arch}", files, nvcc_flags(build), nvcc, torch.__version__)
+    return build_key(f"{EXTENSION}_{build.arch}", build.key_files(), nvcc_flags(build), nvcc, torch.__version__)
 
 
 def forced() -> bool:
