@@ -38,7 +38,7 @@ WHEELS=${WHEELS:-.whl}
 STEPS=(
   "wheels 5 the carried wheels installed and every module trainflow needs importable (2 s)"
   "environment 20 torch, CUDA, the GPU, nvcc, the dispatch's choice (over 10 s)"
-  "build 90 the kernel's 4 translation units compiled in parallel into the kept cache (one unit: 137 s)"
+  "build 90 the kernel's 7 translation units and its binding compiled in parallel into the kept cache (one unit: 137 s)"
   "sass 15 the build's SASS: QGMMA on E4M3 and E5M2, promotion FADDs, no HMMA or F2FP unpacking (11 s)"
   "tests_gpu 100 tests/gpu with the kernel forced: correctness, views, NaN/inf, NCCL gate, fp8 segment (71 s)"
   "fp8_gemm 25 TFLOP/s of each kernel configuration, _scaled_mm and bf16 on the 70B's tp8 shapes and 8192^3 (14 s)"
