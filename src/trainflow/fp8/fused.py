@@ -86,8 +86,9 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 def triton_usable(t: torch.Tensor) -> bool:
     """Whether the Triton kernel runs `t`: a CUDA tensor where Triton is installed, outside torch.compile (whose
-    Inductor fuses the reference's ops into one kernel of its own)."""
-    return t.device.type == "cuda" and HAS_TRITON and not torch.compiler.is_compiling()
+    Inductor fuses the reference's ops into one kernel of its own), of fewer than 2^31 values (its offsets are
+    32-bit)."""
+    return t.device.type == "cuda" and HAS_TRITON and not torch.compiler.is_compiling() and t.numel() < 2**31
 
 
 def cast_pair(
