@@ -22,11 +22,11 @@ wk/wv 8192 -> 128, wo 1024 -> 8192, w1/w3 8192 -> 3584, w2 3584 -> 8192. A repea
 between CUDA events, on ROTATE input sets (more bytes than the 60 MB L2); the GEMMs alternate in rotating order
 within each repeat (clock and thermal drift cancel), and the median repeat gives TFLOP/s = 2 M N K / time.
 
-"measured" is {arch: trainflow.fp8.kernels.KernelMeasurement}, the record scripts/gpu_check.sh merges into
+"measured" is {arch: trainflow.fp8.measured.KernelMeasurement}, the record scripts/gpu_check.sh merges into
 kernels/measured.json (commit it from a GPU run) by device name and build key: the build's full key, whether it
 passed, the seconds of the kernel and of _scaled_mm summed over the shapes, and each shape's seconds per
-configuration; the sm_90 kernel is dispatched on that device with that build only where the first is no more than
-the second, and then in each measured shape's fastest configuration.
+configuration and of _scaled_mm. On that device with that build, each GEMM shape then runs the fastest of them
+measured there or at the nearest measured shape (trainflow.fp8.dispatch); a shape's `dispatch` says which.
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ from _common import emit, log, median
 from trainflow.fp8.build import build_extension
 from trainflow.fp8.cache import cache_folder
 from trainflow.fp8.cast import E4M3, E5M2
-from trainflow.fp8.kernels import KERNEL_BUILDS, GemmSeconds, KernelBuild, KernelMeasurement, kernel_key
+from trainflow.fp8.dispatch import ShapeDispatch
+from trainflow.fp8.kernels import KERNEL_BUILDS, KernelBuild, kernel_key
+from trainflow.fp8.measured import GemmSeconds, KernelMeasurement
 from trainflow.fp8.ops import error_bound
-from trainflow.fp8.shapes import ShapeTiming, heuristic
+from trainflow.fp8.shapes import SCALED_MM, ShapeTiming, heuristic
 
 ITERS = 10  # GEMMs per timed repeat
 WARMUP = 3
@@ -146,18 +148,21 @@ def time_shape(kernels: dict[str, Callable], m: int, n: int, k: int, repeats: in
     return {name: median(s) for name, s in seconds.items()}
 
 
+def sm_count() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 def shape_result(name: str, mnk: tuple[int, int, int], timed: dict[str, float], configs: list[str]) -> dict:
     """One shape's figures; `kernel` is the fastest of `configs` (the dispatch's measured choice)."""
     m, n, k = mnk
     fastest = min(configs, key=timed.__getitem__)
     seconds = {"kernel": timed[fastest], "scaled_mm": timed["scaled_mm"], "bf16_matmul": timed["bf16_matmul"]}
     tflops = {g: 2 * m * n * k / s / 1e12 for g, s in seconds.items()}
-    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return {
         "shape": name,
         "mnk": list(mnk),
         "fastest_config": fastest,
-        "heuristic": heuristic(m, n, k, sm_count).reason if len(configs) > 1 else None,
+        "heuristic": heuristic(m, n, k, sm_count()).reason if len(configs) > 1 else None,
         "config_seconds": {c: round(timed[c], 9) for c in configs},
         "config_tflops": {c: round(2 * m * n * k / timed[c] / 1e12, 1) for c in configs},
         "seconds": {g: round(s, 9) for g, s in seconds.items()},
@@ -202,8 +207,17 @@ def main() -> None:
         torch=torch.__version__,
         shapes=list(shapes),
         seconds=GemmSeconds(**{g: round(sum(r["seconds"][g] for r in results), 9) for g in ("kernel", "scaled_mm")}),
-        per_shape=[ShapeTiming(r["shape"], r["mnk"], r["config_seconds"]) for r in results] if build.configs else [],
+        per_shape=[
+            ShapeTiming(r["shape"], r["mnk"], r["config_seconds"] | {SCALED_MM: r["seconds"]["scaled_mm"]})
+            for r in results
+        ]
+        if build.configs
+        else [],
     )
+    if build.configs:  # what the dispatch runs per shape from this record, once it is committed
+        dispatch = ShapeDispatch(record.per_shape, record.device, sm_count=sm_count())
+        for r in results:
+            r["dispatch"] = dispatch.choose(*r["mnk"]).reason
     emit(
         {
             "benchmark": "fp8_gemm",

@@ -174,7 +174,7 @@ def main() -> None:
     n = 3 if args.quick else 7
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
-        results = {}
+        results: dict = {"benchmark": "hf_import"}
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             files = make_folder(tmp / name, m, dtype, 100_000_000)
             results[name] = rounds(tmp / name, files, m, n)

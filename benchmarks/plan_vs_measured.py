@@ -1,7 +1,7 @@
 """The planner against the trainer: calibrate trainflow.plan's constants here, then predict and measure the
 step split of short runs on dp2, pp2 (1F1B), tp2 and dp2 x tp2 x pp2.
 
-    python benchmarks/plan_vs_measured.py [--steps 10] [--repeats 3] [--layouts tp2 ...]
+    python benchmarks/plan_vs_measured.py [--quick] [--steps 10] [--repeats 3] [--layouts tp2 ...]
 
 Goal: predicted / measured step time within 0.67-1.5x on every layout, as the median over --repeats rounds
 of calibrate-then-measure (this VM's speed drifts by up to 2x between minutes, so one round proves little).
@@ -225,7 +225,7 @@ def one_layout(name: str, base: list[str], link: dict, cores: int, root: Path, t
     run_cfg = compose("train_segment", base + [f"storage.root={root}", f"io.staged_tokens={tokens}"])
     train_segment.run(run_cfg)
     summary = read_record(SegmentSummary, run_cfg.io.segment_report)
-    meas = measured_split(summary.steps)
+    meas, layout = measured_split(summary.steps), summary.setup.layout
     result = {
         "core_share": share,
         "flops_per_s": probes,
@@ -233,7 +233,7 @@ def one_layout(name: str, base: list[str], link: dict, cores: int, root: Path, t
         "tp_block_s": tp_block_s,
         "measured": meas,
         **{
-            f"by_{probe}_probe": {"predicted": asdict(pred), "compare": side_by_side(pred, meas, layout=summary.layout)}
+            f"by_{probe}_probe": {"predicted": asdict(pred), "compare": side_by_side(pred, meas, layout=layout)}
             for probe, pred in preds.items()
         },
     }
@@ -249,7 +249,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="training steps per layout (the first is warm-up)")
     ap.add_argument("--repeats", type=int, default=3, help="calibrate-and-measure rounds; ratios are their medians")
     ap.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS), help="the layouts to run")
+    ap.add_argument("--quick", action="store_true", help="one round of dp2, 3 steps: the path runs, the ratio is rough")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.repeats, args.layouts = 3, 1, ["dp2"]
     torch.set_num_threads(1)
     cores = torch.multiprocessing.cpu_count()
     root = Path(tempfile.mkdtemp(prefix="plan_vs_measured_"))

@@ -24,7 +24,7 @@ import numpy as np
 from _common import drop_cache, emit, log, median
 
 from trainflow.crc import file_crc
-from trainflow.data.index import VERSION, write_index_file
+from trainflow.data.index import VERSION, ShardEntry, SourceEntry, TokenIndex, TokenizerFacts, write_index_file
 from trainflow.data.record import write_record
 from trainflow.stages.stage_data import stage_shards
 
@@ -38,10 +38,13 @@ def make_shards(folder: Path, shards: int, mb: int) -> Path:
         path.write_bytes(rng.integers(0, 256, mb << 20, dtype=np.uint8).tobytes())
         size, crc = file_crc(path)
         write_record(path, size, crc)
-        entry = {"name": path.name, "source": "corpus", "train_tokens": size // 2, "val_tokens": 0}
-        entries.append({**entry, "bytes": size, "crc32c": crc})
+        tokens = size // 2  # what stage_data reads of an entry: its name, bytes and CRC; the counts only add up
+        entries.append(ShardEntry(path.name, "corpus", tokens, 0, 1, 0, "uint16", 0, size, crc, ["random bytes"]))
+    tokens = sum(e.train_tokens for e in entries)
+    source = SourceEntry("corpus", "random bytes", shards, tokens, 0, [e.name for e in entries])
+    tokenizer = TokenizerFacts("bytes", "0" * 64, 257, 256, 256)
     index = folder / "index.json"
-    write_index_file(index, {"version": VERSION, "shards": entries})
+    write_index_file(index, TokenIndex(VERSION, tokenizer, "uint16", tokens, 0, 0, [source], entries))
     return index
 
 

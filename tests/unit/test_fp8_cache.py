@@ -19,9 +19,12 @@ import pytest
 import torch
 
 from tests.conftest import make_config
+from trainflow.errors import ConfigError
 from trainflow.fp8 import build, kernels
 from trainflow.fp8.build import BuildOutcome, KernelsReport, build_campaign_kernels, build_extension
 from trainflow.fp8.cache import RECORD, BuildLock, BuildRecord, LockHolder, build_folder, cached_library, find_library
+from trainflow.fp8.measured import GemmSeconds, KernelMeasurement
+from trainflow.fp8.shapes import SCALED_MM, ShapeTiming
 from trainflow.host import hostname
 from trainflow.records import read_record
 from trainflow.stages import build_kernels
@@ -100,12 +103,30 @@ def test_a_rank_without_a_build_runs_scaled_mm_at_once_with_one_warning_and_neve
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("a rank compiled"))
-    monkeypatch.setenv("TRAINFLOW_FP8_BACKEND", "kernel")  # the dispatch would run the kernel
+    won = ShapeTiming("70b_tp8_wk_wv", [8192, 128, 8192], {"pingpong_s1": 4.3e-5, SCALED_MM: 5.1e-5})
+    record = KernelMeasurement(kernels.kernel_key(SM90), True, "NVIDIA H200", "2.12.0", [won.shape], GemmSeconds(1, 1))
+    measured = {"sm89": [], "sm90": [dataclasses.replace(record, per_shape=[won])]}
+    monkeypatch.setattr(kernels, "read_measured", lambda folder: measured)  # the dispatch would load the kernel
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         backend, reason = kernels._load_cuda((9, 0), "NVIDIA H200", tmp_path)
     assert backend == "scaled_mm" and f"{tmp_path} holds no build of trainflow_fp8_sm90" in reason
     assert [str(w.message).count("torch._scaled_mm runs the fp8 GEMMs instead") for w in caught] == [1]
+
+
+def test_a_forced_kernel_without_a_build_fails_in_one_line_naming_the_cache_and_the_build(tmp_path, monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("a rank compiled"))
+    monkeypatch.setenv("TRAINFLOW_FP8_BACKEND", "kernel")
+    monkeypatch.setenv("TRAINFLOW_KERNEL_CACHE", str(tmp_path / "image"))
+    with pytest.raises(ConfigError) as err:
+        kernels._load_cuda((9, 0), "NVIDIA H200", tmp_path / "run")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("TRAINFLOW_FP8_BACKEND=kernel, but "), message
+    assert f"{tmp_path}/run holds no build of trainflow_fp8_sm90" in message, message
+    assert f"{tmp_path}/image holds no build" in message, message
+    assert "build it with `python -m trainflow.fp8 --arch sm90 CACHE`" in message, message
 
 
 def test_a_build_waiting_on_a_dead_builder_s_lock_finds_the_cache_without_compiling(tmp_path, monkeypatch):

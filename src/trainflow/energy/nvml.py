@@ -75,3 +75,11 @@ class NodeGpus:
 
     def reset_clocks(self, i: int) -> None:
         self.nvml.nvmlDeviceResetGpuLockedClocks(self.handles[i])
+
+    def sm_clock_mhz(self, i: int) -> int:
+        return self.nvml.nvmlDeviceGetClockInfo(self.handles[i], self.nvml.NVML_CLOCK_SM)
+
+    def supported_graphics_mhz(self, i: int) -> list[int]:
+        """The graphics clocks GPU i can be locked at (with its top memory clock), highest first."""
+        memory = max(self.nvml.nvmlDeviceGetSupportedMemoryClocks(self.handles[i]))
+        return sorted(self.nvml.nvmlDeviceGetSupportedGraphicsClocks(self.handles[i], memory), reverse=True)

@@ -35,8 +35,8 @@ from trainflow.fp8.kernels import (
     kernel_key,
     kernels_folder,
     nvcc_flags,
-    read_measured,
 )
+from trainflow.fp8.measured import read_measured
 from trainflow.records import Record
 
 
@@ -133,7 +133,7 @@ def build_campaign_kernels(fp8: str, cache: Path, capability: tuple[int, int] | 
     build = KERNEL_BUILDS.get(capability)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     key = kernel_key(build) if build is not None else None
-    backend, why = choose_backend(capability, read_measured(), device, key)
+    backend, why = choose_backend(capability, read_measured(kernels_folder()), device, key)
     if backend == "scaled_mm":
         return skip(f"the dispatch runs torch._scaled_mm here, so nothing to build: {why}")
     library, what = find_library(cache, key)  # a container image's prebuilt cache may hold it already

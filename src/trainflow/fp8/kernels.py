@@ -6,9 +6,12 @@ trainflow::fp8_gemm runs on a GPU, chosen by measured fact (trainflow.fp8.ops de
 `load_backend(device, kernel_cache)` makes the op runnable on `device`, loading a kernel's build from the cache
 (trainflow.fp8.cache) and never compiling, and names the implementation; `backend_reason(device)` says in one line
 which runs and the fact that chose it (the rules are trainflow.fp8.ops' docstring's). kernels/measured.json holds a
-GPU check per device name and build key; $TRAINFLOW_FP8_BACKEND=kernel forces the kernel (scripts/gpu_check.sh).
-The sm90 kernel then runs one of its configurations per GEMM shape (trainflow.fp8.shapes); `shape_choices()` lists
-which ran for each shape so far and why.
+GPU check per device name and build key: per benchmark shape, the seconds of every configuration of the sm90 kernel
+and of torch._scaled_mm; the kernel is loaded where it measured fastest on some shape, and then each GEMM shape runs
+the fastest measured there, or at the nearest measured shape (trainflow.fp8.dispatch); `shape_choices()` lists which
+ran for each shape so far and why. $TRAINFLOW_FP8_BACKEND=kernel forces the kernel on every shape
+(scripts/gpu_check.sh's tests); with no usable build that is one ConfigError naming the cache and the build command,
+never a silent _scaled_mm.
 
 The kernels' folder is $TRAINFLOW_KERNELS where set, else the kernels/ of the checkout trainflow is imported from
 (src/trainflow/fp8 -> kernels/); an install without either is told so in one line when it first needs a kernel.
@@ -19,21 +22,21 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from trainflow.errors import ConfigError
 from trainflow.fp8.cache import BuildKey, build_key, find_library, find_nvcc, nvcc_release
+from trainflow.fp8.dispatch import ShapeDispatch
+from trainflow.fp8.measured import MEASURED, KernelMeasurement, by_measurement, measured_record, read_measured
 from trainflow.fp8.ops import OP, SCHEMA, scaled_mm_fp8_gemm
-from trainflow.fp8.shapes import SM90_CONFIGS, KernelConfig, ShapeDispatch, ShapeTiming
-from trainflow.records import Record, read_record
+from trainflow.fp8.shapes import SM90_CONFIGS, KernelConfig, Schedule, ShapeTiming
 
 KERNELS_ENV = "TRAINFLOW_KERNELS"
 CHECKOUT_KERNELS = Path(__file__).resolve().parents[3] / "kernels"
 """Where kernels/ lies in a checkout (src/trainflow/fp8/kernels.py -> the repository's root)."""
-MEASURED = "measured.json"
 EXTENSION = "trainflow_fp8"  # one extension per architecture: trainflow_fp8_sm89, trainflow_fp8_sm90
 FORCE_ENV = "TRAINFLOW_FP8_BACKEND"
 BUILD_HINT = "the build_kernels stage, or `python -m trainflow.fp8 --arch ARCH CACHE`, builds it (kernels/README.md)"
@@ -41,14 +44,20 @@ BUILD_HINT = "the build_kernels stage, or `python -m trainflow.fp8 --arch ARCH C
 
 @dataclass(frozen=True)
 class KernelBuild:
-    """One architecture's kernel: its source in kernels/, its nvcc target, and the torch op its binding registers."""
+    """One architecture's kernel: its sources in kernels/, its nvcc target, and the torch op its binding registers."""
 
     arch: str  # "sm89" | "sm90": the op is trainflow::fp8_gemm_<arch>, the extension EXTENSION_<arch>
     source: str
+    """The .cu with the C interface's entry points (fp8_gemm.h), which names the kernel in reasons."""
     gencode: str
     cutlass: bool  # needs the CUTLASS headers of the nvidia-cutlass wheel
     configs: tuple[KernelConfig, ...] = ()
     """The configurations its op takes (schedule, swizzle: trainflow.fp8.shapes); () where it has one."""
+    units: tuple[str, ...] = ()
+    """Its other translation units, compiled in parallel with `source` (MAX_JOBS): the sm90 kernel's one per
+    configuration."""
+    headers: tuple[str, ...] = ()
+    """Its own headers beside fp8_gemm.h: in the build key, as the sources are."""
 
     @property
     def op(self) -> str:
@@ -63,34 +72,16 @@ class KernelBuild:
         return f"TRAINFLOW_FP8_{self.arch.upper()}"
 
     def sources(self) -> list[Path]:
-        return [kernels_folder() / self.source, kernels_folder() / "fp8_binding.cpp"]
+        """What the build compiles: every translation unit and the binding."""
+        return [kernels_folder() / name for name in (self.source, *self.units, "fp8_binding.cpp")]
 
+    def key_files(self) -> list[Path]:
+        """Every file whose bytes make its machine code: the sources and the headers (its build key's)."""
+        return [*self.sources(), *(kernels_folder() / h for h in ("fp8_gemm.h", *self.headers))]
 
-@dataclass(frozen=True)
-class GemmSeconds(Record):
-    """Seconds summed over the benchmark's shapes (benchmarks/fp8_gemm.py)."""
-
-    kernel: float
-    scaled_mm: float
-
-
-@dataclass(frozen=True)
-class KernelMeasurement(Record):
-    """One architecture's last GPU check: kernels/measured.json holds {arch: KernelMeasurement}, the "measured" of
-    benchmarks/fp8_gemm.py's output, which scripts/gpu_check.sh writes out."""
-
-    build_key: BuildKey
-    """Of the build measured (sources, nvcc flags, nvcc / CUTLASS / torch versions): it holds for that build only."""
-    correctness_passed: bool
-    device: str
-    """torch.cuda.get_device_name(): it holds for that device only."""
-    torch: str
-    shapes: list[str]
-    """The benchmark's shapes the seconds sum over."""
-    seconds: GemmSeconds
-    """The kernel's: each shape's fastest configuration, as the dispatch will run it."""
-    per_shape: list[ShapeTiming] = field(default_factory=list)
-    """Each shape's seconds per configuration (sm90); absent in records older than the configurations."""
+    def kernel_units(self) -> list[Path]:
+        """The translation units of the kernel itself (no binding): what tests/unit/test_fp8_sass.py compiles."""
+        return [kernels_folder() / name for name in (self.source, *self.units)]
 
 
 def kernels_folder() -> Path:
@@ -106,7 +97,15 @@ def kernels_folder() -> Path:
 
 KERNEL_BUILDS = {
     (8, 9): KernelBuild("sm89", "fp8_gemm.cu", "arch=compute_89,code=sm_89", cutlass=False),
-    (9, 0): KernelBuild("sm90", "fp8_gemm_sm90.cu", "arch=compute_90a,code=sm_90a", cutlass=True, configs=SM90_CONFIGS),
+    (9, 0): KernelBuild(
+        "sm90",
+        "fp8_gemm_sm90.cu",
+        "arch=compute_90a,code=sm_90a",
+        cutlass=True,
+        configs=SM90_CONFIGS,
+        units=tuple(f"fp8_gemm_sm90_{s.name.lower()}_{a}.cu" for s in Schedule for a in ("e4m3", "e5m2")),
+        headers=("fp8_gemm_sm90.h", "fp8_gemm_sm90.cuh"),
+    ),
 }
 
 for _build in KERNEL_BUILDS.values():  # the per-architecture ops the bindings register
@@ -134,74 +133,44 @@ def nvcc_flags(build: KernelBuild) -> list[str]:
 
 def kernel_key(build: KernelBuild) -> BuildKey:
     """The build-cache key of `build` with this machine's nvcc, CUTLASS and torch (trainflow.fp8.cache)."""
-    files = [*build.sources(), kernels_folder() / "fp8_gemm.h"]
     nvcc = nvcc_release(find_nvcc())
-    return build_key(f"{EXTENSION}_{build.arch}", files, nvcc_flags(build), nvcc, torch.__version__)
+    return build_key(f"{EXTENSION}_{build.arch}", build.key_files(), nvcc_flags(build), nvcc, torch.__version__)
 
 
-def measured_record(records: list[KernelMeasurement], device: str, key: BuildKey) -> KernelMeasurement | None:
-    """The GPU check of this very device (by name: an H200's record holds for no H100 PCIe or GH200) and build."""
-    return next((r for r in records if r.device == device and r.build_key == key), None)
-
-
-def measured_faster(records: list[KernelMeasurement], build: KernelBuild, device: str, key: BuildKey):
-    """(whether kernels/measured.json shows `build` correct and no slower than torch._scaled_mm on `device` with
-    this build's key; the fact, in words)."""
-    record = measured_record(records, device, key)
-    if record is None:
-        seen = sorted({r.device for r in records})
-        others = f" (it holds {', '.join(seen)}, or other builds)" if seen else ""
-        return False, (
-            f"kernels/{MEASURED} holds no GPU check of {build.source} on {device} with build key {key.digest()}"
-            f"{others} (scripts/gpu_check.sh records one)"
-        )
-    if not record.correctness_passed:
-        return False, f"{build.source} failed its GPU check against the reference ({record.device})"
-    kernel_s, scaled_mm_s = record.seconds.kernel, record.seconds.scaled_mm
-    fact = f"{scaled_mm_s / kernel_s:.3f}x torch._scaled_mm's speed over the benchmark's shapes on {record.device}"
-    return kernel_s <= scaled_mm_s, f"{build.source} measured at {fact}"
+def forced() -> bool:
+    """$TRAINFLOW_FP8_BACKEND=kernel: this architecture's kernel runs every fp8 GEMM, or nothing does."""
+    return os.environ.get(FORCE_ENV) == "kernel"
 
 
 def choose_backend(
     capability: tuple[int, int], measured: dict[str, list[KernelMeasurement]], device: str, key: BuildKey | None
 ) -> tuple[str, str]:
     """(backend, reason) for a GPU named `device` of `capability`, before loading: the module docstring's rules, or
-    $TRAINFLOW_FP8_BACKEND=kernel, which forces this architecture's kernel (the GPU check's training step)."""
+    $TRAINFLOW_FP8_BACKEND=kernel, which forces this architecture's kernel (the GPU check's tests)."""
     name = f"sm_{capability[0]}{capability[1]}"
     build = KERNEL_BUILDS.get(capability)
     if build is None:
         return "scaled_mm", f"{name}: kernels/ has no fp8 kernel for it, so torch._scaled_mm (cuBLASLt) runs"
     kernel = f"{build.arch}_kernel"
-    if os.environ.get(FORCE_ENV) == "kernel":
+    if forced():
         return kernel, f"{name}: {build.source}, forced by {FORCE_ENV}=kernel"
     if build.arch == "sm89":
         return kernel, f"{name}: {build.source} (mma.sync fp8, native on Ada, fp32 promotion every 128 of K)"
     if key is None:
         return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because no build key (CUTLASS headers) here"
-    faster, fact = measured_faster(measured.get(build.arch, []), build, device, key)
-    if faster:
-        return kernel, f"{name}: {build.source} (CUTLASS wgmma + TMA): {fact}"
+    record = measured_record(measured.get(build.arch, []), device, key)
+    if record is None:
+        seen = sorted({r.device for r in measured.get(build.arch, [])})
+        others = f" (it holds {', '.join(seen)}, or other builds)" if seen else ""
+        fact = (
+            f"kernels/{MEASURED} holds no GPU check of {build.source} on {device} with build key {key.digest()}"
+            f"{others} (scripts/gpu_check.sh records one)"
+        )
+        return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), by measurement: {fact}"
+    wins, fact = by_measurement(record, build.source)
+    if wins:
+        return kernel, f"{name}: {fact}"
     return "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), by measurement: {fact}"
-
-
-@dataclass(frozen=True)
-class Measurements(Record):
-    """kernels/measured.json: by architecture (KernelBuild.arch), one record per device name and build key."""
-
-    sm89: list[KernelMeasurement]
-    sm90: list[KernelMeasurement]
-
-    def by_arch(self) -> dict[str, list[KernelMeasurement]]:
-        return {"sm89": self.sm89, "sm90": self.sm90}
-
-
-def read_measured(folder: Path | None = None) -> dict[str, list[KernelMeasurement]]:
-    """kernels/measured.json: {arch: the records of its GPU checks}; {} while nothing has been measured. One
-    RecordError naming the file and the field where it is not Measurements."""
-    path = (folder or kernels_folder()) / MEASURED
-    if not path.is_file():
-        return {}
-    return read_record(Measurements, path, rerun="scripts/gpu_check.sh and commit its measured.json").by_arch()
 
 
 def load_backend(device: torch.device, kernel_cache: str | Path = "") -> str:
@@ -245,14 +214,20 @@ _LOADED: list[tuple[tuple[int, int], tuple[str, str]]] = []
 
 def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Path) -> tuple[str, str]:
     """Choose, load the chosen kernel's build from the cache (never compile), and register it (or _scaled_mm) as
-    fp8_gemm's CUDA implementation; a missing build is one warning, then _scaled_mm at once."""
+    fp8_gemm's CUDA implementation. A missing build is one warning, then _scaled_mm at once; where the kernel is
+    forced it is one ConfigError naming the cache and the build command instead."""
     build = KERNEL_BUILDS.get(capability)
+    name = f"sm_{capability[0]}{capability[1]}"
     try:
         key = kernel_key(build) if build is not None else None
     except (ImportError, OSError) as err:
+        if forced():
+            raise ConfigError(
+                f"{FORCE_ENV}=kernel, but {build.source} has no build key here ({err}): {BUILD_HINT}"
+            ) from err
         key = None
         warnings.warn(f"trainflow.fp8: no build key for {build.source} ({err}); torch._scaled_mm runs", stacklevel=5)
-    measured = read_measured()
+    measured = read_measured(kernels_folder())
     backend, reason = choose_backend(capability, measured, device, key)
     if backend != "scaled_mm":
         library, fact = find_library(kernel_cache, key)
@@ -261,24 +236,32 @@ def _load_cuda(capability: tuple[int, int], device: str, kernel_cache: str | Pat
             record = measured_record(measured.get(build.arch, []), device, key)
             torch.library.impl(OP, "cuda")(_kernel_op(build, record.per_shape if record else [], device))
             return backend, f"{reason}; loaded {library.parent.name} ({fact})"
+        if forced():
+            raise ConfigError(
+                f"{FORCE_ENV}=kernel, but {fact}: build it with `python -m trainflow.fp8 --arch {build.arch} CACHE` "
+                f"(or the build_kernels stage) into that cache, or unset {FORCE_ENV}"
+            )
         warnings.warn(f"trainflow.fp8: {fact}; torch._scaled_mm runs the fp8 GEMMs instead: {BUILD_HINT}", stacklevel=5)
-        name = f"sm_{capability[0]}{capability[1]}"
         backend, reason = "scaled_mm", f"{name}: torch._scaled_mm (cuBLASLt), because {fact}"
     torch.library.impl(OP, "cuda")(scaled_mm_fp8_gemm)
     return backend, reason
 
 
 def _kernel_op(build: KernelBuild, timings: list[ShapeTiming], device: str):
-    """fp8_gemm's CUDA implementation through `build`'s op (registered by the library just loaded), in the
-    configuration trainflow.fp8.shapes chooses per shape where the kernel has several."""
+    """fp8_gemm's CUDA implementation through `build`'s op (registered by the library just loaded): where the kernel
+    has several configurations, per shape the one trainflow.fp8.dispatch chooses, or torch._scaled_mm where that
+    measured faster (unless the kernel is forced)."""
     kernel = getattr(torch.ops.trainflow, f"fp8_gemm_{build.arch}").default
     if not build.configs:
         return lambda a, b, scale_a, scale_b, out_dtype: kernel(a, b, scale_a, scale_b, out_dtype)
     sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    _DISPATCH[:] = [ShapeDispatch(sm_count, timings, device)]
+    dispatch = ShapeDispatch(timings, device, sm_count=sm_count, scaled_mm=not forced())
+    _DISPATCH[:] = [dispatch]
 
     def run_kernel(a, b, scale_a, scale_b, out_dtype):
-        config = _DISPATCH[0].config(a.shape[0], b.shape[0], a.shape[1])
+        config = dispatch.choose(a.shape[0], b.shape[0], a.shape[1]).config
+        if config is None:
+            return scaled_mm_fp8_gemm(a, b, scale_a, scale_b, out_dtype)
         return kernel(a, b, scale_a, scale_b, out_dtype, int(config.schedule), config.swizzle)
 
     return run_kernel
@@ -289,5 +272,5 @@ _DISPATCH: list[ShapeDispatch] = []
 
 
 def shape_choices() -> dict[str, str]:
-    """{"MxNxK": "config: why"} for each shape the sm90 kernel has run in this process ({} where it has not)."""
+    """{"MxNxK": "runner: why"} for each shape the sm90 dispatch has run in this process ({} where it has not)."""
     return _DISPATCH[0].choices() if _DISPATCH else {}

@@ -8,8 +8,9 @@ Design note (the recipe of Transformer Engine and torchao's tensorwise float8, w
 - forward    y  = x W^T      x, W in e4m3                  fp8_gemm(xq, Wq)
 - backward   dx = dy W       dy in e5m2, W in e4m3         fp8_gemm(dyq, Wq^T)
              dW = dy^T x     dy in e5m2, x in e4m3         fp8_gemm(dyq^T, xq^T)
-  Each tensor has one scale (per tensor). The quantised x and W are saved for backward (1 byte per value),
-  transposed copies are made where a GEMM needs the other operand K-contiguous. Accumulation is fp32;
+  Each tensor has one scale (per tensor). Each cast also writes the transposed copy the backward GEMM reads
+  (x^T for dW, W^T for dX, dY^T for dW), in the same pass (trainflow.fp8.fused), and only the transposes of x and W
+  are saved for backward (1 byte per value). Accumulation is fp32;
   y comes out in the autocast dtype (else x's dtype), dx in x's dtype, dW in the weight's (the fp32 master
   weight under autocast, bf16 under FSDP2's mixed precision, which gathers the weight before forward).
 - dynamic: each scale comes from the tensor's own amax, computed just before the cast.
@@ -17,7 +18,9 @@ Design note (the recipe of Transformer Engine and torchao's tensorwise float8, w
   during a step (every microbatch and recomputation: a max, so repeats change nothing) collect in
   `amax_pending` and enter the history when `sync_amax_history` runs, all-reduced (MAX) over the data-parallel
   and tensor-parallel groups, one collective each, so every rank scales identically. Until a history holds a
-  value (the first step) the current amax is used. The history is a persistent buffer, `amax_history`
+  value (the first step) the current amax is used. Once every row of a layer's history is positive (read once per
+  step, in the sync) each scale is known before its cast, so each cast is one pass that also records the amax.
+  The history is a persistent buffer, `amax_history`
   (3, history_len) with rows input / weight / grad_output, newest first: it is in the state_dict, so a resumed
   run scales as the uninterrupted one did. Values beyond a delayed scale's range saturate (cast.quantise).
 Tensor parallel (trainflow.parallel.tensor_parallel: torch's ColwiseParallel / RowwiseParallel, which shard a
@@ -59,7 +62,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from trainflow.config.schema import FP8_RECIPES as RECIPES
-from trainflow.fp8.cast import E4M3, E5M2, amax, quantise, scale_from_amax
+from trainflow.fp8.cast import E4M3, E5M2, amax, scale_from_amax
+from trainflow.fp8.fused import cast_pair
 from trainflow.fp8.ops import fp8_gemm, gemm_dtype
 from trainflow.fp8.rowwise import rowwise_matmul
 from trainflow.tensors import local
@@ -101,7 +105,9 @@ def whole_amax(part: torch.Tensor, mesh: DeviceMesh, placement: Placement) -> to
 
 class _Fp8Matmul(torch.autograd.Function):
     """y = x W^T with the three GEMMs in fp8 (see the module docstring); x (..., K), W (N, K), local tensors.
-    grad_tp: (tp mesh, grad_output's placement) where grad_output's amax must be agreed over tp, else None."""
+    grad_tp: (tp mesh, grad_output's placement) where grad_output's amax must be agreed over tp, else None.
+    records: the pending amax slots of x and W that the casts fold |x| and |W| into (delayed, one pass), else None;
+    one_pass: grad_output's scale comes from its history alone and its cast records its amax (trainflow.fp8.fused)."""
 
     @staticmethod
     def forward(
@@ -115,39 +121,57 @@ class _Fp8Matmul(torch.autograd.Function):
         out_dtype: torch.dtype,
         margin: int,
         grad_tp: tuple[DeviceMesh, Placement] | None,
+        records: tuple[torch.Tensor | None, torch.Tensor | None],
+        one_pass: bool,
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (M, K)
-        xq, wq = quantise(x2, x_scale, E4M3), quantise(weight, w_scale, E4M3)
+        # Each cast also writes the transpose the backward GEMM reads: x^T for dW, W^T for dX; only those are saved.
+        (xq, xqt), (wq, wqt) = cast_pair(x2, x_scale, E4M3, records[0]), cast_pair(weight, w_scale, E4M3, records[1])
         y = fp8_gemm(xq, wq, x_scale.reciprocal(), w_scale.reciprocal(), gemm_dtype(out_dtype))  # (M, N)
-        ctx.save_for_backward(xq, wq, x_scale, w_scale, grad_past)
+        ctx.save_for_backward(xqt, wqt, x_scale, w_scale, grad_past)
         # Not saved with save_for_backward: the buffer is updated in place by later microbatches (its version
         # counter would then refuse it), and this backward must add to it, not to a snapshot.
-        ctx.grad_pending, ctx.grad_tp = grad_pending, grad_tp
+        ctx.grad_pending, ctx.grad_tp, ctx.one_pass = grad_pending, grad_tp, one_pass
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype, ctx.margin = x.shape, x.dtype, weight.dtype, margin
         return y.to(out_dtype).reshape(*x.shape[:-1], wq.shape[0])
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        xq, wq, x_scale, w_scale, grad_past = ctx.saved_tensors
+        xqt, wqt, x_scale, w_scale, grad_past = ctx.saved_tensors
         g = grad_y.reshape(-1, grad_y.shape[-1])  # (M, N)
-        g_amax = amax(g)
-        if ctx.grad_pending is not None:  # delayed: record this (local) amax
-            ctx.grad_pending.copy_(torch.maximum(ctx.grad_pending, g_amax))
-        if ctx.grad_tp is not None:  # a shard of grad_output: the whole tensor's amax
-            g_amax = whole_amax(g, *ctx.grad_tp)
-        if ctx.grad_pending is not None:  # delayed: scale from the history
-            g_amax = delayed_amax(grad_past, g_amax)
-        g_scale = scale_from_amax(g_amax, E5M2, ctx.margin)
-        gq = quantise(g, g_scale, E5M2)
+        if ctx.one_pass:  # delayed with a usable history: the scale first, the amax recorded by the cast itself
+            g_scale = scale_from_amax(grad_past, E5M2, ctx.margin)
+            gq, gqt = cast_pair(g, g_scale, E5M2, ctx.grad_pending)
+        else:
+            g_scale = grad_scale(g, grad_past, ctx.grad_pending, ctx.grad_tp, ctx.margin)
+            gq, gqt = cast_pair(g, g_scale, E5M2)
         g_inv = g_scale.reciprocal()
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:  # (M, N) x (K, N)^T -> (M, K)
-            grad_x = fp8_gemm(gq, wq.t().contiguous(), g_inv, w_scale.reciprocal(), gemm_dtype(ctx.x_dtype))
+            grad_x = fp8_gemm(gq, wqt, g_inv, w_scale.reciprocal(), gemm_dtype(ctx.x_dtype))
             grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:  # (N, M) x (K, M)^T -> (N, K)
-            grad_w = fp8_gemm(gq.t().contiguous(), xq.t().contiguous(), g_inv, x_scale.reciprocal(), torch.float32)
-            grad_w = grad_w.to(ctx.w_dtype)
-        return grad_x, grad_w, None, None, None, None, None, None, None
+            grad_w = fp8_gemm(gqt, xqt, g_inv, x_scale.reciprocal(), torch.float32).to(ctx.w_dtype)
+        return grad_x, grad_w, None, None, None, None, None, None, None, None, None
+
+
+def grad_scale(
+    g: torch.Tensor,
+    grad_past: torch.Tensor | None,
+    grad_pending: torch.Tensor | None,
+    grad_tp: tuple[DeviceMesh, Placement] | None,
+    margin: int,
+) -> torch.Tensor:
+    """grad_output's scale where its amax comes first (dynamic; delayed before its history is usable): the amax,
+    recorded for the delayed history (local), agreed over tp where g is a shard, the history's where it has one."""
+    g_amax = amax(g)
+    if grad_pending is not None:  # delayed: record this (local) amax
+        grad_pending.copy_(torch.maximum(grad_pending, g_amax))
+    if grad_tp is not None:  # a shard of grad_output: the whole tensor's amax
+        g_amax = whole_amax(g, *grad_tp)
+    if grad_pending is not None:  # delayed: scale from the history
+        g_amax = delayed_amax(grad_past, g_amax)
+    return scale_from_amax(g_amax, E5M2, margin)
 
 
 class Float8Linear(nn.Linear):
@@ -172,6 +196,7 @@ class Float8Linear(nn.Linear):
             raise ValueError(f"Float8Linear: history_len={history_len} must be >= 1 for the delayed recipe")
         self.recipe, self.history_len, self.margin = recipe, history_len, margin
         self.history_ready = False  # synced or loaded a history: until then a tp rank agrees its current amaxes
+        self.history_positive = False  # every history row > 0 at the last sync: the casts need no amax first
         if recipe == "delayed":
             self.register_amax_buffers(device)
 
@@ -214,6 +239,13 @@ class Float8Linear(nn.Linear):
             fwd, bwd = (None, None) if tp is None else tp_groups(tp, w_placement)
             y = rowwise_matmul(x, weight, out_dtype=out_dtype, margin=self.margin, fwd_group=fwd, bwd_group=bwd)
             return self._output(y, tp, shards)
+        if self.recipe == "delayed" and self.history_positive:  # every scale from the history: one pass per cast
+            history, pending = local(self.amax_history), local(self.amax_pending)
+            past = history.amax(dim=1)  # (3,): input, weight, grad_output
+            x_scale, w_scale = (scale_from_amax(past[i], E4M3, self.margin) for i in (INPUT, WEIGHT))
+            records = (pending[INPUT : INPUT + 1], pending[WEIGHT : WEIGHT + 1])
+            args = (x_scale, w_scale, past[GRAD_OUTPUT], pending[GRAD_OUTPUT:], out_dtype, self.margin, None)
+            return self._output(_Fp8Matmul.apply(x, weight, *args, records, True), tp, shards)
         agree = tp is not None and (self.recipe == "dynamic" or not self.history_ready)
         x_amax, w_amax = amax(x), amax(weight)
         grad_past = grad_pending = grad_tp = None
@@ -229,7 +261,7 @@ class Float8Linear(nn.Linear):
             grad_past, grad_pending = past[GRAD_OUTPUT], pending[GRAD_OUTPUT:]
         x_scale = scale_from_amax(x_amax, E4M3, self.margin)
         w_scale = scale_from_amax(w_amax, E4M3, self.margin)
-        args = (x_scale, w_scale, grad_past, grad_pending, out_dtype, self.margin, grad_tp)
+        args = (x_scale, w_scale, grad_past, grad_pending, out_dtype, self.margin, grad_tp, (None, None), False)
         return self._output(_Fp8Matmul.apply(x, weight, *args), tp, shards)
 
     def _output(self, y: torch.Tensor, tp: DeviceMesh | None, shards: Shards | None) -> torch.Tensor:
@@ -290,3 +322,7 @@ def sync_amax_history(parts: list[nn.Module], *groups: dist.ProcessGroup | None)
         history.copy_(torch.cat((newest[:, None], history[:, :-1]), dim=1))
         local(m.amax_pending).zero_()
         m.history_ready = True
+    # One host read per step: which layers' histories give every scale (a row all zero needs the current amax).
+    positive = (torch.stack([local(m.amax_history) for m in layers]).amax(dim=2) > 0).all(dim=1).tolist()
+    for m, usable in zip(layers, positive):
+        m.history_positive = usable

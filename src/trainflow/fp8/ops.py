@@ -14,12 +14,13 @@ PyTorch and doubles as the test oracle; `register_fake` lets torch.compile trace
 implementation is chosen per compute capability by trainflow.fp8.kernels.load_backend, and `backend_reason` says
 why in one line:
 - sm_89 (Ada): kernels/fp8_gemm.cu (mma.sync, fp32 promotion every 128 of K), op trainflow::fp8_gemm_sm89.
-- sm_90 (Hopper): kernels/fp8_gemm_sm90.cu (CUTLASS wgmma + TMA), op trainflow::fp8_gemm_sm90 in the
-  configuration trainflow.fp8.shapes chooses per shape, only once
-  kernels/measured.json records a GPU check of these very sources (their SHA-256) that passed and was no slower
-  than torch._scaled_mm over the benchmark's shapes; until then torch._scaled_mm (cuBLASLt). Never the mma.sync
-  kernel: Hopper has no fp8 mma.sync, nvcc emulates it with fp16 HMMA (kernels/README.md).
-- anything else, or a kernel whose build failed (one warning naming the failure): torch._scaled_mm.
+- sm_90 (Hopper): per GEMM shape, whichever of torch._scaled_mm (cuBLASLt) and the configurations of
+  kernels/fp8_gemm_sm90.cu (CUTLASS wgmma + TMA, op trainflow::fp8_gemm_sm90) kernels/measured.json's GPU check of
+  this device and these very sources (their SHA-256) timed fastest, there or at the nearest measured shape
+  (trainflow.fp8.dispatch); torch._scaled_mm everywhere until such a check passed. Never the mma.sync kernel:
+  Hopper has no fp8 mma.sync, nvcc emulates it with fp16 HMMA (kernels/README.md).
+- anything else, or a kernel whose build is missing (one warning naming the cache): torch._scaled_mm; but with
+  $TRAINFLOW_FP8_BACKEND=kernel a missing build is an error naming the cache and the build command.
 Nothing falls back to bf16 silently.
 
 Why the reference is exact up to summation order: fp8 -> fp32 is exact, and a product of two fp8 values has at

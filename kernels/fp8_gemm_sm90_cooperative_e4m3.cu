@@ -1,0 +1,10 @@
+// The cooperative configuration's two kernels with A in e4m3 (C fp32 and bf16) of the Hopper FP8 GEMM: one translation
+// unit per configuration and A type, so the build compiles the six in parallel (fp8_gemm_sm90.cu's header).
+#include "fp8_gemm_sm90.cuh"
+
+namespace trainflow::sm90 {
+
+template size_t workspace_bytes<Cooperative, E4m3>(const Fp8GemmArgs& args, int sm_count);
+template cudaError_t run<Cooperative, E4m3>(const Fp8GemmArgs& args, int sm_count, void* workspace, cudaStream_t stream);
+
+}  // namespace trainflow::sm90
