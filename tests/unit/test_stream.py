@@ -4,15 +4,26 @@ campaign's learning rate bends without a jump; an unchanged one is the plain for
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from trainflow.config import compose
 from trainflow.config.schedule import Schedule
 from trainflow.data.mixture import assign
 from trainflow.data.stream import DataStream, StreamPosition, migrated
-from trainflow.train.controls import lr_at
 
 WEIGHTS = {"web": 0.7, "code": 0.3}
+
+
+def lr_at(step: int, optim, total_steps: int) -> float:
+    """The schedule trainflow computed per step before it carried one (the oracle): warmup, then cosine over the whole
+    campaign's steps."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / optim.warmup_steps
+    progress = (step - optim.warmup_steps) / max(total_steps - optim.warmup_steps, 1)
+    cosine = 1 + math.cos(math.pi * min(progress, 1.0))
+    return optim.lr * (optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * cosine)
 
 
 def stream(weights=WEIGHTS, block: int = 8) -> DataStream:

@@ -152,7 +152,7 @@ class CheckpointManager:
         """The newest checkpoint <= at_most whose manifest is complete (-1: none), agreed by all ranks; its files'
         CRCs are checked by the ranks that read them, in `load`. A manifest newer than this trainflow reads stops the
         search on every rank (NewerFormatError): an older checkpoint would train its steps again."""
-        chosen = torch.tensor([-1, 0])  # (step, 1 where its manifest's format is newer)
+        chosen = torch.tensor([-1, 0], device=self.collectives)  # (step, 1 where its manifest's format is newer)
         if self.rank == 0:
             for step in reversed([s for s in list_steps(self.root) if s <= at_most]):
                 try:

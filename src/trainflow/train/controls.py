@@ -1,13 +1,11 @@
-"""What steers a training step besides the model: the optimizer, the learning-rate schedule,
-determinism, and the stop all ranks agree on.
+"""What steers a training step besides the model: the optimizer, determinism, and the stop all ranks agree on (the
+learning rate is the schedule's a checkpoint carries: config.schedule).
 
-    python -c "from trainflow.config import compose; from trainflow.train.controls import lr_at; \
-        print(lr_at(100, compose('train_segment').optim, total_steps=300))"
+    python -c "from trainflow.config import compose; from trainflow.train.controls import build_optimizer"
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -39,16 +37,6 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig, device: torch.de
     )
 
 
-def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
-    """Linear warmup, then cosine decay to lr * min_lr_ratio at the last step."""
-    if step < optim.warmup_steps:
-        return optim.lr * (step + 1) / optim.warmup_steps
-    progress = (step - optim.warmup_steps) / max(total_steps - optim.warmup_steps, 1)
-    return optim.lr * (
-        optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    )
-
-
 def set_determinism(*, seed: int, deterministic: bool, threads: int) -> None:
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
@@ -61,6 +49,8 @@ def set_determinism(*, seed: int, deterministic: bool, threads: int) -> None:
 class StopFlag:
     """Set by Slurm's pre-timeout / preemption signal on any rank; agreed on at step boundaries."""
 
+    device: torch.device
+    """Where the agreement's tensor lives: the rank's device (an NCCL group reduces no CPU tensor)."""
     signum: int = 0
 
     def __call__(self, signum: int, frame: object) -> None:
@@ -68,6 +58,6 @@ class StopFlag:
 
     def agreed(self) -> int:
         """The signal any rank received (0: none), the same answer on every rank."""
-        flag = torch.tensor(self.signum)
+        flag = torch.tensor(self.signum, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag)

@@ -95,7 +95,7 @@ class Trainer:
 
     def build_records(self) -> None:
         """Checkpoints and their interval, the stop signal, what the segment records of itself."""
-        self.stop = StopFlag()
+        self.stop = StopFlag(self.device)
         self.arrivals = Arrivals.for_job(
             self.cfg.fault,
             ledger=Path(RunFolder.faults_log(self.cfg.io.checkpoints)),
@@ -239,7 +239,7 @@ class Trainer:
             parameters=self.parameters,
             precision=t.precision,
             activations=t.activations,
-            compile=t.compile,
+            compile=t.compiled(self.device.type),
             fp8=Fp8Use(t.fp8, self.model.fp8_backend, backend_reason(self.device) if t.fp8 != "none" else None),
             flops_per_token=flops_per_token(self.cfg.model),
             checkpoint_interval=self.ckpt.planner.describe(),
