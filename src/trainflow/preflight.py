@@ -31,7 +31,7 @@ def host_errors(cfg: TrainflowConfig) -> list[str]:
     t, errors = cfg.train, []
     if t.offload_dir and t.activations == "offload" and (why := unwritable(t.offload_dir)):
         errors.append(f"train.offload_dir({t.offload_dir!r}) {why}; give a writable folder on the fast tier")
-    if t.compile and cfg.cluster.runtime.device == "cpu" and (why := missing_compiler()):
+    if t.compiled(cfg.cluster.runtime.device) and cfg.cluster.runtime.device == "cpu" and (why := missing_compiler()):
         errors.append(f"train.compile=true {why}")
     return errors + tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model)
 

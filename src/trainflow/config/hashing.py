@@ -27,10 +27,14 @@ def section(cfg: TrainflowConfig, name: str) -> Any:
     return data
 
 
-def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...], drop: tuple[str, ...] = ()) -> str:
-    """A short stable hash of the named config subtrees, without the UNHASHED settings (and `drop`'s)."""
-    tree = {s: section(cfg, s) for s in sections}
-    for path in (*UNHASHED, *drop):
+def config_hash(cfg: TrainflowConfig, sections: tuple[str, ...]) -> str:
+    """A short stable hash of the named config subtrees, without the UNHASHED settings."""
+    return tree_hash({s: section(cfg, s) for s in sections})
+
+
+def tree_hash(tree: dict[str, Any]) -> str:
+    """A short stable hash of config subtrees (plain dicts by section), without the UNHASHED settings."""
+    for path in UNHASHED:
         *parents, leaf = path.split(".")
         node = tree
         for key in parents:

@@ -214,8 +214,10 @@ class TrainConfig:
     offload (all, moved to host memory, or to train.offload_dir when set)."""
     offload_dir: str = ""
     """A folder on the fast tier (e.g. node SSD) for offloaded activations; empty: host memory."""
-    compile: bool = False
-    """torch.compile each block (regional compilation, as torchtitan does)."""
+    compile: bool | None = None
+    """torch.compile each block (regional compilation, as torchtitan does). null (the default): on where train.fp8 runs
+    on GPUs, where compiled the casts around each FP8 matmul fuse with what surrounds them (eager, fp8 paid less than
+    bf16 on the first H200 run: docs/benchmarks.md), off elsewhere (TrainConfig.compiled)."""
     fp8: str = checked("none", one_of=("none", *FP8_RECIPES))
     """FP8 matmuls in the blocks' linears (not the embedding or the head), inside bf16 training: e4m3 weights
     and activations, e5m2 gradients, scaled per tensor from the current amax (dynamic) or from the largest
@@ -232,6 +234,11 @@ class TrainConfig:
     @property
     def total_steps(self) -> int:
         return self.segments * self.segment_steps
+
+    def compiled(self, device: str) -> bool:
+        """Whether blocks are compiled on `device` (cluster.runtime.device): train.compile, or where it is null, fp8
+        on a GPU."""
+        return self.compile if self.compile is not None else self.fp8 != "none" and device == "cuda"
 
 
 @dataclass

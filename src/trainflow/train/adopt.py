@@ -20,7 +20,7 @@ from trainflow.atomic import write_json
 from trainflow.campaign.check import check_format, start_series
 from trainflow.campaign.records import Lineage
 from trainflow.config import TrainflowConfig
-from trainflow.config.hashing import config_hash
+from trainflow.config.hashing import section, tree_hash
 from trainflow.config.identity import branch_point
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.metrics import JobMetrics
@@ -33,13 +33,17 @@ log = logging.getLogger(__name__)
 
 LEGACY_READS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster")
 """What training read in format 1, whose hash named its series."""
-ADDED_SINCE = ("train.branch_from",)
-"""The fields of those sections added since, left out of the legacy hash (at their defaults they changed nothing)."""
 
 
 def legacy_series(cfg: TrainflowConfig) -> str:
-    """The name trainflow before campaign records gave the config's checkpoint series."""
-    return config_hash(cfg, LEGACY_READS, drop=ADDED_SINCE)
+    """The name trainflow before campaign records gave the config's checkpoint series: the hash of those sections as
+    that release had them (each change of a field since undone here)."""
+    tree = {s: section(cfg, s) for s in LEGACY_READS}
+    train = tree["train"]
+    del train["branch_from"]  # added since: at its default it changed nothing
+    if train["compile"] is None:  # was a bool, False by default: null (on only for fp8 on GPUs) reads as it did
+        train["compile"] = cfg.train.compiled(cfg.cluster.runtime.device)
+    return tree_hash(tree)
 
 
 def legacy_folders(cfg: TrainflowConfig) -> list[str]:

@@ -49,6 +49,6 @@ def build_model(
         log.info("FP8 GEMMs (recipe %s) run on %s", t.fp8, model.fp8_backend)
     offload = Path(RunFolder.offload(t.offload_dir, rank)) if t.offload_dir else None
     offloader = apply_activations(model.named_parts(), t.activations, offload)
-    if t.compile:
+    if t.compiled(device.type):
         apply_compile(model.named_parts(), device)
     return model, parameters, offloader
