@@ -16,11 +16,12 @@ import torch
 from trainflow.errors import ConfigError
 from trainflow.fp8.build import build_extension
 from trainflow.fp8.cache import build_key
-from trainflow.fp8.dispatch import ShapeDispatch, committed
+from trainflow.fp8.dispatch import ShapeDispatch
 from trainflow.fp8.kernels import (
     KERNEL_BUILDS,
     backend_reason,
     choose_backend,
+    committed,
     kernel_key,
     kernels_folder,
     load_backend,

@@ -33,8 +33,8 @@ def series_files(folder: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(folder.glob("*.json")) if p.name != "run.json"}
 
 
-def test_an_extended_campaign_trains_one_segment_and_a_variant_and_back_trains_none(tmp_path):
-    run(tmp_path, SMOKE)
+def test_an_extended_campaign_trains_one_segment_and_a_variant_and_back_trains_none(smoke_run):
+    tmp_path = smoke_run
     (train,) = (tmp_path / "runs/default/train").iterdir()
     original = series_files(train)
 
@@ -65,6 +65,7 @@ def test_an_extended_campaign_trains_one_segment_and_a_variant_and_back_trains_n
     assert series_files(train) == before  # terms.json, every summary and its goodput: the original's
 
 
+@pytest.mark.slow  # ~70 s: a DAG to the segment, a 100-step segment, a rerun, and the run alone to compare
 def test_a_killed_driver_is_reattached_to_its_job_on_the_rerun(tmp_path, tokens):
     """The Snakemake process SIGKILLed while segment 0 trains (its stage and job train on), --unlock, rerun at once:
     the rerun waits for that job, the ledger holds one job, and the end state is the uninterrupted run's."""
@@ -102,8 +103,8 @@ def test_a_killed_driver_is_reattached_to_its_job_on_the_rerun(tmp_path, tokens)
 
 
 @pytest.mark.slow
-def test_each_setting_changed_with_one_more_segment_reruns_nothing_and_is_named(tmp_path):
-    run(tmp_path, SMOKE)
+def test_each_setting_changed_with_one_more_segment_reruns_nothing_and_is_named(smoke_run):
+    tmp_path = smoke_run
     (train,) = (tmp_path / "runs/default/train").iterdir()
     changes = [
         "optim.lr=1e-3",

@@ -62,9 +62,8 @@ def test_bad_config_fails_before_any_stage(tmp_path, overrides, message):
     assert not (tmp_path / "runs").exists()
 
 
-def test_real_run_then_nothing_then_only_training_reruns(tmp_path):
-    profile = ["--profile", str(REPO / "profiles/local")]
-    snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke")
+def test_real_run_then_nothing_then_only_training_reruns(smoke_run):
+    tmp_path, profile = smoke_run, ["--profile", str(REPO / "profiles/local")]
     run = tmp_path / "runs/default"
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report and "![loss](loss.png)" in report

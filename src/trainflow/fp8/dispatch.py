@@ -1,7 +1,7 @@
 """Which implementation runs each fp8 GEMM shape on Hopper, by measurement: one of the sm90 kernel's configurations
 (kernels/fp8_gemm_sm90.cu, trainflow.fp8.shapes) or torch._scaled_mm (cuBLASLt), whichever the GPU check timed fastest.
 
-    python -c "from trainflow.fp8.dispatch import committed; print(committed('NVIDIA H200', sm_count=132).choose( \
+    python -c "from trainflow.fp8.kernels import committed; print(committed('NVIDIA H200', sm_count=132).choose( \
         8192, 128, 8192).reason)"
 
 kernels/measured.json holds, per device and build, each benchmark shape's median seconds per GEMM of every
@@ -18,7 +18,6 @@ which the GPU check and the benchmark report.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from trainflow.fp8.shapes import BY_NAME, SCALED_MM, ShapeChoice, ShapeTiming, heuristic
 
@@ -80,15 +79,3 @@ def kernel_shapes(timings: list[ShapeTiming]) -> list[str]:
     """The measured shapes where a configuration of the kernel is faster than torch._scaled_mm and the others."""
     every = set(BY_NAME) | {SCALED_MM}
     return [t.shape for t in timings if (best := fastest_at(t, every)) and best[0] != SCALED_MM]
-
-
-def committed(device: str, *, sm_count: int, folder: Path | None = None) -> ShapeDispatch:
-    """The dispatch kernels/measured.json's newest sm90 record of `device` gives, whatever its build (a look at the
-    committed figures; ranks use their own build's record: trainflow.fp8.kernels)."""
-    from trainflow.fp8.kernels import kernels_folder  # imported here: kernels imports this module
-    from trainflow.fp8.measured import read_measured
-
-    records = [r for r in read_measured(folder or kernels_folder()).get("sm90", []) if r.device == device]
-    if not records:
-        raise LookupError(f"kernels/measured.json holds no sm90 record of {device}: scripts/gpu_check.sh records one")
-    return ShapeDispatch(records[-1].per_shape, device, sm_count=sm_count)

@@ -112,6 +112,15 @@ for _build in KERNEL_BUILDS.values():  # the per-architecture ops the bindings r
     torch.library.define(_build.op, _build.schema)
 
 
+def committed(device: str, *, sm_count: int, folder: Path | None = None) -> ShapeDispatch:
+    """The dispatch kernels/measured.json's newest sm90 record of `device` gives, whatever its build (a look at the
+    committed figures; ranks use their own build's record: _kernel_op)."""
+    records = [r for r in read_measured(folder or kernels_folder()).get("sm90", []) if r.device == device]
+    if not records:
+        raise LookupError(f"kernels/measured.json holds no sm90 record of {device}: scripts/gpu_check.sh records one")
+    return ShapeDispatch(records[-1].per_shape, device, sm_count=sm_count)
+
+
 def cutlass_include() -> Path:
     """The CUTLASS/CuTe headers inside the nvidia-cutlass wheel (package data of its cutlass_library module)."""
     spec = importlib.util.find_spec("cutlass_library")  # finds the package without importing it (and its deps)
