@@ -234,7 +234,7 @@ LAYOUTS = [
     ("dp2_shard", 1),
     pytest.param("dp2_shard_tp2", 1, marks=pytest.mark.slow),
     pytest.param("dp2_shard_pp2", 1, marks=pytest.mark.slow),
-    ("dp2_shard_tp2_pp2", 2),
+    pytest.param("dp2_shard_tp2_pp2", 2, marks=pytest.mark.slow),  # 56 s; dp2_tp2_pp2 resumes its own 3-D checkpoint
     # HSDP with TP (8 ranks); HSDP alone is checked below, with its placement of the state.
     pytest.param("dp4_hsdp2_tp2", 1, marks=pytest.mark.slow),
     # Context parallel (K and V all-gathered over cp): alone, beside tp, dp and a 1F1B pipeline.

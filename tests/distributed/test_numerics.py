@@ -61,7 +61,7 @@ def moving_means(losses: list[float], k: int = 10) -> list[float]:
 @pytest.mark.parametrize(
     ("layout", "overrides"),
     [
-        ("single", ["train.activations=recompute"]),
+        pytest.param("single", ["train.activations=recompute"], marks=pytest.mark.slow),  # pp2_1f1b's below
         ("single", ["train.activations=offload", "train.offload_dir={tmp}/offload"]),
         pytest.param("tp2", ["train.activations=offload"], marks=pytest.mark.slow),
         ("pp2_1f1b", ["train.activations=recompute"]),

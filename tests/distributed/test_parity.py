@@ -45,6 +45,7 @@ def assert_layout_matches_golden(layout: str, segments: int, tmp_path, fixed_tok
     return summaries[-1]
 
 
+@pytest.mark.slow  # 21 s; FSDP's own resume stays in the default suite
 def test_hybrid_sharding_shards_within_groups_and_replicates_across(tmp_path, fixed_tokens):
     """HSDP (dp4_hsdp2: 2 replicas of 2-way shard groups) matches the golden losses, and its state lies as HSDP
     places it: ranks 0 and 2 (shard 0 of each replica) hold the same bytes, as do 1 and 3; 0 and 1 differ."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import make_config, run_segment, step_losses
 from trainflow.campaign.segments import lineage
 
@@ -42,6 +44,7 @@ def test_a_batch_ramp_takes_every_sample_of_the_stream_once(tmp_path, fixed_toke
     assert changed == [{"key": "train.global_batch", "before": 8, "after": 16}]
 
 
+@pytest.mark.slow  # 30 s: five segments
 def test_an_extended_campaign_trains_its_new_segment_from_the_last_ones_end(tmp_path, fixed_tokens):
     """With a learning rate that does not depend on the campaign's length, 2 segments extended by a third end bit for
     bit where 3 segments run at once end."""

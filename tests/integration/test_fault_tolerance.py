@@ -63,6 +63,7 @@ def assert_same_end(segments: tuple[dict, dict], reference: tuple[dict, dict]) -
     assert step_losses(*segments) == step_losses(*reference)
 
 
+@pytest.mark.slow  # 19 s; test_restarts' dead rank, restarted and bitwise, stays in the default suite
 def test_dead_rank_fails_the_segment_naming_it_and_the_rerun_resumes_bitwise(tmp_path, tokens, reference):
     first = segment(tmp_path, tokens, 0)
     step = random.Random().randint(7, 11)

@@ -143,6 +143,7 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
         assert "Thread" in (folder / f"{jobs[0].job_id}_{rank}_stacks.txt").read_text()
 
 
+@pytest.mark.slow  # 26 s; the hung rank named by its evidence stays in the default suite
 def test_a_symmetric_hang_blames_no_host_until_the_gate_s_checks_ran(tmp_path, tokens, reference):
     # Every rank blocks in one collective that never completes (fault.signal=WEDGE: a failed link or switch): the
     # counts are equal, so no rank is named. Before the restart the gate's job times the layout's collectives on the
