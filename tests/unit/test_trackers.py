@@ -237,9 +237,9 @@ def test_a_tracker_whose_package_is_hidden_ends_the_dag_build_in_one_line(tmp_pa
             [
                 "observe.mlflow.enabled=true",
                 "observe.mlflow.uri=http://mlflow.example:5000",
-                "resilience.hang_detect_s=5",
+                "resilience.hang_detect_s=15",
             ],
-            f"resilience.hang_detect_s(5) <= {STALL_S} s, the longest a failing tracker",
+            f"resilience.hang_detect_s(15) <= {STALL_S} s, the longest a failing tracker",
             "observe.mlflow.enabled=false",
         ),
     ],
