@@ -8,6 +8,10 @@ builds the DAG, and every stage again before it runs (trainflow.stage.run_stage)
 
 `preflight` raises one ConfigError whose message names every offending value and the fix.
 
+A local world (cluster.allocation.executor=local: every rank a process on this machine) must fit the machine: at most
+RANKS_PER_CORE ranks per core it may use and RANK_PROCESS_GB of available memory per rank (what a rank costs before
+its tensors, which the plan counts against cluster.allocation.mem_gb).
+
 The trackers (observe.wandb, observe.mlflow) are checked where a job that logs to them is submitted (the DAG's build
 and train_segment, whose config it is): their package must import and their server answer within REACH_S, as the ranks
 would otherwise learn it minutes into their allocation. A tracker that fails later only warns (train.trackers.Guarded).
@@ -16,6 +20,7 @@ would otherwise learn it minutes into their allocation. A tracker that fails lat
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import shutil
 import socket
@@ -25,6 +30,7 @@ from urllib.parse import urlsplit
 
 from trainflow.config.observe import FILE_SCHEMES, SERVER_SCHEMES, MlflowConfig, WandbConfig
 from trainflow.config.schema import DataConfig, ModelConfig, ObserveConfig, TrainflowConfig
+from trainflow.config.stages import ALLOCATING
 from trainflow.errors import ConfigError
 from trainflow.hf.llama import HfFolderError, check_config
 from trainflow.hf.weights import weight_files
@@ -43,6 +49,7 @@ def host_errors(cfg: TrainflowConfig) -> list[str]:
     if t.compiled(cfg.cluster.runtime.device) and cfg.cluster.runtime.device == "cpu" and (why := missing_compiler()):
         errors.append(f"train.compile=true {why}")
     errors += tracker_errors(cfg.observe) if cfg.stage == "train_segment" else []
+    errors += local_world_errors(cfg) if cfg.stage in ALLOCATING else []
     return errors + tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model)
 
 
@@ -176,3 +183,38 @@ def unreachable(host: str, port: int) -> str | None:
     attempt.start()
     attempt.join(REACH_S + 0.5)
     return outcome[0] if outcome else f"{host}:{port} did not answer within {REACH_S:g} s"
+
+
+RANKS_PER_CORE = 4
+"""The most local ranks a core runs: 8 on the 2-core dev VM train (docs: notes/stack.md), time-sliced; past that a
+gloo collective's 60 s timeout is at risk."""
+RANK_PROCESS_GB = 0.3
+"""What a local rank's process holds before its tensors: torch, gloo, trainflow and a tiny model measured 0.30 GB
+proportional set size (0.42 GB resident, 0.26 GB private) per rank in a world of 4 (torch 2.13 CPU, 2026-12-04)."""
+
+
+def local_world_errors(cfg: TrainflowConfig) -> list[str]:
+    """A local world (cluster.allocation.executor=local) within this machine's cores and available memory."""
+    if cfg.cluster.allocation.executor != "local":
+        return []
+    ranks, cores, available_gb = cfg.parallel.world_size, len(os.sched_getaffinity(0)), available_memory_gb()
+    by_cores, by_memory = RANKS_PER_CORE * cores, int(available_gb / RANK_PROCESS_GB)
+    if ranks <= min(by_cores, by_memory):
+        return []
+    limit, factors = min(by_cores, by_memory), {"dp": cfg.parallel.dp, "cp": cfg.parallel.cp}
+    factors |= {"tp": cfg.parallel.tp, "pp": cfg.parallel.pp}
+    key = max(factors, key=factors.get)  # the largest factor, lowered to a power of two that fits
+    lower = 2 ** math.floor(math.log2(factors[key] * limit / ranks)) if factors[key] * limit >= ranks else 1
+    layout = " * ".join(f"{k}({v})" for k, v in factors.items())
+    return [
+        f"the local world of {ranks} ranks ({layout}) does not fit this machine: its {cores} cores run at most "
+        f"{by_cores} ({RANKS_PER_CORE} a core) and its {available_gb:.1f} GB available memory {by_memory} "
+        f"({RANK_PROCESS_GB:g} GB a rank's process); lower parallel.{key} to {lower}, or train on a cluster"
+    ]
+
+
+def available_memory_gb() -> float:
+    """The memory this machine can give new processes now (/proc/meminfo's MemAvailable)."""
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024 / 1e9
