@@ -5,6 +5,8 @@ which ends in one line; none of it imports torch."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -105,12 +107,36 @@ def hostile(root: Path, ckpts: Path, case: str) -> str:
             json.dumps(JobRun(0, 0, "1", T0, T0, T0, "died", exclude=["x\u001b[2Jy"]).to_json()) + "\n"
         )
         return "names the host 'x\\x1b[2Jy' to leave out"
-    raise AssertionError(case)
+    return not_a_file(root, ckpts, case)
+
+
+def not_a_file(root: Path, ckpts: Path, case: str) -> str:
+    """Issue 43, case 6: a FIFO run.json hung status for ever, a FIFO or /dev/zero steps.jsonl read as empty ("0.0 %
+    ... finished"), a symlink loop ended in a 30-line RuntimeError."""
+    run_json, steps = Path(RunFolder(str(root), "", "", HASH).run_record), Path(RunFolder.steps_log(str(ckpts)))
+    exclude = Path(RunFolder(str(root), "", "", HASH).nccl_exclude)
+    made = {
+        "fifo run.json": (run_json, os.mkfifo, "run.json is a FIFO, not a regular file"),
+        "fifo steps": (steps, os.mkfifo, "steps.jsonl is a FIFO, not a regular file"),
+        "dev-zero steps": (steps, lambda p: p.symlink_to("/dev/zero"), "steps.jsonl is a device or socket, not a "),
+        "looping steps": (
+            steps,
+            lambda p: p.symlink_to(p),
+            "steps.jsonl cannot be opened (Too many levels of symbolic",
+        ),
+        "fifo exclusions": (exclude, os.mkfifo, "nccl-exclude.txt is a FIFO, not a regular file"),
+        "looping checkpoints": (ckpts, lambda p: p.symlink_to(p), "do not resolve under"),
+    }
+    path, make, words = made[case]
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    make(path)
+    return words
 
 
 @pytest.mark.parametrize(
     "case",
-    ["bad json", "huge number", "huge step", "huge campaign", "path outside", "wrong type", "escape in a host"],
+    ["bad json", "huge number", "huge step", "huge campaign", "path outside", "wrong type", "escape in a host"]
+    + ["fifo run.json", "fifo steps", "dev-zero steps", "looping steps", "fifo exclusions", "looping checkpoints"],
 )
 def test_a_hostile_run_folder_ends_in_one_line(tmp_path, capsys, case):
     want = hostile(tmp_path, write_folder(tmp_path), case)

@@ -23,7 +23,7 @@ from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.launch.restart import gate_exclusions
-from trainflow.records import Record, read_record
+from trainflow.records import JOURNAL_BYTES, Record, read_file, read_record
 from trainflow.resilience.ledger import NO_FAILURE, JobRun, checked_hosts
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_record import RunRecord
@@ -180,7 +180,12 @@ def newest_record(root: Path) -> RunRecord:
 
 def inside(root: Path, path: str) -> Path:
     """`path` (relative to the run folder) if it lies inside the run folder; else one StatusError."""
-    resolved, top = (root / path).resolve(), root.resolve()
+    try:
+        resolved, top = (root / path).resolve(), root.resolve()
+    except (RuntimeError, OSError) as err:  # RuntimeError: pathlib's word for a symlink loop
+        raise StatusError(
+            f"the run record's checkpoints {path!r} do not resolve under {root} ({err}); remove the loop"
+        ) from None
     if not resolved.is_relative_to(top):
         raise StatusError(
             f"the run record names the checkpoints {path!r}, outside {root}; status reads only the run folder: pass "
@@ -191,9 +196,11 @@ def inside(root: Path, path: str) -> Path:
 
 def read_log(path: Path, kind: type[R]) -> list[R]:
     """The records of a JSON-lines log; a last line without its newline is one rank 0 is still appending: left out."""
-    if not path.is_file():
+    try:
+        text = read_file(path, fix="it was altered: move it away", limit=JOURNAL_BYTES)
+    except FileNotFoundError:
         return []
-    *lines, _partial = path.read_text(errors="replace").split("\n")
+    *lines, _partial = text.split("\n")
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -259,7 +266,7 @@ def newest_checkpoint(ckpts: Path, verify_report: Path) -> CheckpointState | Non
             skipped.append(str(err))
             continue
         verified = False
-        if verify_report.is_file():
+        if os.path.lexists(verify_report):  # a FIFO or a loop in its place is refused, not taken for none
             report = read_record(VerifyReport, verify_report, rerun="verify_checkpoint")
             verified = step in {c.step for c in report.checkpoints}
         return CheckpointState(step, verified, skipped)
