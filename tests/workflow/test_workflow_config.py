@@ -85,6 +85,27 @@ def test_a_shape_no_machine_holds_ends_the_dag_build_in_one_line_in_seconds(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_corpus_path_with_parentheses_quoted_as_the_page_says_plans_its_dag(tmp_path):
+    """Issue 43, case 7: `overrides="data.corpus='<dir>/my data (2024)/*.txt'"`, docs/configuration.md's quoting, was
+    refused as unbalanced quotes (Snakemake drops the closing quote; the parentheses then reached Hydra bare)."""
+    corpus = tmp_path / "my data (2024)"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("text with (parentheses) " * 200)
+    given = f"overrides=experiment=smoke data.corpus='{corpus}/*.txt'"  # as the shell passes overrides="..."
+    planned = snakemake(tmp_path, "--profile", str(REPO / "profiles/local"), "--config", given, "-n").output
+    assert job_counts(planned)["prepare_data_shard"] == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_run_given_as_a_list_is_told_a_name_that_works(tmp_path):
+    """Issue 43, case 7: `run=[a]` (YAML's list) was told `name it run=r['a']`, which is refused in turn."""
+    profile = ("--profile", str(REPO / "profiles/local"))
+    result = snakemake(tmp_path, *profile, "--config", "run=[a]", "-n", check=False)
+    (line,) = [line for line in result.output.splitlines() if line.startswith("--config run(['a'])")]
+    fix = re.search(r"e\.g\. (run=\S+)$", line)[1]
+    assert result.returncode != 0 and fix == "run=a"
+    assert "runs/a/report/report.md" in snakemake(tmp_path, *profile, "--config", fix, "-n").output
+
+
 @pytest.mark.slow
 def test_a_mixture_runs_the_dag_reports_each_source_and_a_new_weight_reruns_only_training(tmp_path):
     profile, mix = ("--profile", str(REPO / "profiles/local")), "overrides=experiment=smoke data=stdlib_mix"
