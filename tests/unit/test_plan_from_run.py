@@ -165,3 +165,15 @@ def test_the_report_sets_planned_beside_measured_and_names_the_term_outside_the_
     assert off.differs_most == "detection"
     text = "\n".join(goodput_section(segments, "g.png", Path("."), straggler_factor=1.5, planned=off))
     assert "lies outside the plan's 5-95 % band" in text and "detection differs most" in text
+
+
+def test_overrides_beside_from_run_are_refused_not_dropped(tmp_path, capsys):
+    """Issue 43, case 8: they were dropped without a word (a typo among them): the plan comes from the run's terms."""
+    write_terms(tmp_path, json.dumps(good_terms()))
+    assert main(["--from-run", str(tmp_path), "optim.lrr=1e-3", "fault.mtbf_s=50"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "trainflow.plan: --from-run plans from the run's measured terms and takes no overrides (given: optim.lrr=1e-3 "
+        "fault.mtbf_s=50); drop them, or plan them without --from-run"
+    )
+    assert main(["--from-run", str(tmp_path)]) == 0  # the fix, followed

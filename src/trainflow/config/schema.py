@@ -31,6 +31,8 @@ FP8_RECIPES = ("dynamic", "delayed", "rowwise")
 """train.fp8's recipes besides none; trainflow.fp8.linear.Float8Linear implements each."""
 DP_MODES = ("replicate", "shard")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
+SPIKE_WINDOW = 50
+"""train.spike.window's default; a run of fewer steps is a test run (config.rules.spike_warning)."""
 MAX_SEGMENTS = 4096
 """The most segments a campaign holds: each is a DAG node and a Slurm job (4096: 85 days of 30-minute jobs), and
 Snakemake plans 3000 of them in 25 s (a billion never: composing one ran out of memory)."""
@@ -179,7 +181,7 @@ class SpikeConfig:
     """The loss-spike guard (train.guard): a step whose loss or gradient norm is not finite, or whose loss exceeds the
     mean of the last `window` applied steps by more than `factor` standard deviations, is not applied."""
 
-    window: int = checked(50, ge=2)
+    window: int = checked(SPIKE_WINDOW, ge=2)
     """Applied steps the running mean and deviation of the loss cover; the guard judges spikes once it is full."""
     factor: float = checked(4.0, gt=0)
     rollback_after: int = checked(3, ge=1)

@@ -9,8 +9,8 @@ as a table, or with --json as one JSON object on stdout. A bad override is one e
 that does not fit in device memory (printed first, then the line that would stop validate_nccl), a local world this
 machine cannot hold (trainflow.preflight.local_world_errors), and a campaign that cannot finish at the configured MTBF
 (the line that says why). With --from-run it plans a run's goodput from the terms
-it measured (trainflow.plan.from_run) and prints it beside the measured one; a run folder that does not read is one
-line and exit 1.
+it measured (trainflow.plan.from_run) and prints it beside the measured one; a run folder that does not read, or
+overrides given beside it (they would change nothing), is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-run", metavar="RUN", help="plan a finished run's goodput from its own terms (runs/<run>)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for training (e.g. experiment=llama70b_alps)")
     args = ap.parse_args(argv)
+    if args.from_run and args.overrides:  # the run's own terms are the plan's input: an override would change nothing
+        print(
+            f"trainflow.plan: --from-run plans from the run's measured terms and takes no overrides (given: "
+            f"{' '.join(args.overrides)}); drop them, or plan them without --from-run",
+            file=sys.stderr,
+        )
+        return 1
     if args.from_run:
         return from_run(args.from_run, as_json=args.json)
     try:

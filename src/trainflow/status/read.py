@@ -41,6 +41,10 @@ class StatusError(TrainflowError):
     """A run folder that does not read as a campaign's."""
 
 
+class NotStartedError(StatusError):
+    """A run folder whose campaign has not started training yet (its data is prepared, staged or gated first)."""
+
+
 class State(StrEnum):
     FINISHED = "finished"
     RUNNING = "running"
@@ -162,10 +166,15 @@ def newest_record(root: Path) -> RunRecord:
     if not root.is_dir():
         raise StatusError(f"{root} is no folder: pass the run folder, runs/<run> (storage.root)")
     paths = sorted(Path(root).glob(os.path.relpath(RunFolder(".", "", "", "*").run_record)), key=os.path.getmtime)
+    if not paths and Path(RunFolder(str(root), "", "", "").log("any")).parent.parent.is_dir():
+        raise NotStartedError(
+            f"{root} is a run folder whose training has not started: no train_segment job has written "
+            "train/<series>/run.json yet (its data is prepared, staged and gated first); ask again once it trains"
+        )
     if not paths:
         raise StatusError(
-            f"{root} holds no train/<series>/run.json: no training job has started there (pass runs/<run>, the run "
-            "folder; a campaign trained before trainflow wrote run.json shows from its next job)"
+            f"{root} holds neither train/<series>/run.json nor logs/: it is no run folder; pass runs/<run> (a campaign "
+            "trained before trainflow wrote run.json shows from its next job)"
         )
     record = read_record(RunRecord, paths[-1], rerun="the next train_segment job (it rewrites the file)")
     if record.series != paths[-1].parent.name:
