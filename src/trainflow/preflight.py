@@ -152,10 +152,7 @@ def mlflow_reach_errors(m: MlflowConfig) -> list[str]:
     if why := missing_package("mlflow", "mlflow"):
         return [why]
     parts = urlsplit(m.uri)
-    store = (
-        (os.path.dirname(parts.path[1:]) or ".") if parts.scheme == "sqlite" else parts.path
-    )  # sqlite:///rel, ////abs
-    if parts.scheme in FILE_SCHEMES and (why := unwritable(store)):
+    if parts.scheme in FILE_SCHEMES and (why := unwritable(store := file_store(parts.scheme, parts.path))):
         return [f"observe.mlflow.uri({m.uri!r}): its folder {store} {why}; give a store in a writable folder"]
     if parts.scheme in SERVER_SCHEMES and (
         why := unreachable(parts.hostname, parts.port or SERVER_SCHEMES[parts.scheme])
@@ -165,6 +162,12 @@ def mlflow_reach_errors(m: MlflowConfig) -> list[str]:
             "or leave the URI empty for a store in the run folder"
         ]
     return []
+
+
+def file_store(scheme: str, path: str) -> str:
+    """The folder an MLflow store on a file system writes: a file:// URI's path, a SQLite file's folder (SQLAlchemy's
+    sqlite:///relative.db and sqlite:////absolute.db)."""
+    return path if scheme == "file" else os.path.dirname(path[1:]) or "."
 
 
 def unreachable(host: str, port: int) -> str | None:
@@ -186,8 +189,8 @@ def unreachable(host: str, port: int) -> str | None:
 
 
 RANKS_PER_CORE = 4
-"""The most local ranks a core runs: 8 on the 2-core dev VM train (docs: notes/stack.md), time-sliced; past that a
-gloo collective's 60 s timeout is at risk."""
+"""The most local ranks a core runs: 8 on the 2-core dev VM train, time-sliced (an 8-rank 3D step, 16 s under a
+torchrun-style launch); past that a gloo collective's 60 s timeout is at risk."""
 RANK_PROCESS_GB = 0.3
 """What a local rank's process holds before its tensors: torch, gloo, trainflow and a tiny model measured 0.30 GB
 proportional set size (0.42 GB resident, 0.26 GB private) per rank in a world of 4 (torch 2.13 CPU, 2026-12-04)."""

@@ -332,3 +332,13 @@ def test_wandb_online_without_its_server_is_one_warning_within_its_bound(tmp_pat
     assert time.monotonic() - started < STALL_S
     (line,) = [r.getMessage() for r in caplog.records if r.name == "trainflow.train.trackers"]
     assert line.startswith("Tracker W&B (observe.wandb.mode=online) failed to start (") and tracker.tracker is None
+
+
+def test_an_mlflow_store_in_no_writable_folder_is_refused_and_a_writable_one_passes(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    on = ["observe.mlflow.enabled=true"]
+    with pytest.raises(ConfigError) as err:
+        preflight(compose("train_segment", [*on, f"observe.mlflow.uri=sqlite:///{tmp_path}/a-file/mlflow.db"]))
+    assert f"its folder {tmp_path}/a-file is not a folder (" in str(err.value) and "\n" not in str(err.value)
+    preflight(compose("train_segment", [*on, f"observe.mlflow.uri=sqlite:///{tmp_path}/store/mlflow.db"]))
+    preflight(compose("train_segment", [*on, f"observe.mlflow.uri=file://{tmp_path}/mlruns"]))
