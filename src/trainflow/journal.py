@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from trainflow.atomic import write_text_atomic
-from trainflow.records import Record
+from trainflow.records import JOURNAL_BYTES, Record, RecordError, read_file
 
 R = TypeVar("R", bound=Record)
 
@@ -24,11 +24,22 @@ class Journal(Generic[R]):
         self.path, self.kind = Path(path), kind
 
     def read(self) -> list[R]:
-        if not self.path.is_file():
+        """Every record; none where the file is missing. A file that is no regular one, or a line that is no JSON of
+        the record, is one RecordError naming it."""
+        fix = "it was altered: move it away (its records are lost)"
+        try:
+            text = read_file(self.path, fix=fix, limit=JOURNAL_BYTES)
+        except FileNotFoundError:
             return []
-        with open(self.path) as f:
-            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-        return [self.kind.from_json(json.loads(line), where=f"{self.path}:{n}") for n, line in lines]
+        return [self.record(n, line, fix) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+    def record(self, n: int, line: str, fix: str) -> R:
+        where = f"{self.path}:{n}"
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError) as err:
+            raise RecordError(f"{where} is not a JSON line ({type(err).__name__}); {fix}") from None
+        return self.kind.from_json(data, where=where)
 
     def drop(self, start: int, end: int) -> None:
         """Remove the records of steps start..end inclusive (rewritten atomically)."""

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
+import stat
 import types
 import typing
 from collections.abc import Callable
@@ -35,6 +37,10 @@ R = TypeVar("R", bound="Record")
 
 
 FORMAT_KEY = "format"
+DOCUMENT_BYTES = 1 << 28
+"""More than any document trainflow writes (a 4096-rank manifest is a few MB): a bigger one is not read."""
+JOURNAL_BYTES = 1 << 31
+"""More than any journal trainflow appends (a million steps' records are about 0.5 GB): a bigger one is not read."""
 
 
 class RecordError(TrainflowError):
@@ -70,15 +76,45 @@ def fields_added(data: dict) -> dict:
     return data
 
 
+def read_file(path: str | Path, *, fix: str, limit: int = DOCUMENT_BYTES) -> str:
+    """The text of the regular file `path` (at most `limit` bytes); one RecordError naming it and ending in `fix` for
+    anything else: a FIFO (opened without waiting for a writer), a device (/dev/zero would be read for ever), a folder,
+    a symlink loop or an unreadable file. FileNotFoundError passes: whether a missing file is wrong is the caller's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # ELOOP: a symlink loop; EACCES; ENXIO
+        raise RecordError(f"{path} cannot be opened ({err.strerror}); {fix}") from None
+    mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise RecordError(f"{path} is {kind}, not a regular file; {fix}")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(min(size, limit) + 1)  # a byte past its size: a file that grew past the limit meanwhile
+    if len(data) > limit:
+        raise RecordError(f"{path} holds more than {limit} bytes, more than trainflow writes there; {fix}")
+    return data.decode("utf-8", errors="replace")
+
+
+def read_json(path: str | Path, *, fix: str, limit: int = DOCUMENT_BYTES) -> object:
+    """The JSON document in the regular file `path`; one RecordError naming it and `fix` if it is none (nested past
+    Python's recursion limit too: a bound on its depth)."""
+    text = read_file(path, fix=fix, limit=limit)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise RecordError(f"{path} is not readable JSON ({type(err).__name__}: {str(err)[:200]}); {fix}") from None
+
+
 def read_record(cls: type[R], path: str | Path, *, rerun: str = "the stage that writes it") -> R:
     """The record in the JSON file `path`; one RecordError naming the file and `rerun` if it is not one."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, fix=f"rerun {rerun}")
     except FileNotFoundError:
         raise RecordError(f"{path} is missing: {rerun} has not run; run the whole DAG or force that stage") from None
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested too deep
-        raise RecordError(f"{path} is not readable JSON ({err}); rerun {rerun}") from err
     try:
         return cls.from_json(data, where=str(path))
     except NewerFormatError:

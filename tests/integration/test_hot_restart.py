@@ -51,7 +51,7 @@ def test_a_dead_rank_is_restarted_inside_its_job_on_a_spare_bitwise(tmp_path, to
 @pytest.mark.slow  # a job of two steps, the first ended by the heartbeat after 4 s
 def test_a_stalled_rank_is_named_and_restarted_inside_its_job_bitwise(tmp_path, tokens, reference):
     # Rank 1's main thread blocks at step 3 while its heartbeat thread beats on: the heartbeat names it after 4 s.
-    hang = ("resilience.hang_detect_s=4",)
+    hang = ("resilience.hang_detect_s=4", "resilience.heartbeat_s=1")
     summary = segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *hang)
     jobs, _ = ledgers(tmp_path, *HOT, *hang)
     assert [(j.outcome, j.step) for j in jobs] == [("hang", 0), ("completed", 1)]

@@ -94,7 +94,7 @@ def test_failures_with_progress_between_them_never_use_up_the_budget_and_a_rerun
 def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks(tmp_path, tokens):
     threshold = 5
     start = time.monotonic()
-    hang = (f"resilience.hang_detect_s={threshold}", "resilience.max_restarts=0")
+    hang = (f"resilience.hang_detect_s={threshold}", "resilience.heartbeat_s=1", "resilience.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STOP", *hang)
     line = str(err.value)
@@ -126,7 +126,7 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
     # Rank 1's main thread blocks at the start of step 3 while its heartbeat beats on: both ranks are alive and
     # without progress at step 3 (the old tie-break blamed rank 0). The collective counts show rank 0 inside the
     # dp all-reduce that rank 1 never entered; every live rank's stacks are written before the job ends.
-    hang = ("resilience.hang_detect_s=4", "resilience.max_restarts=0")
+    hang = ("resilience.hang_detect_s=4", "resilience.heartbeat_s=1", "resilience.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *hang)
     line = str(err.value)
@@ -149,7 +149,7 @@ def test_a_symmetric_hang_blames_no_host_until_the_gate_s_checks_ran(tmp_path, t
     # counts are equal, so no rank is named. Before the restart the gate's job times the layout's collectives on the
     # allocation (here all fast: no host found); the restart leaves no host out and ends bitwise. (At step 5: the
     # last phase before it is step 4's compute; a hang inside a save is left to the collective timeout.)
-    hang = ("resilience.hang_detect_s=4",)
+    hang = ("resilience.hang_detect_s=4", "resilience.heartbeat_s=1")
     summary = segment(tmp_path, tokens, "fault.step=5", "fault.signal=WEDGE", *hang)
     jobs, _ = ledgers(tmp_path, *hang)
     assert [j.outcome for j in jobs] == ["hang", "completed"]

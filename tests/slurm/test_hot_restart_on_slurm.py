@@ -72,7 +72,7 @@ def test_a_dead_rank_s_node_is_left_out_of_a_new_step_in_the_same_job(tmp_path, 
 
 def test_a_stalled_rank_s_node_is_left_out_of_a_new_step_in_the_same_job(tmp_path, tokens, reference):
     three_nodes()
-    stall = ("resilience.hang_detect_s=5",)
+    stall = ("resilience.hang_detect_s=5", "resilience.heartbeat_s=1")
     summary = run_segment(tmp_path, tokens, *BASE, *SLURM, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *stall)
     jobs = assert_hot_restarted(tmp_path, summary, reference, *stall)
     assert jobs[0].outcome == "hang"

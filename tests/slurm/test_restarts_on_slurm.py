@@ -54,7 +54,7 @@ def test_a_dead_rank_s_node_is_left_out_of_the_restarted_job(tmp_path, tokens):
 
 @pytest.mark.slow
 def test_a_hung_rank_on_slurm_is_named_and_its_job_ended(tmp_path, tokens):
-    hang = ("resilience.hang_detect_s=5", "resilience.max_restarts=0")
+    hang = ("resilience.hang_detect_s=5", "resilience.heartbeat_s=1", "resilience.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         run_segment(
             tmp_path,
@@ -78,9 +78,15 @@ def test_a_stalled_rank_on_slurm_is_blamed_and_only_its_node_left_out(tmp_path, 
     # Rank 1's main thread blocks at step 3 while its heartbeat beats on; the collective counts name it, and the
     # restart runs on the other node, ending where a run without the fault ends.
     two_nodes()
-    stall = ("fault.step=3", "fault.rank=1", "fault.signal=STALL", "resilience.hang_detect_s=5")
+    stall = (
+        "fault.step=3",
+        "fault.rank=1",
+        "fault.signal=STALL",
+        "resilience.hang_detect_s=5",
+        "resilience.heartbeat_s=1",
+    )
     summary = run_segment(tmp_path / "drill", tokens, *BASE, *SLURM, *stall)
-    jobs, _ = ledgers(tmp_path / "drill", *SLURM, "resilience.hang_detect_s=5")
+    jobs, _ = ledgers(tmp_path / "drill", *SLURM, "resilience.hang_detect_s=5", "resilience.heartbeat_s=1")
     assert [j.outcome for j in jobs] == ["hang", "completed"]
     found = re.match(
         r"rank 1 on host (n[12]) made no progress for \d+ s .* a stuck main thread: it had not entered", jobs[0].line

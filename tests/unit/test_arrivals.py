@@ -1,24 +1,26 @@
 """fault.mtbf_s's arrival process (trainflow.train.arrivals): seeded, reproducible, at the configured rate and hang
-share, and continued, not restarted, by every later job on the campaign's clock."""
+share, and continued, not restarted, by every later job on the campaign's clock; found in O(1) per window from a job's
+start however long the campaign has run, and a rate no job can meet refused at compose."""
 
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
 from tests.conftest import make_config
-from trainflow.config import FaultConfig
+from trainflow.config import ConfigError, FaultConfig, compose
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.journal import Journal
-from trainflow.train.arrivals import Arrival, ArrivalKind, Arrivals, clock, schedule, start_clock
+from trainflow.train.arrivals import Arrival, ArrivalKind, Arrivals, Process, clock, start_clock
 
 PROCESS = {"mtbf_s": 30.0, "seed": 5, "hang_share": 0.4, "world": 4}
 
 
 def first(n: int, **process: float) -> list[Arrival]:
-    return list(itertools.islice(schedule(started=1000.0, **{**PROCESS, **process}), n))
+    return list(itertools.islice(Process(started=1000.0, **{**PROCESS, **process}).after(1000.0), n))
 
 
 def test_the_schedule_is_the_seeds_and_has_the_rate_and_the_share():
@@ -34,9 +36,7 @@ def test_the_schedule_is_the_seeds_and_has_the_rate_and_the_share():
 
 
 def job(tmp_path, rank: int, *, opens: float | None) -> Arrivals:
-    ledger = tmp_path / "faults.jsonl"
-    pending = schedule(started=1000.0, **PROCESS)
-    return Arrivals(pending, rank, opens, ledger, "h", 0)
+    return Arrivals(Process(started=1000.0, **PROCESS), rank, opens, tmp_path / "faults.jsonl", "h", 0)
 
 
 def strikes(arrivals: Arrivals, times: list[float]) -> list[Arrival]:
@@ -89,3 +89,31 @@ def test_the_rate_is_in_no_hash(tmp_path):
     drill = make_config("train_segment", tmp_path, "fault.mtbf_s=30", "fault.seed=2")
     assert (drill.fault.mtbf_s, drill.fault.seed) == (30.0, 2)
     assert RunFolder.of(drill).series == RunFolder.of(plain).series
+
+
+def test_a_job_finds_its_arrivals_in_o1_per_window_however_long_the_campaign_ran(tmp_path):
+    """Issue 43, case 3: each job drew every gap since the campaign's start, one draw per arrival (at
+    fault.mtbf_s=1e-9 it spun for ever before step 1). A job a year of 1-second windows into a campaign looks at its
+    own windows only, and meets the arrivals a job from the start would have met there."""
+    year = 365 * 86400.0
+    process = Process(started=1000.0, mtbf_s=1.0, seed=5, hang_share=0.4, world=4)
+    started = time.monotonic()
+    late = list(itertools.islice(process.after(1000.0 + year), 50))
+    assert time.monotonic() - started < 1.0
+    assert all(a.time >= 1000.0 + year for a in late) and late == sorted(late, key=lambda a: a.time)
+    window = int(year)  # the same windows, reached from earlier: the process does not depend on where one looks
+    earlier = [a for k in range(window - 2, window + 60) for a in process.window(k) if a.time >= 1000.0 + year]
+    assert late == earlier[:50]
+    arrivals = Arrivals(process, late[0].rank, 1000.0 + year, tmp_path / "faults.jsonl", "h", 0)
+    assert arrivals.due(0, late[0].time + 0.01).time == late[0].time
+
+
+@pytest.mark.parametrize("mtbf", ["1e-9", "0.5"])
+def test_a_rate_no_job_can_meet_is_refused_and_its_fixes_compose(mtbf):
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", [f"fault.mtbf_s={mtbf}"])
+    line = str(err.value)
+    assert f"fault.mtbf_s({float(mtbf):g}) is no failure rate a job can meet" in line and "\n" not in line
+    for fix in ("fault.mtbf_s=1", "fault.mtbf_s=0"):
+        assert fix in line
+        compose("train_segment", [fix])

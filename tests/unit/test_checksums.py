@@ -187,5 +187,5 @@ def test_a_listed_file_replaced_by_a_symbolic_link_is_caught(tmp_path):
 def test_a_manifest_that_is_not_json_is_one_line(tmp_path, text):
     dcp_folder(tmp_path)
     (tmp_path / "manifest.json").write_text(text, encoding="latin-1")
-    with pytest.raises(ChecksumError, match=r"manifest.json is not valid JSON .*the checkpoint is damaged"):
+    with pytest.raises(ChecksumError, match=r"manifest.json is not readable JSON .*the checkpoint is damaged"):
         verify(tmp_path)

@@ -4,6 +4,8 @@ take (trainflow's line, not the JSON schema's dump; the workflow test runs it th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trainflow.config import ConfigError
@@ -11,6 +13,16 @@ from trainflow.config.overrides import check_workflow_config
 from trainflow.plan.__main__ import main
 
 OK = {"run": "default", "site": "", "overrides": ""}
+
+
+def test_a_vanishing_peak_is_refused_in_a_bounded_line_naming_it(capsys):
+    """Issue 43, case 8: cluster.hardware.peak_tflops=1e-300 printed a 300-digit number without naming the input."""
+    assert main(["cluster.hardware.peak_tflops=1e-300"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trainflow.plan: invalid config: cluster.hardware.peak_tflops(1e-300) must be >= 0.001 (")
+    assert len(line) < 200
+    typical = re.search(r"a CPU core's is about ([\d.]+)", line)[1]
+    assert main([f"cluster.hardware.peak_tflops={typical}"]) == 0
 
 
 def test_a_plan_that_does_not_fit_exits_1_after_printing_it(capsys):

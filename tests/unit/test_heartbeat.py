@@ -1,10 +1,12 @@
 """The heartbeat at scale and the hang's blame, on a real TCPStore in one process: rank 0's poll of 4096 simulated
 ranks is one round trip, a rank that never published is reported silent, and the collective counts name the rank the
-others wait for, or nobody in a symmetric hang."""
+others wait for, or nobody in a symmetric hang. A rank is watched from its start (resilience.start_s), the stacks
+watchdog cannot fire between healthy beats, and a threshold within a few beats is refused with fixes that compose."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -12,8 +14,8 @@ import torch
 import torch.distributed as dist
 from submitit.core.utils import JobPaths
 
-from trainflow.config import compose
-from trainflow.launch.hang import collective_counts, rank_environment
+from trainflow.config import ConfigError, compose
+from trainflow.launch.hang import collective_counts, rank_environment, stacks_path
 from trainflow.launch.heartbeat import NEVER, Heartbeat, beat_key
 from trainflow.resilience.hang import HangReport, culprits
 
@@ -183,17 +185,71 @@ def test_the_flight_recorder_is_on_over_nccl_and_the_runtime_env_overrides_it(tm
     assert not any(k.startswith("TORCH_") for k in rank_environment(gloo, paths))
 
 
-def test_a_rank_in_its_first_step_is_not_hung_however_long_it_takes(heartbeat):
+def first_step(rank: int, counter: int, *, step: int = 3, steps: int = 0) -> str:
+    """A beat of `rank` inside `step` of its job (a resume from step 3), with `steps` finished in it."""
+    return json.dumps({**json.loads(beat(rank, counter=counter, step=step)), "steps": steps})
+
+
+def test_a_rank_in_its_first_step_is_judged_by_the_start_allowance_not_the_hang_threshold(heartbeat):
     # The first step compiles, loads and warms up: until a rank says it finished one (its own count, which the old
-    # watcher guessed from the first step it happened to sample), no wait counts as a hang.
-    beat_ = heartbeat(2, hang_detect_s=1, heartbeat_s=0.1)
+    # watcher guessed from the first step it happened to sample), the hang threshold does not judge it, but
+    # resilience.start_s from the heartbeat's start does (the old watcher judged no rank before its first step).
+    beat_ = heartbeat(2, hang_detect_s=1, heartbeat_s=0.1, start_s=2.5)
     store = beat_.store.store
-    first = [json.dumps({**json.loads(beat(r, counter=c, step=3)), "steps": 0}) for r, c in ((0, 1), (1, 1))]
-    store.multi_set([beat_key(0), beat_key(1)], first)
+    store.multi_set([beat_key(0), beat_key(1)], [first_step(r, 1) for r in (0, 1)])
     assert beat_.watch() is None
-    time.sleep(1.2)
-    store.multi_set([beat_key(0), beat_key(1)], [v.replace('"counter": 1', '"counter": 2') for v in first])
+    time.sleep(1.2)  # past the hang threshold, within the allowance: the first step may take this long
+    store.multi_set([beat_key(0), beat_key(1)], [first_step(0, 2, step=4, steps=1), first_step(1, 2)])
     assert beat_.watch() is None
-    finished = [beat(r, counter=3, step=3) for r in (0, 1)]  # steps 3: now the same wait is a hang
-    store.multi_set([beat_key(0), beat_key(1)], finished)
-    assert beat_.watch() is not None
+    time.sleep(1.5)  # rank 1 beats on but never finishes its first step
+    store.multi_set([beat_key(0), beat_key(1)], [first_step(0, 3, step=5, steps=2), first_step(1, 3)])
+    report = beat_.watch()
+    assert report is not None and report.rank == 1 and report.alive and report.limit == "resilience.start_s"
+    assert report.line().startswith("rank 1 on host node0 made no progress for 3 s (its last beat: step 3, compute)")
+    assert (
+        "past resilience.start_s (2 s: a stuck main thread: it alone had not finished its first step)" in report.line()
+    )
+
+
+def test_ranks_that_all_stall_before_their_first_step_are_a_hang_that_blames_nobody(heartbeat):
+    # Issue 43, case 3: fault.mtbf_s=1e-9 span every rank's loop before step 1; they beat on, enter no collective.
+    beat_ = heartbeat(2, hang_detect_s=1, heartbeat_s=0.1, start_s=1)
+    store = beat_.store.store
+    for counter in range(3):
+        store.multi_set([beat_key(0), beat_key(1)], [first_step(r, counter) for r in (0, 1)])
+        assert beat_.watch() is None
+        time.sleep(0.3)
+    time.sleep(0.2)
+    store.multi_set([beat_key(0), beat_key(1)], [first_step(r, 9) for r in (0, 1)])
+    report = beat_.watch()
+    assert report is not None and report.rank is None and report.limit == "resilience.start_s"
+    assert report.line().startswith("every rank made no progress for 1 s (step 3), past resilience.start_s (1 s)")
+
+
+def test_the_stacks_watchdog_cannot_fire_between_healthy_beats_but_fires_for_a_silent_one(heartbeat, tmp_path):
+    """Issue 43, case 2: armed with the threshold alone and re-armed once a beat, it fired between beats late by less
+    than one (and its walk of running threads crashed healthy ranks with SIGSEGV)."""
+    beat_ = heartbeat(1, hang_detect_s=0.3, heartbeat_s=0.1)
+    stacks = stacks_path(JobPaths(tmp_path, job_id="1"), 0)
+    try:
+        for _ in range(5):  # each beat a whole period late: the threshold and one period apart
+            beat_.publish()
+            time.sleep(beat_.threshold_s + beat_.period_s)
+        assert stacks.read_text() == ""
+        time.sleep(beat_.threshold_s + 3 * beat_.period_s)  # no beat at all: the dump comes
+        assert stacks.read_text().startswith("Timeout")
+    finally:
+        beat_.watchdog.close()
+
+
+@pytest.mark.parametrize(("given", "fix"), [("resilience.heartbeat_s=2", 0), ("resilience.heartbeat_s=5", 1)])
+def test_a_hang_threshold_within_three_beats_is_refused_and_each_fix_composes(given, fix):
+    """hang_detect_s=1 with heartbeat_s=2 was accepted, and crashed healthy ranks; both fixes the line gives work."""
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", ["resilience.hang_detect_s=1", given])
+    line = str(err.value)
+    assert f"resilience.hang_detect_s(1) < 3 x {given.replace('=', '(')})" in line and "\n" not in line
+    fixes = re.findall(r"(?:raise|lower) (resilience\.\w+) to ([\d.e-]+)", line)
+    assert len(fixes) == 2
+    key, value = fixes[fix]
+    compose("train_segment", ["resilience.hang_detect_s=1", given, f"{key}={value}"])

@@ -159,7 +159,7 @@ BAD = {
             vocab_size=128256,
             num_attention_heads=32,
             num_key_value_heads=8,
-            rope_theta=500000.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},  # transformers 5's place for it
             head_dim=128,
         ),
         r"describes another model: model\.vocab_size\(257\) but vocab_size 128256, model\.dim\(128\) but hidden_size "

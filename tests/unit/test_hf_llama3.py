@@ -1,10 +1,15 @@
 """Llama 3.1 / 3.2 folders both ways: a transformers LlamaForCausalLM with llama3 rotary scaling, tied or not,
 gives its own logits after io.init_from reads it into trainflow, and again after the run's checkpoint is exported;
-what trainflow cannot compute, or a model that differs from the folder's, is refused in one line."""
+what trainflow cannot compute, or a model that differs from the folder's, is refused in one line; so is a folder that
+says two things (its rotary settings twice, differently; a NaN; a tied head beside a different lm_head.weight), each
+with a fix that works when followed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,7 @@ from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.config import ModelConfig
 from trainflow.export import export, read_model
 from trainflow.hf.llama import HfFolderError, check_config
+from trainflow.hf.weights import weight_files
 from trainflow.model import Llama
 
 TOLERANCE = 1e-4  # max abs logit difference, fp32
@@ -139,3 +145,82 @@ def test_what_trainflow_cannot_start_from_is_refused_in_one_line(tied_folder, tm
     with pytest.raises(HfFolderError, match=match) as err:
         check_config(edited(folder, tmp_path / "edited", **changes), m)
     assert "\n" not in str(err.value)
+
+
+def rope(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())["rope_parameters"]
+
+
+@pytest.mark.parametrize(
+    ("twice", "line", "wrong"),
+    [
+        # issue 43, case 5: trainflow read rope_parameters' factor 32, transformers 5.25 rope_scaling's 8
+        (
+            lambda params: {"rope_scaling": {**params, "factor": 8.0}},
+            "gives factor twice and they differ: 32.0 in rope_parameters, 8.0 in rope_scaling",
+            "rope_scaling",
+        ),
+        (
+            lambda params: {"rope_theta": params["rope_theta"] * 50},
+            "gives rope_theta twice and they differ: 500000.0 at the top, 10000.0 in rope_parameters",
+            "rope_theta",
+        ),
+    ],
+)
+def test_a_folder_that_gives_its_rotary_settings_twice_and_differently_is_refused(
+    tied_folder, tmp_path, twice, line, wrong
+):
+    folder, m = tied_folder
+    with pytest.raises(HfFolderError) as err:
+        check_config(edited(folder, tmp_path / "twice", **twice(rope(folder))), m)
+    assert line in str(err.value) and str(err.value).endswith("delete the wrong one from config.json")
+    assert "\n" not in str(err.value)
+    check_config(edited(folder, tmp_path / "fixed", **{**twice(rope(folder)), wrong: None}), m)  # the fix, followed
+    check_config(edited(folder, tmp_path / "same", rope_scaling=rope(folder)), m)  # given twice alike: one model
+
+
+def test_a_nan_rope_factor_is_refused_with_a_fix_that_works(tied_folder, tmp_path):
+    """It was met with "set model.rope_factor=nan", which compose refuses in turn."""
+    folder, m = tied_folder
+    with pytest.raises(HfFolderError) as err:
+        check_config(edited(folder, tmp_path / "nan", rope_parameters={**rope(folder), "factor": float("nan")}), m)
+    line = str(err.value)
+    assert "gives rope_scaling.factor as nan, which no model computes with; write the model's value" in line
+    assert "model.rope_factor=nan" not in line and "\n" not in line
+    llama3_2 = float(re.search(r"Llama 3\.2's (\S+)\)", line)[1])
+    check_config(edited(folder, tmp_path / "fixed", rope_parameters={**rope(folder), "factor": llama3_2}), m)
+
+
+def with_head(folder: Path, out: Path, head) -> Path:
+    """A copy of the tied folder whose safetensors also hold lm_head.weight = head(the embedding)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    (path,) = out.glob("*.safetensors")
+    tensors = load_file(path)
+    tensors["lm_head.weight"] = head(tensors["model.embed_tokens.weight"]).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+    return out
+
+
+def test_a_tied_folder_that_also_holds_its_head_is_read_as_transformers_reads_it(tied_folder, tmp_path):
+    """Issue 43, case 5: an equal lm_head.weight was refused with "download the model again", though transformers
+    ties it; a different one, which transformers unties, is named with the settings that load that model."""
+    folder, m = tied_folder
+    equal = with_head(folder, tmp_path / "equal", lambda e: e.clone())
+    weight_files(equal, m)
+    ours = Llama(m)
+    load_hf(equal, [ours], m)
+    assert torch.equal(ours.output.weight, ours.tok_embeddings.weight)
+
+    other = with_head(folder, tmp_path / "other", lambda e: e.flip(0))
+    with pytest.raises(HfFolderError) as err:
+        weight_files(other, m)
+    line = str(err.value)
+    assert "holds a lm_head.weight that differs from model.embed_tokens.weight, which transformers unties" in line
+    assert line.endswith("set tie_word_embeddings to false in its config.json and give model.tie_embeddings=false")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    untied = dataclasses.replace(m, tie_embeddings=False)
+    check_config(other, untied)
+    weight_files(other, untied)

@@ -4,6 +4,7 @@ no override string runs a command, reaches Hydra's machinery or points a path ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shlex
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainflow.config import RUN_NAME, ConfigError, Domain, TrainflowConfig, compose
-from trainflow.config.overrides import compose_workflow, hydra_quote
+from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
 
 
 def schema_fields(cls: type = TrainflowConfig, prefix: str = "") -> list[tuple[str, type, dataclasses.Field]]:
@@ -126,7 +127,7 @@ def test_a_run_named_like_a_number_keeps_its_name(run):
 def test_readme_quoting_survives_snakemake_stripping_the_closing_quote():
     # `--config overrides="data.corpus='/x/*.txt'"` reaches the workflow as "data.corpus='/x/*.txt"
     cfg, words = compose_workflow("default", "", "data.corpus='/x/*.txt")
-    assert cfg.data.corpus == "/x/*.txt" and words[-1] == "data.corpus=/x/*.txt"
+    assert cfg.data.corpus == "/x/*.txt" and words[-1] == "data.corpus='/x/*.txt'"  # quoted on for every stage
 
 
 @pytest.mark.parametrize(
@@ -182,3 +183,61 @@ def test_random_override_strings_compose_or_fail_in_one_line_and_run_nothing(tmp
     subprocess.run(["/bin/sh", "-c", line], cwd=tmp_path, check=True, capture_output=True)
     assert out.read_text().split("\n")[:-1] == overrides
     assert sorted(p.name for p in tmp_path.iterdir()) == ["argv"]
+
+
+def quoting_table() -> list[tuple[str, str]]:
+    """The rows of docs/configuration.md's table of overrides as given inside overrides="..." and their values."""
+    page = (Path(__file__).parents[2] / "docs/configuration.md").read_text()
+    table = page.split('| inside `overrides="..."` | the key\'s value |')[1].split("\n\n")[0]
+    return re.findall(r"^ *\| `(.+?)` \| (.+?) \|$", table, re.M)
+
+
+@pytest.mark.parametrize(("given", "value"), quoting_table())
+def test_the_quoting_rules_of_the_configuration_page_are_the_codes(given, value):
+    """Issue 43, case 7: a corpus path with parentheses quoted as the page said was refused ("unbalanced quotes");
+    each row also survives Snakemake dropping the string's closing quote."""
+    key = given.lstrip("+").partition("=")[0]
+    for text in (given, given[:-1] if given[-1] in "'\"" else given):
+        cfg, _ = compose_workflow("default", "", text)
+        got = functools.reduce(getattr, key.split(".")[:-1], cfg)
+        got = got[key.rpartition(".")[2]] if isinstance(got, dict) else getattr(got, key.rpartition(".")[2])
+        if value.startswith("`"):
+            assert got == value.strip("`"), (text, got)
+        else:
+            assert value == "a list of one source" and [s.name for s in got] == ["web"], (text, got)
+
+
+def hint(line: str, before: str) -> str:
+    """The fix a one-line error gives after `before`, as written."""
+    assert "\n" not in line and before in line, line
+    return line.split(before, 1)[1]
+
+
+def test_each_hint_followed_as_written_works():
+    """Issue 43, case 7: `+` was not hinted for an open dict's new key, a bracket hint quoted a list into a string,
+    and an unbalanced string was told to "quote each value once" with nothing to follow."""
+    with pytest.raises(ConfigError) as err:
+        compose_workflow("default", "", "cluster.runtime.env.NCCL_DEBUG=INFO")
+    fixed = hint(str(err.value), "add it with a leading +, ")
+    assert compose_workflow("default", "", fixed)[0].cluster.runtime.env == {"NCCL_DEBUG": "INFO"}
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", ["cluster.runtime.env.NCCL_DEBUG=INFO"])  # a stage's command line alike
+    assert compose("train_segment", [hint(str(err.value), "leading +, ")]).cluster.runtime.env["NCCL_DEBUG"] == "INFO"
+
+    with pytest.raises(ConfigError) as err:
+        compose_workflow("default", "", "cluster.gate.sweep_mb=[0.25,1.0 optim.lr=1e-3")
+    fixed = hint(str(err.value), "close what its value opens, e.g. ")
+    assert compose_workflow("default", "", f"{fixed} optim.lr=1e-3")[0].cluster.gate.sweep_mb == [0.25, 1.0]
+    with pytest.raises(ConfigError) as err:
+        compose("validate_nccl", ["cluster.gate.sweep_mb=[0.25,1.0"])
+    shell = hint(str(err.value), "close what its value opens, e.g. ")
+    assert compose("validate_nccl", shlex.split(shell)).cluster.gate.sweep_mb == [0.25, 1.0]
+
+    with pytest.raises(ConfigError) as err:
+        compose_workflow("default", "", "data.corpus='/a b' 'x")
+    example = hint(str(err.value), "quote each value once, e.g. ")
+    assert compose_workflow("default", "", example)[0].data.corpus == "/my data (2024)/*.txt"
+
+    with pytest.raises(ConfigError) as err:
+        check_workflow_config({"run": ["a"]})  # --config run=[a], which Snakemake reads as YAML
+    assert hint(str(err.value), "e.g. ") == "run=a" and check_workflow_config({"run": "a"})["run"] == "a"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -105,16 +106,17 @@ def test_from_run_prints_the_plan_beside_the_measurement(tmp_path, capsys):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("{not json", "does not read as a run's terms"),
+        ("{not json", "terms.json is not readable JSON (JSONDecodeError"),
         ('{"segments": 2}', "does not read as a run's terms"),
-        ("1" * 5000, "does not read as a run's terms"),  # past Python's integer digits
+        ("1" * 5000, "terms.json is not readable JSON (ValueError"),  # past Python's integer digits
+        ("[" * 100_000 + "]" * 100_000, "terms.json is not readable JSON (RecursionError"),  # issue 43: 28 lines
         (json.dumps({**good_terms(), "step_s": 1e300}), "holds step_s=1e+300 (seconds from 0 to 1e+09)"),
         (json.dumps({**good_terms(), "mtbf_s": float("nan")}), "holds mtbf_s=nan"),
         (json.dumps({**good_terms(), "steps": 2**62}), "holds steps=4611686018427387904 (a count"),
         (json.dumps({**good_terms(), "eval_share": 3.0}), "holds eval_share=3.0 (a share"),
         (json.dumps({**good_terms(), "measured": {"wall": 1.0}}), "holds measured lacks a term"),
         (json.dumps({**good_terms(), "hangs": 5}), "holds hangs=5 > failures=1"),
-        (" " * (2 << 20), "bytes, more than terms hold"),
+        (" " * (2 << 20), "terms.json holds more than 1048576 bytes, more than trainflow writes there"),
     ],
 )
 def test_from_run_on_a_hostile_folder_is_one_line(tmp_path, capsys, text, message):
@@ -124,13 +126,22 @@ def test_from_run_on_a_hostile_folder_is_one_line(tmp_path, capsys, text, messag
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_from_run_reads_no_device_behind_the_name(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda p: p.symlink_to("/dev/zero"), "is a device or socket, not a regular file"),
+        (os.mkfifo, "is a FIFO, not a regular file"),  # opened without waiting for a writer: no hang
+        (lambda p: p.symlink_to(p), "holds no train/<series>/terms.json"),  # a loop is no file: glob passes it by
+    ],
+    ids=["dev-zero", "fifo", "symlink-loop"],
+)
+def test_from_run_reads_no_device_pipe_or_loop_behind_the_name(tmp_path, capsys, make, kind):
     folder = tmp_path / "train/abc123"
     folder.mkdir(parents=True)
-    (folder / "terms.json").symlink_to("/dev/zero")
+    make(folder / "terms.json")
     assert main(["--from-run", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is not a regular file" in err
+    assert err.count("\n") == 1 and kind in err, err
 
 
 def test_from_run_without_terms_says_what_to_pass(tmp_path, capsys):
@@ -154,3 +165,15 @@ def test_the_report_sets_planned_beside_measured_and_names_the_term_outside_the_
     assert off.differs_most == "detection"
     text = "\n".join(goodput_section(segments, "g.png", Path("."), straggler_factor=1.5, planned=off))
     assert "lies outside the plan's 5-95 % band" in text and "detection differs most" in text
+
+
+def test_overrides_beside_from_run_are_refused_not_dropped(tmp_path, capsys):
+    """Issue 43, case 8: they were dropped without a word (a typo among them): the plan comes from the run's terms."""
+    write_terms(tmp_path, json.dumps(good_terms()))
+    assert main(["--from-run", str(tmp_path), "optim.lrr=1e-3", "fault.mtbf_s=50"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "trainflow.plan: --from-run plans from the run's measured terms and takes no overrides (given: optim.lrr=1e-3 "
+        "fault.mtbf_s=50); drop them, or plan them without --from-run"
+    )
+    assert main(["--from-run", str(tmp_path)]) == 0  # the fix, followed

@@ -54,7 +54,8 @@ def test_a_training_segment_is_named_by_its_series_never_by_how_it_runs():
         "resilience.exclude_stragglers": "true",
         "resilience.max_rollbacks": "0",
         "resilience.failure_detect_s": "5",
-        "resilience.hang_detect_s": "7",
+        "resilience.hang_detect_s": "15",
+        "resilience.start_s": "60",
         "resilience.heartbeat_s": "1",
         "resilience.straggler_factor": "2",
     }

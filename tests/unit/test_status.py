@@ -5,6 +5,8 @@ which ends in one line; none of it imports torch."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,7 +16,7 @@ import pytest
 
 from trainflow.config.run_folder import RunFolder
 from trainflow.resilience.ledger import JobRun
-from trainflow.status.__main__ import main
+from trainflow.status.__main__ import NOT_STARTED, main
 from trainflow.status.read import State, read_status
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import Span, StepRecord
@@ -105,12 +107,36 @@ def hostile(root: Path, ckpts: Path, case: str) -> str:
             json.dumps(JobRun(0, 0, "1", T0, T0, T0, "died", exclude=["x\u001b[2Jy"]).to_json()) + "\n"
         )
         return "names the host 'x\\x1b[2Jy' to leave out"
-    raise AssertionError(case)
+    return not_a_file(root, ckpts, case)
+
+
+def not_a_file(root: Path, ckpts: Path, case: str) -> str:
+    """Issue 43, case 6: a FIFO run.json hung status for ever, a FIFO or /dev/zero steps.jsonl read as empty ("0.0 %
+    ... finished"), a symlink loop ended in a 30-line RuntimeError."""
+    run_json, steps = Path(RunFolder(str(root), "", "", HASH).run_record), Path(RunFolder.steps_log(str(ckpts)))
+    exclude = Path(RunFolder(str(root), "", "", HASH).nccl_exclude)
+    made = {
+        "fifo run.json": (run_json, os.mkfifo, "run.json is a FIFO, not a regular file"),
+        "fifo steps": (steps, os.mkfifo, "steps.jsonl is a FIFO, not a regular file"),
+        "dev-zero steps": (steps, lambda p: p.symlink_to("/dev/zero"), "steps.jsonl is a device or socket, not a "),
+        "looping steps": (
+            steps,
+            lambda p: p.symlink_to(p),
+            "steps.jsonl cannot be opened (Too many levels of symbolic",
+        ),
+        "fifo exclusions": (exclude, os.mkfifo, "nccl-exclude.txt is a FIFO, not a regular file"),
+        "looping checkpoints": (ckpts, lambda p: p.symlink_to(p), "do not resolve under"),
+    }
+    path, make, words = made[case]
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    make(path)
+    return words
 
 
 @pytest.mark.parametrize(
     "case",
-    ["bad json", "huge number", "huge step", "huge campaign", "path outside", "wrong type", "escape in a host"],
+    ["bad json", "huge number", "huge step", "huge campaign", "path outside", "wrong type", "escape in a host"]
+    + ["fifo run.json", "fifo steps", "dev-zero steps", "looping steps", "fifo exclusions", "looping checkpoints"],
 )
 def test_a_hostile_run_folder_ends_in_one_line(tmp_path, capsys, case):
     want = hostile(tmp_path, write_folder(tmp_path), case)
@@ -122,9 +148,31 @@ def test_a_hostile_run_folder_ends_in_one_line(tmp_path, capsys, case):
 
 def test_a_folder_without_a_campaign_says_so(tmp_path, capsys):
     assert main([str(tmp_path)]) == 1
-    assert "holds no train/<series>/run.json" in capsys.readouterr().err
+    assert "holds neither train/<series>/run.json nor logs/: it is no run folder" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 1
     assert "is no folder" in capsys.readouterr().err
+
+
+def test_a_campaign_still_preparing_data_has_an_exit_status_of_its_own(tmp_path, capsys, monkeypatch):
+    """Issue 43, case 8: it exited 1 with "no training job has started there", as a folder that is no run folder
+    does; a polling script could not tell them apart. --watch waits for its training to start."""
+    Path(RunFolder(str(tmp_path), "", "", HASH).log("prepare_data", "shard-00000")).parent.mkdir(parents=True)
+    assert main([str(tmp_path)]) == NOT_STARTED == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"trainflow.status: {tmp_path} is a run folder whose training has not started: ")
+    naps = []
+
+    def nap(seconds: float) -> None:  # training starts during the first wait; the second is interrupted
+        naps.append(seconds)
+        if len(naps) == 1:
+            write_folder(tmp_path)
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("trainflow.status.__main__.time.sleep", nap)
+    assert main([str(tmp_path), "--watch", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert naps == [1.0, 1.0] and "has not started" in err and "running: segment 0 of 2" in out
 
 
 def test_watch_refreshes_until_interrupted_and_refuses_a_bad_period(tmp_path, capsys, monkeypatch):

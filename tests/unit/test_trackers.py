@@ -1,10 +1,15 @@
 """The trackers outside a training run: a run without W&B and MLflow imports neither, and MLflow against a real
-local tracking server (started here, stopped by its process id) holds two segments' step records in one run."""
+local tracking server (started here, stopped by its process id) holds two segments' step records in one run. A tracker
+that cannot work is refused where the DAG is built, in one line and seconds (a refused port, its package hidden, a URI
+that is none), each refusal's fix followed works, and one that fails on rank 0 anyway (at its start, or mid-run) is one
+warning line and no failure of training."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,9 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from trainflow.config import compose
-from trainflow.config.observe import MlflowConfig
+from tests.conftest import REPO
+from tests.support import snakemake
+from trainflow.config import ConfigError, compose
+from trainflow.config.observe import STALL_S, MlflowConfig
 from trainflow.config.run_folder import RunFolder
+from trainflow.preflight import preflight
+from trainflow.train.recorder import build_trackers
 from trainflow.train.step_log import StepRecord
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
@@ -149,3 +158,187 @@ def test_the_report_tables_go_to_the_campaigns_wandb_and_mlflow_runs(tmp_path):
     table = json.loads(Path(client.download_artifacts(found.info.run_id, "report/goodput.json", tmp_path)).read_text())
     assert table == {"columns": goodput.columns, "data": goodput.rows}
     assert "report/report.md" in {a.path for a in client.list_artifacts(found.info.run_id, "report")}
+
+
+def dag_refusal(tmp_path: Path, overrides: str) -> tuple[str, float]:
+    """The one line `snakemake -n` stops with for these overrides, and the seconds it took; nothing written."""
+    started = time.monotonic()
+    result = snakemake(tmp_path, "--profile", str(REPO / "profiles/local"), "--config", overrides, "-n", check=False)
+    seconds = time.monotonic() - started
+    lines = [line for line in result.output.splitlines() if line.startswith("config cannot run here: ")]
+    assert result.returncode != 0 and len(lines) == 1, result.output[-3000:]
+    assert not (tmp_path / "runs").exists()
+    return lines[0], seconds
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb"])
+def test_a_tracker_at_a_refused_port_ends_the_dag_build_in_one_line_in_seconds(tmp_path, monkeypatch, tracker):
+    """Issue 43, case 1: each took 4 jobs and 362-399 s, and ended blaming a rank killed by SIGKILL."""
+    port = free_port()
+    if tracker == "mlflow":
+        overrides = f"overrides=observe.mlflow.enabled=true observe.mlflow.uri=http://127.0.0.1:{port}"
+        named = f"observe.mlflow.uri('http://127.0.0.1:{port}') does not answer: 127.0.0.1:{port} refused"
+    else:
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+        overrides = "overrides=observe.wandb.enabled=true observe.wandb.mode=online"
+        named = f"observe.wandb.mode=online cannot reach W&B at http://127.0.0.1:{port}: 127.0.0.1:{port} refused"
+    line, seconds = dag_refusal(tmp_path, overrides)
+    assert line.startswith(f"config cannot run here: {named}") and seconds < 10, (line, seconds)
+
+
+@pytest.mark.parametrize("package", ["mlflow", "wandb"])
+def test_a_tracker_whose_package_is_hidden_ends_the_dag_build_in_one_line(tmp_path, monkeypatch, package):
+    """Issue 43, case 1: without wandb the run failed after the gate and 2 jobs with `No module named 'wandb'`."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / f"{package}.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{package}'\", name={package!r})\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")]))
+    line, seconds = dag_refusal(tmp_path / "run", f"overrides=observe.{package}.enabled=true")
+    assert line == (
+        f"config cannot run here: observe.{package}.enabled=true needs the {package} package, which does not import "
+        f"here (No module named '{package}'): pip install {package} into this environment (trainflow's test extra "
+        f"holds it), or set observe.{package}.enabled=false"
+    )
+    assert seconds < 10, seconds
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment", "fix"),
+    [
+        (
+            ["observe.mlflow.uri=ftp://mlflow.example/x"],
+            "observe.mlflow.uri('ftp://mlflow.example/x') has the scheme ftp://",
+            "observe.mlflow.uri=http://mlflow.example:5000",
+        ),
+        (
+            ["observe.mlflow.uri=http://mlflow.example:99999"],
+            "observe.mlflow.uri('http://mlflow.example:99999') has a port that is no number in 1-65535",
+            "observe.mlflow.uri=http://mlflow.example:5000",
+        ),
+        (
+            ["observe.mlflow.uri=http://:5000"],
+            "observe.mlflow.uri('http://:5000') names no host",
+            "observe.mlflow.uri=",
+        ),
+        (
+            ["observe.mlflow.uri=sqlite:///"],
+            "observe.mlflow.uri('sqlite:///') names no file",
+            "observe.mlflow.uri=sqlite:///path.db",
+        ),
+        (
+            ["observe.wandb.enabled=true", "observe.wandb.mode=online", "cluster.runtime.collective_timeout_s=10"],
+            f"cluster.runtime.collective_timeout_s(10) <= {STALL_S} s, the longest a failing tracker (observe.wandb",
+            f"cluster.runtime.collective_timeout_s={STALL_S + 1}",
+        ),
+        (
+            [
+                "observe.mlflow.enabled=true",
+                "observe.mlflow.uri=http://mlflow.example:5000",
+                "resilience.hang_detect_s=15",
+            ],
+            f"resilience.hang_detect_s(15) <= {STALL_S} s, the longest a failing tracker",
+            "observe.mlflow.enabled=false",
+        ),
+    ],
+)
+def test_a_tracker_setting_that_is_none_is_refused_at_compose_and_its_fix_composes(overrides, fragment, fix):
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", overrides)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    compose("train_segment", [*overrides, fix])
+
+
+def test_each_fix_of_an_unreachable_tracker_passes_the_pre_flight_check(monkeypatch):
+    """The refusals' fixes, followed literally: W&B offline, MLflow's URI left empty, the tracker turned off."""
+    port = free_port()
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    wandb_online = ["observe.wandb.enabled=true", "observe.wandb.mode=online"]
+    mlflow_remote = ["observe.mlflow.enabled=true", f"observe.mlflow.uri=http://127.0.0.1:{port}"]
+    for refused, fixes in (
+        (wandb_online, ["observe.wandb.mode=offline", "observe.wandb.enabled=false"]),
+        (mlflow_remote, ["observe.mlflow.uri=", "observe.mlflow.enabled=false"]),
+    ):
+        with pytest.raises(ConfigError, match=re.escape("config cannot run here: observe.")):
+            preflight(compose("train_segment", refused))
+        for fix in fixes:
+            fixed = [*refused, fix]
+            fixed = [*fixed, "observe.mlflow.uri="] if "observe.mlflow.enabled=false" in fixed else fixed
+            preflight(compose("train_segment", fixed))
+
+
+def test_a_tracker_that_cannot_start_on_rank_0_is_one_warning_in_seconds(tmp_path, caplog):
+    """Past the DAG's check (a server that went away since): MLflow's bounded retries, then one warning line, and the
+    tracker takes the job's calls without a word (one request took 250 s unbounded)."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    cfg = compose(
+        "train_segment",
+        [
+            f"storage.root={tmp_path}",
+            "observe.tensorboard=false",
+            "observe.mlflow.enabled=true",
+            f"observe.mlflow.uri={uri}",
+        ],
+    )
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        (tracker,) = build_trackers(cfg, is_logger=True)
+        tracker.step(record(0))
+        tracker.close()
+    assert time.monotonic() - started < STALL_S
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith(f"Tracker MLflow (observe.mlflow.uri={uri}) failed to start (MlflowException: ")
+    assert line.endswith("; training goes on without it") and "\n" not in line
+
+
+def test_a_tracker_failing_mid_run_is_one_warning_and_the_job_logs_on(tmp_path, caplog):
+    """The campaign's MLflow run deleted under a running job (its store's own error, not a stand-in): one warning at
+    the first failed call, then silence; the step log is the record."""
+    from mlflow.tracking import MlflowClient
+
+    cfg = compose(
+        "train_segment", [f"storage.root={tmp_path}", "observe.tensorboard=false", "observe.mlflow.enabled=true"]
+    )
+    (tracker,) = build_trackers(cfg, is_logger=True)
+    tracker.step(record(0))
+    client = MlflowClient(f"sqlite:///{RunFolder.of(cfg).mlflow_store}")
+    run_id = tracker.tracker.run_id
+    client.delete_run(run_id)
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2, 3):
+            tracker.step(record(step))
+        tracker.evaluation(3, 4.0, {"corpus": 4.0})
+        tracker.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (
+        line.startswith("Tracker MLflow (observe.mlflow.uri=sqlite:///") and " failed to log (MlflowException: " in line
+    )
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [0]
+
+
+def test_wandb_online_without_its_server_is_one_warning_within_its_bound(tmp_path, monkeypatch, caplog):
+    """W&B's start against a refused port, past the DAG's check: bounded by config.observe (it took 103 s)."""
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    online = ["observe.wandb.enabled=true", "observe.wandb.mode=online", "observe.tensorboard=false"]
+    cfg = compose("train_segment", [f"storage.root={tmp_path}", *online])
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        (tracker,) = build_trackers(cfg, is_logger=True)
+        tracker.step(record(0))
+        tracker.close()
+    assert time.monotonic() - started < STALL_S
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "trainflow.train.trackers"]
+    assert line.startswith("Tracker W&B (observe.wandb.mode=online) failed to start (") and tracker.tracker is None
+
+
+def test_an_mlflow_store_in_no_writable_folder_is_refused_and_a_writable_one_passes(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    on = ["observe.mlflow.enabled=true"]
+    with pytest.raises(ConfigError) as err:
+        preflight(compose("train_segment", [*on, f"observe.mlflow.uri=sqlite:///{tmp_path}/a-file/mlflow.db"]))
+    assert f"its folder {tmp_path}/a-file is not a folder (" in str(err.value) and "\n" not in str(err.value)
+    preflight(compose("train_segment", [*on, f"observe.mlflow.uri=sqlite:///{tmp_path}/store/mlflow.db"]))
+    preflight(compose("train_segment", [*on, f"observe.mlflow.uri=file://{tmp_path}/mlruns"]))

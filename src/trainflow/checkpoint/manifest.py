@@ -37,7 +37,7 @@ from trainflow.config.rules import model_errors
 from trainflow.config.schedule import Schedule
 from trainflow.crc import file_crc
 from trainflow.errors import TrainflowError
-from trainflow.records import NewerFormatError, Record, RecordError
+from trainflow.records import NewerFormatError, Record, RecordError, read_json
 from trainflow.stream_position import StreamPosition
 
 MANIFEST = "manifest.json"
@@ -265,14 +265,15 @@ def read_manifest(directory: Path, *, fallback: str = FALLS_BACK) -> Manifest:
     """The manifest of `directory`, every field checked (but the model: Manifest.recorded_model); one ChecksumError
     naming the first that is not what trainflow writes."""
     path = directory / MANIFEST
-    if not path.is_file():
-        raise ChecksumError(f"{path} is missing: the checkpoint was never completed; delete {directory} ({fallback})")
+    damaged = f"the checkpoint is damaged, delete {directory} ({fallback})"
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
+        data = read_json(path, fix=damaged)  # a regular file of JSON, bounded in size and depth
+    except FileNotFoundError:
         raise ChecksumError(
-            f"{path} is not valid JSON ({err}); the checkpoint is damaged, delete {directory} ({fallback})"
-        ) from err
+            f"{path} is missing: the checkpoint was never completed; delete {directory} ({fallback})"
+        ) from None
+    except RecordError as err:
+        raise ChecksumError(str(err)) from None
     try:
         return Manifest.from_json(data, where=str(path))
     except NewerFormatError:

@@ -93,24 +93,32 @@ class RuntimeConfig:
     """Environment for every rank (NCCL_* tuning lives here)."""
 
 
+MIN_RATE = 1e-3
+"""The slowest rate the planner takes (1 GFLOP/s, 1 MB/s): below it no step or save ends in a campaign's time, and a
+plan of 1e-300 TFLOP/s printed 300-digit seconds."""
+GBPS = "GB/s: a local disk or loopback is about 0.5-1, an NVLink or NIC tens to hundreds"
+
+
 @dataclass
 class HardwareConfig:
     """The hardware as the planner models it (trainflow.plan) and MFU measures against; each preset states the
     source of every value beside it."""
 
-    peak_tflops: float = checked(gt=0)
+    peak_tflops: float = checked(
+        ge=MIN_RATE, fix="one device's dense TFLOP/s: a CPU core's is about 0.1, an H100's 989"
+    )
     """Dense peak per device, for MFU; the CPU default is a stated rough figure."""
-    matmul_efficiency: float = checked(gt=0, le=1)
+    matmul_efficiency: float = checked(ge=0.01, le=1, fix="a share of peak_tflops: large bf16 GEMMs reach about 0.7")
     """Share of peak_tflops the model's matmuls reach (large bf16 GEMMs on Hopper: ~0.7)."""
     fp8_speedup: float = checked(ge=1)
     """Matmul throughput of FP8 over bf16 (Hopper's dense FP8 peak is twice its bf16 peak): the planner's FP8 remedy."""
-    memory_gbps: float = checked(gt=0)
+    memory_gbps: float = checked(ge=MIN_RATE, fix=GBPS)
     """Device memory bandwidth, for the optimizer step (memory-bound; GH200 HBM3: 4 TB/s)."""
-    intra_node_gbps: float = checked(gt=0)
+    intra_node_gbps: float = checked(ge=MIN_RATE, fix=GBPS)
     """Bandwidth per direction between two devices of a node (GH200 in an Alps node: 6 NVLink-4 links, 150 GB/s)."""
     intra_node_latency_us: float = checked(ge=0)
     """One hop inside a node, per message."""
-    inter_node_gbps: float = checked(gt=0)
+    inter_node_gbps: float = checked(ge=MIN_RATE, fix=GBPS)
     """Network bandwidth per device per direction (Alps: one 200 Gb/s Slingshot-11 NIC per GH200)."""
     inter_node_latency_us: float = checked(ge=0)
     """One hop across the network, per message."""
@@ -118,7 +126,7 @@ class HardwareConfig:
     """The all-reduce the plan assumes; match runtime.env's NCCL_ALGO where it is set."""
     overlap_fraction: float = checked(ge=0, le=1)
     """Share of backward during which the bucketed gradient all-reduce runs hidden (pp = 1, parallel.overlap)."""
-    storage_write_gbps: float = checked(gt=0)
+    storage_write_gbps: float = checked(ge=MIN_RATE, fix=GBPS)
     """Aggregate checkpoint write bandwidth of storage.capacity (the seed: 847 GB of 70B state in 2 min)."""
     device_memory_gb: float = checked(gt=0)
     """Memory of one device the plan must fit in (GH200: 96 GB HBM3); on a CPU device the node's host memory,
@@ -136,7 +144,7 @@ class HardwareConfig:
     model's build."""
     hot_restart_s: float = checked(ge=0)
     """The same for an in-job restart onto spare nodes the job already holds: no allocation wait, warm caches."""
-    checkpoint_read_gbps: float = checked(gt=0)
+    checkpoint_read_gbps: float = checked(ge=MIN_RATE, fix=GBPS)
     """Aggregate read bandwidth of storage.capacity when a job loads a checkpoint."""
     host_copy_gbps: float = checked(gt=0)
     """Device-to-host copy bandwidth per device: what an asynchronous checkpoint blocks training for is the copy of

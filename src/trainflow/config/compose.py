@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from trainflow.config.checks import validate
-from trainflow.config.keys import refuse_unknown_keys, unknown_key
+from trainflow.config.keys import new_key, refuse_unknown_keys, unknown_key
 from trainflow.config.run_folder import fill_io
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
@@ -46,7 +46,7 @@ def compose_raw(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             raw = hydra_compose(config_name=config_name, overrides=list(overrides))
     except Exception as err:  # Hydra's errors span lines; ours are one line with the fix
-        raise ConfigError(one_line(err)) from err
+        raise ConfigError(new_key(err, overrides) or one_line(err)) from err
     return raw
 
 
@@ -55,19 +55,51 @@ def job_logging() -> None:
     logging.config.dictConfig(yaml.safe_load((CONF_DIR / "hydra/job_logging/trainflow.yaml").read_text()))
 
 
-def parse_override(word: str, what: str = "override") -> Override:
+def parse_override(word: str, what: str = "override", *, shell: bool = True) -> Override:
     """One Hydra override parsed, or one line naming it and the fix: most words that do not parse hold a character
-    Hydra's grammar keeps for itself (`;`, `(`, a space, a quote) in a value that wants quoting."""
+    Hydra's grammar keeps for itself (`;`, `(`, a space, a quote) in a value that wants quoting, or open a list or
+    dict they do not close. `shell`: the fix is for a shell's command line; else for the string of
+    `--config overrides="..."`, which quotes each value once (config.overrides.split)."""
     try:
         return OverridesParser.create().parse_override(word)
     except HydraException as err:
         reason = " ".join(str(err).split()).split(" expecting ")[0]  # the parser's list of tokens is noise
     key, eq, value = word.partition("=")
-    value = value.strip("'\"")
-    quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
-    shell = f'"{quoted}"' if not re.search(r'["$`\\!]', quoted) else shlex.quote(quoted)
-    fix = f"quote the value for Hydra, e.g. {shell} on a shell" if eq else f"give key=value, e.g. {word}=..."
+    if eq and (closers := unclosed(value)):  # quoting it would make a list a string: close it instead
+        closed = f"{key}={value}{closers}"
+        fix = f"close what its value opens, e.g. {shell_quoted(closed) if shell else closed}"
+    elif eq:
+        value = value.strip("'\"")
+        quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+        if not shell:
+            fix = f'quote the value once inside overrides="...", e.g. {quoted}'
+        else:
+            fix = f"quote the value for Hydra, e.g. {shell_quoted(quoted)} on a shell"
+    else:
+        fix = f"give key=value, e.g. {word}=..."
     raise ConfigError(f"{what} {word!r} does not parse ({reason}): {fix}") from None
+
+
+def shell_quoted(text: str) -> str:
+    """`text` as one word of a shell's command line, in double quotes where they keep it as it stands."""
+    return f'"{text}"' if not re.search(r'["$`\\!]', text) else shlex.quote(text)
+
+
+def unclosed(value: str) -> str:
+    """The brackets a value opens and leaves open (outside quotes), as the closers that would close them: "]}" for
+    "[{a: 1"; "" where it closes all it opens (or closes one it never opened: then it is no list to complete)."""
+    opened, quote = [], ""
+    for char in value:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            opened.append("]" if char == "[" else "}")
+        elif char in "]}":
+            if not opened or opened.pop() != char:
+                return ""
+    return "".join(reversed(opened))
 
 
 def one_line(err: BaseException) -> str:

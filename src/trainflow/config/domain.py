@@ -39,12 +39,12 @@ class Domain:
             (self.lt, "<", operator.lt),
             (self.le, "<=", operator.le),
         )
+        fix = f" ({self.fix})" if self.fix else ""
         if any(b is not None for b, _, _ in bounds) and not math.isfinite(value):
             return "must be a finite number"
         for bound, sign, holds in bounds:
             if bound is not None and not holds(value, bound):
-                return f"must be {sign} {bound:g}"
-        fix = f" ({self.fix})" if self.fix else ""
+                return f"must be {sign} {bound:g}{fix}"
         if self.one_of and value not in self.one_of:
             return "must be one of " + ", ".join(self.one_of) + fix
         if self.pattern and not re.fullmatch(self.pattern, value):

@@ -45,10 +45,24 @@ class FaultConfig:
     loss-spike guard's drill. Unlike
     the signals, it strikes in every job of the segment, so a rerun meets it again."""
     mtbf_s: float = checked(0.0, ge=0, le=1e9)
-    """Failures at a rate (0: none): a seeded Poisson process of this mean gap over the campaign's wall time, on its
-    own clock from the campaign's start (the run's faults.jsonl), so every segment, job and restart continues one
-    process. Each arrival kills a random rank (SIGKILL) or stalls it (STALL), stalls in the share
-    cluster.hardware.hang_share. It strikes only while a job holds its ranks, as the planner's failures do: from a
+    """Failures at a rate (0: none; else at least MIN_MTBF_S): a seeded Poisson process of this mean gap over the
+    campaign's wall time, on its own clock from the campaign's start (the run's faults.jsonl), so every segment, job
+    and restart continues one process. Each arrival kills a random rank (SIGKILL) or stalls it (STALL), stalls in the
+    share cluster.hardware.hang_share. It strikes only while a job holds its ranks, as the planner's failures do: from a
     restart's start, and from a segment's first step in its first job (trainflow.train.arrivals)."""
     seed: int = checked(0, ge=0)
     """The arrival process's seed: the same seed, MTBF and start give the same failures."""
+
+
+MIN_MTBF_S = 1.0
+"""The shortest fault.mtbf_s: a job's start-up alone takes seconds, so a shorter gap fails every job before its first
+step (and its arrivals, one window of fault.mtbf_s each, would come faster than a rank can look for them)."""
+
+
+def fault_errors(f: FaultConfig) -> list[str]:
+    if 0 < f.mtbf_s < MIN_MTBF_S:
+        return [
+            f"fault.mtbf_s({f.mtbf_s:g}) is no failure rate a job can meet (every job would fail before its first "
+            f"step): give fault.mtbf_s={MIN_MTBF_S:g} or more, or fault.mtbf_s=0 for none"
+        ]
+    return []

@@ -15,6 +15,7 @@ import difflib
 import typing
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from trainflow.config.resilience import MOVED
 from trainflow.config.schema import TrainflowConfig
@@ -45,6 +46,34 @@ def unknown_key(full_key: str, owner: type) -> str:
     if close := difflib.get_close_matches(full_key, schema_keys(), n=1):
         return f"{head}: did you mean '{close[0]}'?"
     return f"{head}: its fields are {', '.join(fields)} ({SCHEMA_FILE})"
+
+
+def open_dicts(cls: type = TrainflowConfig, prefix: str = "") -> list[str]:
+    """The dotted keys of the schema's dict fields, whose keys are the user's (cluster.runtime.env, ...)."""
+    found = []
+    for name, kind in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(kind):
+            found += open_dicts(kind, f"{prefix}{name}.")
+        elif typing.get_origin(kind) is dict:
+            found.append(prefix + name)
+    return found
+
+
+def new_key(err: BaseException, overrides: list[str] | tuple[str, ...]) -> str | None:
+    """The one line for an override that sets a key an open dict does not hold yet (Hydra's "not in struct"), with
+    the override that adds it: the same with a leading +. None for any other error."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, ConfigAttributeError | ConfigKeyError):
+        cause = cause.__cause__ or cause.__context__
+    full_key = getattr(cause, "full_key", "") or ""
+    parent = full_key.rpartition(".")[0]
+    word = next((w for w in overrides if w.partition("=")[0] == full_key), None)
+    if word is None or parent not in open_dicts() or "not in struct" not in str(cause):
+        return None
+    return (
+        f"{word!r} sets {full_key.rpartition('.')[2]}, a key {parent} (an open dict) does not hold yet: add it with a "
+        f"leading +, +{word}"
+    )
 
 
 def refuse_unknown_keys(node: DictConfig | ListConfig, path: str = "") -> None:

@@ -28,22 +28,126 @@ OPTION = r"[A-Za-z0-9_-]+"
 
 
 def split(text: str, source: str) -> list[str]:
-    """Shell-like words of an override string. Snakemake strips every quote at both ends of a --config
-    value (`overrides="data.corpus='/x/*.txt'"` arrives as `data.corpus='/x/*.txt`), so a text that
-    does not split into overrides Hydra parses is retried with the stripped quotes restored."""
-    for candidate in (text, *(text + q for q in ("'", '"', "'\"", "\"'")), "'" + text, '"' + text):
+    """The overrides of a string (docs/configuration.md, "Quoting"): cut at spaces outside quotes and brackets, a
+    value wholly in quotes taken as the text between them (words). Snakemake strips every quote at both ends of a
+    --config value (`overrides="data.corpus='/x/*.txt'"` arrives as `data.corpus='/x/*.txt`), so a text that does not
+    split into overrides Hydra parses is retried with the stripped quotes restored."""
+    ends = ("'", '"', "'\"", "\"'")
+    for candidate in (
+        text,
+        *(text + q for q in ends),
+        *(q + text for q in ends[:2]),
+        *(q + text + q for q in ends[:2]),
+    ):
         try:
-            words = shlex.split(candidate)
+            found = words(candidate)
         except ValueError:
             continue
-        if all(map(parses, words)):
-            return words
+        if all(map(parses, found)):
+            return found
     try:
-        return shlex.split(text)  # `check` names the word Hydra cannot parse
+        return words(text)  # `check` names the word Hydra cannot parse
     except ValueError:
         raise ConfigError(
-            f"{source}({text!r}) does not split into overrides (unbalanced quotes); quote each value once"
+            f"{source}({text!r}) does not split into overrides (unbalanced quotes): quote each value once, e.g. "
+            "data.corpus='/my data (2024)/*.txt'"
         ) from None
+
+
+def words(text: str) -> list[str]:
+    """The overrides in `text`, each as Hydra is to read it: cut at whitespace outside quotes, words rejoined while a
+    bracket they open is not closed (a list or dict with spaces is one override), and each made literal."""
+    raw, out, at = raw_words(text), [], 0
+    while at < len(raw):
+        end = at + 1
+        while depth(" ".join(raw[at:end])) > 0 and end < len(raw):
+            end += 1
+        end = end if depth(" ".join(raw[at:end])) == 0 else at + 1  # a bracket never closed: the word alone
+        out.append(" ".join(raw[at:end]))
+        at = end
+    return [literal(word) for word in out]
+
+
+def raw_words(text: str) -> list[str]:
+    """`text` cut at whitespace outside quotes, the quotes and backslashes kept; ValueError for an unclosed quote."""
+    found, word, quote, escaped = [], "", "", False
+    for char in text:
+        if escaped:
+            word, escaped = word + char, False
+        elif char == "\\" and quote != "'":
+            word, escaped = word + char, True
+        elif quote:
+            word, quote = word + char, "" if char == quote else quote
+        elif char in "'\"":
+            word, quote = word + char, char
+        elif char.isspace():
+            found, word = found + [word] * bool(word), ""
+        else:
+            word += char
+    if quote or escaped:
+        raise ValueError(f"unclosed {quote or 'backslash'}")
+    return found + [word] * bool(word)
+
+
+def depth(word: str) -> int:
+    """How many brackets the word opens and leaves open, outside quotes."""
+    level, quote = 0, ""
+    for char in word:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            level += 1
+        elif char in "]}":
+            level -= 1
+    return level
+
+
+def quoted(text: str) -> bool:
+    """Whether `text` is one quoted string, '...' or "..." (its opening quote closed at its last character)."""
+    if len(text) < 2 or text[0] not in "'\"":
+        return False
+    if text[0] == "'":
+        return text.find("'", 1) == len(text) - 1
+    closing = re.match(r'"(?:[^"\\]|\\.)*"', text)  # backslash escapes inside double quotes
+    return closing is not None and closing.end() == len(text)
+
+
+def literal(word: str) -> str:
+    """One override as Hydra is to read it. A whole override in quotes ('key=v w') is the text inside them; a value
+    wholly in quotes (key='/my data (2024)/*.txt') reaches Hydra quoted, so its spaces and ( ) [ ] , : are text, and
+    so does one quoted for the split and for Hydra (key="'v'"), but a list or dict stays one (data.sources='[...]');
+    a word without quotes loses its backslashes (a\\ b is "a b"); quotes inside a list or dict are Hydra's own."""
+    if word[:1] in ("'", '"'):  # the whole override quoted as a shell word ('key=v w', or in pieces): the text it is
+        return literal(shlex.split(word)[0])
+    key, eq, value = word.partition("=")
+    if eq and quoted(value):
+        text = unquote(value)
+        return f"{key}={text if quoted(text) or structured(text) else hydra_text(text)}"
+    return re.sub(r"\\(.)", r"\1", word) if not re.search("['\"]", word) else word
+
+
+def structured(text: str) -> bool:
+    """Whether Hydra reads `text` as a list or dict (data.sources='[{...}]' was quoted to keep it one word)."""
+    try:
+        return isinstance(OverridesParser.create().parse_override(f"key={text}").value(), list | dict)
+    except HydraException:
+        return False
+
+
+def unquote(text: str) -> str:
+    """The text of a quoted string: '...' as it stands, "..." with its backslash escapes undone (POSIX shells')."""
+    return text[1:-1] if text[0] == "'" else re.sub(r'\\([\\"$`])', r"\1", text[1:-1])
+
+
+def hydra_text(text: str) -> str:
+    """`text` as a quoted Hydra string, which Hydra reads as the text itself: in single quotes, or double ones where
+    it holds a single quote (with both kinds, as it stands: Hydra then names what it cannot parse)."""
+    for quote in ("'", '"'):
+        if quote not in text and not text.endswith("\\"):
+            return f"{quote}{text}{quote}"
+    return text
 
 
 def parses(word: str) -> bool:
@@ -61,7 +165,7 @@ def check(word: str, source: str) -> None:
         raise ConfigError(f"{refuse} holds a control character; give one-line values")
     if word.startswith("-"):
         raise ConfigError(f"{refuse} is a command-line flag; give key=value overrides only")
-    override = parse_override(word, f"{source} override")
+    override = parse_override(word, f"{source} override", shell=False)
     key = override.key_or_group
     if re.match(r"hydra\b", key):
         raise ConfigError(f"{refuse} changes Hydra itself; trainflow's stages take settings under their own keys")
@@ -90,6 +194,12 @@ def check_workflow_config(config: dict) -> dict[str, str]:
     settings = {"site": "", "overrides": ""} | {key: value for key, value in config.items() if value is not None}
     if (run := settings.get("run")) is None:
         raise ConfigError("--config run= is empty: name the run, e.g. run=lr1e3 (or leave run= out for runs/default/)")
+    if isinstance(run, list | dict):  # YAML read brackets or braces: no name can hold them
+        name = re.sub(r"[^A-Za-z0-9_.-]", "", str(run)).lstrip(".") or "lr1e3"
+        raise ConfigError(
+            f"--config run({run!r}) was read as a {type(run).__name__}, not a name (Snakemake's --config reads "
+            f"brackets and braces as YAML): name the run with letters, digits, _ . - only, e.g. run={name}"
+        )
     if not isinstance(run, str):  # --config strips quotes, then reads digits as a number and True/False as a bool
         raise ConfigError(
             f"--config run({run!r}) was read as {type(run).__name__}, not a name (Snakemake's --config drops quotes "

@@ -9,6 +9,7 @@ the checkpoint series and reruns nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainflow.config.domain import checked
@@ -20,7 +21,12 @@ class ResilienceConfig:
     """How often every rank beats, and the watchers look."""
     hang_detect_s: float = checked(0.0, ge=0)
     """A rank silent (or without step progress) this long is hung and ends the job (launch.heartbeat); 0: the larger
-    of 60 s and 10 x the median step."""
+    of 60 s, 10 x the median step and BEATS heartbeats. At least BEATS x heartbeat_s where set: one late beat (a loaded
+    node) is no hang, and the stacks watchdog must not fire between healthy beats (launch.hang.StacksWatchdog)."""
+    start_s: float = checked(1800.0, gt=0)
+    """A rank that has not finished its first step this long after its heartbeat started is hung too, wherever it
+    stands (a load, a compile, a data read or a loop that never ends outside any collective): the allowance for a
+    job's start-up, its checkpoint load and its first step's compilation (a 70B job's take minutes)."""
     failure_detect_s: float = checked(30.0, gt=0)
     """How soon a dead rank's job ends, as the goodput plan assumes it: srun's --kill-on-bad-exit (locally the
     launcher) ends the other ranks at once, and the stage sees the job's end within Slurm's poll and settle time
@@ -61,9 +67,29 @@ MOVED = {
 
 MIN_HANG_S = 60.0
 """The shortest hang threshold resilience.hang_detect_s=0 gives: a slow step is not a hang."""
+BEATS = 3
+"""Heartbeats a hang threshold spans at least: a watcher sees a beat up to one period late, and a loaded node delays
+one more."""
 
 
 def hang_threshold_s(resilience: ResilienceConfig, median_step_s: float) -> float:
     """How long a rank may make no step progress before it counts as hung: resilience.hang_detect_s, or where that is
-    0, the larger of MIN_HANG_S and 10 x the median step."""
-    return resilience.hang_detect_s or max(MIN_HANG_S, 10 * median_step_s)
+    0, the larger of MIN_HANG_S, 10 x the median step and BEATS heartbeats."""
+    return resilience.hang_detect_s or max(MIN_HANG_S, 10 * median_step_s, BEATS * resilience.heartbeat_s)
+
+
+def resilience_errors(r: ResilienceConfig) -> list[str]:
+    """A hang threshold that spans BEATS heartbeats."""
+    if 0 < r.hang_detect_s < BEATS * r.heartbeat_s and not math.isclose(r.hang_detect_s, BEATS * r.heartbeat_s):
+        return [
+            f"resilience.hang_detect_s({r.hang_detect_s:g}) < {BEATS} x resilience.heartbeat_s({r.heartbeat_s:g}): a "
+            f"rank is hung once it misses beats, and one late beat is none; raise resilience.hang_detect_s to "
+            f"{BEATS * r.heartbeat_s:g} or lower resilience.heartbeat_s to {at_most(r.hang_detect_s / BEATS)}"
+        ]
+    return []
+
+
+def at_most(value: float) -> str:
+    """`value` in three significant digits, rounded down (a fix that rounded up would be refused in turn)."""
+    unit = 10.0 ** (math.floor(math.log10(value)) - 2)
+    return f"{math.floor(value / unit) * unit:.3g}"

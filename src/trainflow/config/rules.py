@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from trainflow.config.cluster import GATE_PATTERNS, VERSION_COMPONENTS, ClusterConfig, GateConfig
 from trainflow.config.energy import EnergyConfig
-from trainflow.config.schema import BYTE_VOCAB, ModelConfig, TrainflowConfig
+from trainflow.config.faults import fault_errors
+from trainflow.config.observe import observe_errors
+from trainflow.config.resilience import resilience_errors
+from trainflow.config.schema import BYTE_VOCAB, SPIKE_WINDOW, ModelConfig, TrainflowConfig
 from trainflow.config.shape import linear_shapes
 from trainflow.config.sources import source_errors
 
@@ -19,6 +22,9 @@ def rule_errors(cfg: TrainflowConfig) -> list[str]:
     """Every rule below (the layout's are checked beside them, by config.layout.parallel_errors)."""
     d, m = cfg.data, cfg.model
     errors = model_errors(m) + train_errors(cfg) + energy_errors(cfg.energy) + allocation_errors(cfg) + source_errors(d)
+    o, timeout_s, hang_s = cfg.observe, cfg.cluster.runtime.collective_timeout_s, cfg.resilience.hang_detect_s
+    errors += observe_errors(o.wandb, o.mlflow, collective_timeout_s=timeout_s, hang_detect_s=hang_s)
+    errors += resilience_errors(cfg.resilience) + fault_errors(cfg.fault)
     if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < d.vocab_size:
@@ -141,10 +147,11 @@ def fp8_errors(cfg: TrainflowConfig) -> list[str]:
 
 def spike_warning(cfg: TrainflowConfig) -> str | None:
     """A spike window the run cannot fill: the guard judges a loss once its window of applied steps is full (the
-    window carries across segments), so it would judge none. A short test run may want that; it is said where the
-    run is planned (the workflow), not refused."""
+    window carries across segments), so it would judge none. Said where the run is planned (the workflow), not
+    refused, and not for a test run of fewer steps than the default window (the smoke preset's 12: it said so on
+    every dry run)."""
     t = cfg.train
-    if t.spike.window < (steps := t.segments * t.segment_steps):
+    if t.spike.window < (steps := t.segments * t.segment_steps) or steps < SPIKE_WINDOW:
         return None
     return (
         f"train.spike.window({t.spike.window}) >= the run's {steps} steps (train.segments({t.segments}) * "

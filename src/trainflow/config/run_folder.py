@@ -32,6 +32,9 @@ from trainflow.config.schema import TrainflowConfig
 
 SEGMENT_FILE = re.compile(r"segment-([0-9]{1,9})\.json")
 PLOTS = ("loss", "throughput", "breakdown", "power", "goodput")
+EVERY_SEGMENT = ("account_energy", "report")
+"""The stages that read every segment's summary and metrics (io.segment_reports, io.run_metrics): only their configs
+list them, so composing any other stage (the DAG's plan is train_segment's) costs nothing per segment."""
 TOKEN_INDEX = "index.json"
 TOKENIZER = "tokenizer.json"
 
@@ -277,7 +280,7 @@ class RunFolder:
 
     def io_defaults(self, cfg: TrainflowConfig) -> dict[str, str | list[str]]:
         """Every io path of `cfg.stage` as the workflow passes it."""
-        segments = cfg.train.segments
+        every = cfg.stage in EVERY_SEGMENT  # the other stages compose without a path per segment
         shard = cfg.job.removeprefix("shard-") if cfg.job.startswith("shard-") else "00000"
         return {
             "tokens": self.tokens,
@@ -287,11 +290,11 @@ class RunFolder:
             "nccl_report": self.nccl_report,
             "checkpoints": self.checkpoints,
             "segment_report": self.segment_report(cfg.segment),
-            "segment_reports": self.segment_reports(segments),
+            "segment_reports": self.segment_reports(cfg.train.segments) if every else [],
             "verify_report": self.verify_report,
             "energy_report": self.energy_report,
             "job_metrics": self.job_metrics(cfg.stage, cfg.job, cfg.segment),
-            "run_metrics": self.run_metrics(segments),
+            "run_metrics": self.run_metrics(cfg.train.segments) if every else [],
             "report": self.report,
             "plots": self.plots,
             "submitit": self.submitit(cfg.stage),

@@ -31,6 +31,11 @@ FP8_RECIPES = ("dynamic", "delayed", "rowwise")
 """train.fp8's recipes besides none; trainflow.fp8.linear.Float8Linear implements each."""
 DP_MODES = ("replicate", "shard")
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
+SPIKE_WINDOW = 50
+"""train.spike.window's default; a run of fewer steps is a test run (config.rules.spike_warning)."""
+MAX_SEGMENTS = 4096
+"""The most segments a campaign holds: each is a DAG node and a Slurm job (4096: 85 days of 30-minute jobs), and
+Snakemake plans 3000 of them in 25 s (a billion never: composing one ran out of memory)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +181,7 @@ class SpikeConfig:
     """The loss-spike guard (train.guard): a step whose loss or gradient norm is not finite, or whose loss exceeds the
     mean of the last `window` applied steps by more than `factor` standard deviations, is not applied."""
 
-    window: int = checked(50, ge=2)
+    window: int = checked(SPIKE_WINDOW, ge=2)
     """Applied steps the running mean and deviation of the loss cover; the guard judges spikes once it is full."""
     factor: float = checked(4.0, gt=0)
     rollback_after: int = checked(3, ge=1)
@@ -188,9 +193,11 @@ class TrainConfig:
     seed: int = checked(1234, ge=0)
     """Initialises the weights and draws the data: part of the campaign's identity (config.identity), recorded with its
     series; another seed on the same series is refused (branch with it instead: branch_from)."""
-    segments: int = checked(2, ge=1)
-    """Training is split into this many Snakemake jobs (one DAG node each). Raise it to extend a campaign: the segments
-    already completed stay as they are."""
+    segments: int = checked(
+        2, ge=1, le=MAX_SEGMENTS, fix="each is a DAG node and a job: make train.segment_steps longer"
+    )
+    """Training is split into this many Snakemake jobs (one DAG node each; at most MAX_SEGMENTS). Raise it to extend a
+    campaign: the segments already completed stay as they are."""
     segment_steps: int = checked(150, ge=1)
     """Steps of each segment not yet completed: a segment starts where the one before it ended (its lineage)."""
     branch_from: str = checked("", pattern=r"([0-9a-f]{12}(-b[0-9]+)*@)?[0-9]+|", fix="a step, or SERIES@STEP")

@@ -21,6 +21,7 @@ from pathlib import Path
 from trainflow.energy.dvfs import PHASES, SaveMarks, StepMarks
 from trainflow.energy.node import NodeReading
 from trainflow.energy.report import PhaseEnergy, StageEnergy
+from trainflow.records import JOURNAL_BYTES, RecordError, read_file
 
 
 def phase_windows(steps: Sequence[StepMarks], saves: Sequence[SaveMarks]) -> dict[str, list[tuple[float, float]]]:
@@ -37,11 +38,15 @@ def phase_windows(steps: Sequence[StepMarks], saves: Sequence[SaveMarks]) -> dic
 def read_trace(path: str | Path) -> list[list[dict]]:
     """A node's samples, one list per sampler run (a requeued job appends a new run)."""
     runs: dict[float, list[dict]] = defaultdict(list)
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                sample = json.loads(line)
-                runs[sample["since"]].append(sample)
+    fix = "it was altered: move it away (the node's power is then modelled)"
+    for n, line in enumerate(read_file(path, fix=fix, limit=JOURNAL_BYTES).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            sample = json.loads(line)
+            runs[float(sample["since"])].append({**sample, "t": float(sample["t"])})
+        except (ValueError, RecursionError, KeyError, TypeError) as err:  # no JSON object of a sample's numbers
+            raise RecordError(f"{path}:{n} is no power sample ({type(err).__name__}); {fix}") from None
     return [sorted(run, key=lambda s: s["t"]) for _, run in sorted(runs.items())]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging.config
+import math
 import sys
 from pathlib import Path
 
@@ -15,12 +16,25 @@ from trainflow.export import export, log
 from trainflow.hf.write import MAX_SHARD_BYTES
 
 
+def shard_gb(text: str) -> float:
+    """--max-shard-gb's value: a finite number of GB above 0 (argparse's one-line error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"--max-shard-gb({text}) must be a number of GB > 0, such as 5")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.config.dictConfig(yaml.safe_load((CONF_DIR / "hydra/job_logging/trainflow.yaml").read_text()))
     parser = argparse.ArgumentParser(prog="python -m trainflow.export", description=DOC.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint (step-N/) or a series of them")
     parser.add_argument("out", type=Path, help="the Hugging Face folder to write (new or empty)")
-    parser.add_argument("--max-shard-gb", type=float, default=MAX_SHARD_BYTES / 1e9, help="largest safetensors file")
+    parser.add_argument(
+        "--max-shard-gb", type=shard_gb, default=MAX_SHARD_BYTES / 1e9, help="largest safetensors file (GB, > 0)"
+    )
     parser.add_argument("overrides", nargs="*", help="the run's Hydra overrides, e.g. model=tiny (optional)")
     args = parser.parse_args(argv)
     try:

@@ -7,6 +7,7 @@ Everything is written into a temporary folder beside OUT and renamed into place 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainflow.config.security import unsafe_path
@@ -18,11 +19,16 @@ def check_out(out: Path, series: Path) -> None:
     the checkpoint series (a file there would make its checkpoints incomplete)."""
     if why := unsafe_path("OUT", str(out)):
         raise ExportError(why)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"OUT({out}) is a file; give a new or empty folder")
+    if os.path.lexists(out) and not out.is_dir():
+        raise ExportError(f"OUT({out}) is a file (or a link to none); give a new or empty folder")
     if out.is_dir() and any(out.iterdir()):
         raise ExportError(f"OUT({out}) already holds files; give a new or empty folder (export overwrites nothing)")
-    resolved, inside = out.resolve(), series.resolve()
+    try:
+        resolved, inside = out.resolve(), series.resolve()
+    except (RuntimeError, OSError) as err:  # RuntimeError: pathlib's word for a symlink loop on the way
+        raise ExportError(
+            f"OUT({out}) or {series} does not resolve ({err}); give a folder without a link loop"
+        ) from None
     if resolved == inside or inside in resolved.parents:
         raise ExportError(
             f"OUT({out}) lies inside the checkpoint series {series}, whose checkpoints would then hold unlisted "

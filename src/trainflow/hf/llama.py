@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -185,6 +186,31 @@ def unsupported(path: Path, c: dict) -> str | None:
     return f"{path} describes {why}, which trainflow's Llama does not compute; import another model" if why else None
 
 
+def disagreement(path: Path, c: dict) -> str | None:
+    """Where config.json gives a rotary setting twice and the two differ (None: it does not): transformers 5's
+    rope_parameters beside a rope_scaling object (which transformers 5.25 reads instead), or rope_theta at the top
+    beside rope_parameters' (which it reads instead). Either reading starts the run from another function than the
+    folder's other reader would."""
+    params, scaling = c.get("rope_parameters"), c.get("rope_scaling")
+    if not isinstance(params, dict):
+        return None
+    pairs = []  # (the setting, where the first is, its value, where the second is, its value)
+    if c.get("rope_theta") is not None and "rope_theta" in params:
+        pairs.append(("rope_theta", "at the top", c["rope_theta"], "in rope_parameters", params["rope_theta"]))
+    if isinstance(scaling, dict):
+        inside = ("in rope_parameters", "in rope_scaling")
+        pairs.append(("the rotary scaling", inside[0], rope_kind(params), inside[1], rope_kind(scaling)))
+        pairs += [(key, inside[0], params.get(key), inside[1], scaling.get(key)) for key in ROPE_KEYS.values()]
+    for key, first, one, second, other in pairs:
+        if one != other:
+            return (
+                f"{path} gives {key} twice and they differ: {one!r} {first}, {other!r} {second} (trainflow and "
+                "transformers would each read another, and start from another function); delete the wrong one from "
+                "config.json"
+            )
+    return None
+
+
 def scaling_values(path: Path, c: dict) -> dict[str, str | int | float | bool]:
     """config.json's rotary scaling and head tying as ModelConfig's fields (unsupported refused the rest): the
     llama3 parameters only where it scales, each of its JSON type."""
@@ -200,8 +226,18 @@ def scaling_values(path: Path, c: dict) -> dict[str, str | int | float | bool]:
             raise HfFolderError(
                 f"{path} gives rope_scaling.{key} as {value!r}, not a {kind.__name__}; download it again"
             )
-        out[field] = value
+        out[field] = finite(path, f"rope_scaling.{key}", value)
     return out
+
+
+def finite(path: Path, key: str, value: int | float) -> int | float:
+    """`value` where it is a finite number (JSON's NaN and Infinity parse, and no model computes with them)."""
+    if not math.isfinite(value):
+        raise HfFolderError(
+            f"{path} gives {key} as {value!r}, which no model computes with; write the model's value into config.json "
+            "(its model card's: Llama 3.1's rope_scaling.factor is 8.0, Llama 3.2's 32.0), or download it again"
+        )
+    return value
 
 
 def config_values(path: Path, c: dict) -> dict[str, int | float]:
@@ -219,7 +255,7 @@ def config_values(path: Path, c: dict) -> dict[str, int | float]:
         value = values.get(key)
         if type(value) is not kind and not (kind is float and type(value) is int):  # bool is an int to isinstance
             raise HfFolderError(f"{path} gives {key} as {value!r}, not a {kind.__name__}; download it again")
-        out[field] = value
+        out[field] = finite(path, key, value)
     heads = out["n_heads"]
     if heads < 1 or c.get("head_dim", out["dim"] // heads) * heads != out["dim"]:
         raise HfFolderError(
@@ -234,7 +270,7 @@ def check_config(folder: Path, m: ModelConfig) -> None:
     overrides that would match."""
     path = folder / CONFIG
     c = read_config(folder)
-    if why := unsupported(path, c):
+    if why := unsupported(path, c) or disagreement(path, c):
         raise HfFolderError(why)
     want = config_values(path, c) | scaling_values(path, c)
     keys = FIELDS | SCALING_KEYS

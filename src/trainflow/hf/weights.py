@@ -1,6 +1,7 @@
-"""The weights of a Hugging Face folder (io.init_from), checked without reading a tensor: which safetensors files
-hold them (model.safetensors, or the shards model.safetensors.index.json lists), and each file's header against
-the model: every parameter once, of its shape, in a floating dtype, and no file cut short.
+"""The weights of a Hugging Face folder (io.init_from), checked from the files' headers: which safetensors files hold
+them (model.safetensors, or the shards model.safetensors.index.json lists), and each file's header against the
+model: every parameter once, of its shape, in a floating dtype, and no file cut short. Only a tied folder that also
+holds lm_head.weight (some exports write both) has a tensor read: that one, compared with the embedding.
 
     python -c "from pathlib import Path; from trainflow.config import compose; \
         from trainflow.hf.weights import weight_files; \
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -28,6 +30,11 @@ PICKLES = ("*.bin", "*.pth", "*.pt", "*.ckpt")
 FLOATS = ("F32", "BF16", "F16")
 DCP_SHARDING = "DCP_SHARDING_INFO"
 """The metadata key of torch's sharded HF writer, whose offsets torch's reader would apply: not a published model."""
+HEAD, EMBEDDING = hf_name("output.weight"), hf_name("tok_embeddings.weight")
+"""A tied folder's head is its embedding; one that holds an lm_head.weight too is read as transformers reads it: tied
+where the two are equal, a separate head where not (which a tied model cannot take)."""
+CHUNK = 1 << 24
+"""Bytes compared at a time."""
 DERIVED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 """A buffer older transformers saved beside the weights; derived from config.json, so not read."""
 
@@ -88,6 +95,8 @@ def weight_files(folder: Path, m: ModelConfig) -> dict[str, list[str]]:
         for name, (dtype, shape) in read_header(folder / file).items():
             if DERIVED.fullmatch(name):
                 continue
+            if name == HEAD and m.tie_embeddings and name not in where:  # transformers ties it if equal: compared below
+                want[name] = want[EMBEDDING]
             if name not in want:
                 raise HfFolderError(f"{folder / file} holds {name}, which {describe(m)} has not; {FIX}")
             if name in where:
@@ -103,7 +112,40 @@ def weight_files(folder: Path, m: ModelConfig) -> dict[str, list[str]]:
             where[name] = file
     if missing := [name for name in want if name not in where]:
         raise HfFolderError(f"{folder} lacks {missing[0]} ({len(missing)} tensors missing) of {describe(m)}; {FIX}")
+    if m.tie_embeddings and HEAD in where and not same_tensor(folder / where[HEAD], folder / where[EMBEDDING]):
+        raise HfFolderError(
+            f"{folder} ties its head to the embedding (config.json's tie_word_embeddings is true) but holds a {HEAD} "
+            f"that differs from {EMBEDDING}, which transformers unties and loads as the head: if that is the model, "
+            "set tie_word_embeddings to false in its config.json and give model.tie_embeddings=false"
+        )
     return {file: [name for name, f in where.items() if f == file] for file in files}
+
+
+def tensor_range(path: Path, name: str) -> tuple[int, int, str, list[int]]:
+    """Where tensor `name` lies in the safetensors file (its first and end byte), its dtype and shape: the format's
+    u64 header length and JSON header, which read_header had safetensors parse and validate first."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(size))[name]
+    begin, end = entry["data_offsets"]
+    return 8 + size + begin, 8 + size + end, entry["dtype"], entry["shape"]
+
+
+def same_tensor(head_file: Path, embedding_file: Path) -> bool:
+    """Whether a tied folder's lm_head.weight holds the embedding's bytes (and dtype and shape), a chunk at a time."""
+    (head, head_end, *head_kind), (embedding, _, *embedding_kind) = (
+        tensor_range(head_file, HEAD),
+        tensor_range(embedding_file, EMBEDDING),
+    )
+    if head_kind != embedding_kind:
+        return False
+    with open(head_file, "rb") as a, open(embedding_file, "rb") as b:
+        a.seek(head)
+        b.seek(embedding)
+        for left in range(head_end - head, 0, -CHUNK):
+            if a.read(min(CHUNK, left)) != b.read(min(CHUNK, left)):
+                return False
+    return True
 
 
 FIX = "the weights do not match config.json (or the files are not this model's): download the model again"

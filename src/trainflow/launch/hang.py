@@ -104,10 +104,12 @@ def waiting_in(thread: threading.Thread) -> str:
 class StacksWatchdog:
     """A rank's stacks written by faulthandler's own C thread where the heartbeat's thread cannot run: a main thread
     stuck in a C call that holds the GIL stops every Python thread, so the abort that dumps the others' stacks never
-    runs on it. The heartbeat re-arms it every beat; a beat that does not come for `arm`'s timeout (the hang
-    threshold, so it fires before rank 0's verdict ends the job) writes every thread's stack into the rank's stacks
-    file without the GIL. A stopped process (SIGSTOP) stops this thread too: its file stays empty. The file is open
-    from the start (faulthandler writes to an open descriptor) and removed at a clean end when nothing was written."""
+    runs on it. The heartbeat re-arms it every beat; a beat that does not come for `arm`'s timeout writes every
+    thread's stack into the rank's stacks file without the GIL. That timeout is the hang threshold and two beats: it
+    never fires while the heartbeat beats (it walks running threads, which can crash them), and fires before rank 0,
+    which judges this rank silent past the threshold and then waits three beats for the others' stacks, ends the job.
+    A stopped process (SIGSTOP) stops this thread too: its file stays empty. The file is open from the start
+    (faulthandler writes to an open descriptor) and removed at a clean end when nothing was written."""
 
     def __init__(self, paths: JobPaths, rank: int) -> None:
         self.path = stacks_path(paths, rank)

@@ -17,7 +17,10 @@ poll; the other ranks read rank 0's. Rank 0 declares a rank hung when
   main thread's markers is progress, so every evaluation batch is, and a long evaluation is no hang): then the
   collective counts name the rank the others wait for (resilience.hang.culprits), or nobody where every rank stands
   at the same collective (a symmetric hang: no host is blamed on a guess). Saves and loads are left to the
-  collective timeout, as they may rightly take longer.
+  collective timeout, as they may rightly take longer; or
+- a rank has not finished its first step resilience.start_s after rank 0's heartbeat started, whatever it does (its
+  start-up, load and first compile are no step phase, and a loop outside any collective leaves no count behind):
+  blamed by the counts, else the one rank late where the others are not, else nobody.
 The other ranks judge rank 0's silence only: rank 0 alone sees every rank's counts.
 The threshold is config.resilience.hang_threshold_s: hang_detect_s, or, where that is 0, the larger of 60 s and 10 x
 the median step so far. Clocks are never compared across hosts: staleness is how long the watcher itself has seen a
@@ -50,6 +53,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from submitit.core.utils import JobPaths
 
@@ -59,7 +63,7 @@ from trainflow.config.resilience import ResilienceConfig, hang_threshold_s
 from trainflow.host import hostname
 from trainflow.launch.hang import HANG_EXIT, StacksWatchdog, collective_counts, dump_stacks, waiting_in, write_report
 from trainflow.launch.task import mark_first_step
-from trainflow.resilience.hang import Evidence, HangReport, culprits
+from trainflow.resilience.hang import HangReport, culprits
 from trainflow.resilience.timing import RankTiming
 
 log = logging.getLogger(__name__)
@@ -120,6 +124,8 @@ class Heartbeat:
         self.first_marked = False
         self.timing_written, self.timings = time.monotonic(), 0
         self.beats = {r: Beat() for r in range(world)}
+        self.started = time.monotonic()
+        """When this rank's heartbeat started: a rank without a finished step past resilience.start_s is hung."""
         self.said: set[type] = set()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, name="trainflow-heartbeat", daemon=True)
@@ -164,7 +170,7 @@ class Heartbeat:
         return hang_threshold_s(self.resilience, statistics.median(self.step_times) if self.step_times else 0.0)
 
     def publish(self) -> None:
-        self.watchdog.arm(self.threshold_s)  # a beat that does not come: a main thread holding the GIL (hang.py)
+        self.watchdog.arm(self.threshold_s + 2 * self.period_s)  # a beat that does not come: the GIL held (hang.py)
         self.counter += 1
         forward = statistics.median(self.forward) if self.forward else None
         beat = {"counter": self.counter, "step": self.step, "phase": self.phase, "marks": self.marks}
@@ -198,13 +204,14 @@ class Heartbeat:
         beats is the cause before any rank alive without progress (those wait for it); among those alive, the one
         the others' collective counts wait for, or none (rank 0 alone sees every rank's counts: the others judge its
         silence only)."""
-        now, silent, stuck = time.monotonic(), {}, {}
+        now, silent, stuck, late = time.monotonic(), {}, {}, {}
         ranks = list(range(self.world)) if self.rank == 0 else [0]
         for rank, beat in zip(ranks, self.store.multi_get([beat_key(r) for r in ranks])):
             seen = self.observe(rank, json.loads(beat), now)
             silent[rank] = now - seen.seen
-            started = seen.steps > 0  # its first step compiles, loads and warms up for as long as it takes
+            started = seen.steps > 0  # its first step compiles, loads and warms up: resilience.start_s's to judge
             stuck[rank] = now - seen.moved if seen.phase in STEP_PHASES and started else 0.0
+            late[rank] = 0.0 if started else now - self.started
         quiet = max(silent, key=silent.get)
         longest = max(stuck, key=stuck.get)
         if silent[quiet] > self.threshold_s or (
@@ -213,13 +220,24 @@ class Heartbeat:
             return self.report(quiet, self.beats[quiet], max(silent[quiet], stuck[longest]))
         progressing = any(now - b.moved < self.threshold_s for b in self.beats.values())  # the job is not hung yet
         if self.rank == 0 and stuck[longest] > self.threshold_s and not progressing:
-            evidence = culprits({r: b.counts for r, b in self.beats.items()})
-            blamed = evidence.culprits[0] if evidence.culprits else None
-            beat = self.beats[longest if blamed is None else blamed]
-            return self.report(blamed, beat, stuck[longest], alive=True, evidence=evidence)
+            return self.stuck_report(longest, stuck[longest])
+        if self.rank == 0 and (overdue := [r for r, s in late.items() if s > self.resilience.start_s]):
+            return self.stuck_report(overdue[0], late[overdue[0]], late=overdue)
         if self.rank == 0 and self.timing_due(now):
             self.write_timing()
         return None
+
+    def stuck_report(self, longest: int, seconds: float, *, late: list[int] = ()) -> HangReport:
+        """Ranks alive without progress: the rank the collective counts name, else the one rank `late` (without a
+        first step past resilience.start_s) where the others are not, else nobody."""
+        evidence = culprits({r: b.counts for r, b in self.beats.items()})
+        blamed = evidence.culprits[0] if evidence.culprits else None
+        line = evidence.line()
+        if blamed is None and len(late) == 1 < self.world:
+            blamed, line = late[0], "it alone had not finished its first step"
+        beat = self.beats[longest if blamed is None else blamed]
+        limit = {"limit": "resilience.start_s", "threshold_s": self.resilience.start_s} if late else {}
+        return self.report(blamed, beat, seconds, alive=True, evidence=line, **limit)
 
     def observe(self, rank: int, beat: dict, now: float) -> Beat:
         """Update what this watcher has seen of `rank` from its latest beat."""
@@ -241,20 +259,19 @@ class Heartbeat:
         ranks = [RankTiming(r, b.host, b.forward_s, b.steps) for r, b in self.beats.items()]
         write_json(timing_path(self.paths), [t.to_json() for t in ranks])
 
-    def report(
-        self, rank: int | None, beat: Beat, seconds: float, *, alive: bool = False, evidence: Evidence | None = None
-    ) -> HangReport:
+    def report(self, rank: int | None, beat: Beat, seconds: float, **given: Any) -> HangReport:
+        """The verdict on `rank` (None: nobody), a stopped one unless `given` says alive; `given` may add the evidence
+        and the limit passed with its threshold (by default the hang threshold)."""
         return HangReport(
             rank=rank,
             host=beat.host if rank is not None else "",
             step=beat.step,
             phase=beat.phase,
             seconds=seconds,
-            alive=alive,
-            threshold_s=self.threshold_s,
+            threshold_s=given.pop("threshold_s", self.threshold_s),
             detected_by=self.rank,
             waiting_in=waiting_in(threading.main_thread()),
-            evidence=evidence.line() if evidence else "",
+            **{"alive": False, **given},
         )
 
     def abort(self, report: HangReport | None) -> None:

@@ -19,7 +19,7 @@ from trainflow.checkpoint.folders import list_steps
 from trainflow.config import TrainflowConfig
 from trainflow.launch.failure import read_markers
 from trainflow.launch.heartbeat import timing_path
-from trainflow.records import RecordError
+from trainflow.records import RecordError, read_file
 from trainflow.resilience.ledger import JobOutcome, JobRun, checked_hosts
 from trainflow.resilience.timing import RankTiming, stragglers
 from trainflow.resilience.verdict import JobFailure
@@ -27,10 +27,11 @@ from trainflow.resilience.verdict import JobFailure
 
 def gate_exclusions(path: str | Path) -> frozenset[str]:
     """The hosts validate_nccl's gate wrote to leave out (nccl-exclude.txt, comma-separated); none when absent."""
-    path = Path(path)
-    if not path.is_file():
+    try:
+        text = read_file(path, fix="rerun validate_nccl to write it again")
+    except FileNotFoundError:
         return frozenset()
-    hosts = [h.strip() for h in path.read_text(errors="replace").replace("\n", ",").split(",") if h.strip()]
+    hosts = [h.strip() for h in text.replace("\n", ",").split(",") if h.strip()]
     return checked_hosts(hosts, str(path))
 
 

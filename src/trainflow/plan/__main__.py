@@ -6,10 +6,11 @@
 
 Takes the Hydra overrides training takes (composed as train_segment composes them) and prints the plan
 as a table, or with --json as one JSON object on stdout. A bad override is one error line and exit 1; so is a plan
-that does not fit in device memory (printed first, then the line that would stop validate_nccl), and a campaign that
-cannot finish at the configured MTBF (the line that says why). With --from-run it plans a run's goodput from the terms
-it measured (trainflow.plan.from_run) and prints it beside the measured one; a run folder that does not read is one
-line and exit 1.
+that does not fit in device memory (printed first, then the line that would stop validate_nccl), a local world this
+machine cannot hold (trainflow.preflight.local_world_errors), and a campaign that cannot finish at the configured MTBF
+(the line that says why). With --from-run it plans a run's goodput from the terms
+it measured (trainflow.plan.from_run) and prints it beside the measured one; a run folder that does not read, or
+overrides given beside it (they would change nothing), is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from trainflow.errors import TrainflowError
 from trainflow.plan.build import build_plan
 from trainflow.plan.from_run import plan_run, read_terms, render_run_plan
 from trainflow.plan.table import render
+from trainflow.preflight import local_world_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,15 +33,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-run", metavar="RUN", help="plan a finished run's goodput from its own terms (runs/<run>)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for training (e.g. experiment=llama70b_alps)")
     args = ap.parse_args(argv)
+    if args.from_run and args.overrides:  # the run's own terms are the plan's input: an override would change nothing
+        print(
+            f"trainflow.plan: --from-run plans from the run's measured terms and takes no overrides (given: "
+            f"{' '.join(args.overrides)}); drop them, or plan them without --from-run",
+            file=sys.stderr,
+        )
+        return 1
     if args.from_run:
         return from_run(args.from_run, as_json=args.json)
     try:
-        plan = build_plan(compose("train_segment", args.overrides))
+        cfg = compose("train_segment", args.overrides)
+        plan = build_plan(cfg)
     except TrainflowError as err:
         print(f"trainflow.plan: {err}", file=sys.stderr)
         return 1
     sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if args.json else render(plan))
-    verdict = plan.overflow or (plan.goodput and plan.goodput.cannot_finish)
+    local = local_world_errors(cfg)  # the plan counts tensors; a local world's processes need this machine too
+    verdict = (local[0] if local else None) or plan.overflow or (plan.goodput and plan.goodput.cannot_finish)
     if verdict:
         print(f"trainflow.plan: {verdict}", file=sys.stderr)
         return 1

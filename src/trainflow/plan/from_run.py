@@ -21,7 +21,6 @@ and evaluations of the work, the job starts, and lost work the rest.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.plan.failures import Timeline, failures, simulate
-from trainflow.records import Record, RecordError
+from trainflow.records import Record, RecordError, read_json
 
 TERMS = ("checkpoint", "lost work", "detection", "restart", "start-up", "evaluation")
 """The terms planned and measured are compared by; with productive they hold the whole wall time."""
@@ -40,11 +39,11 @@ TRIALS = 4000
 """Ten times the planner's (plan.goodput.TRIALS): a run is held to its plan within points, and the planned seconds by
 term come from the trials' mean wall time, whose spread the 400 trials leave at about 8 % of one failure's cost."""
 SEED = 33
+MAX_BYTES = 1 << 20
+"""More than any terms.json holds: a bigger one is not read."""
 BAND = (5.0, 95.0)
 NO_FAILURES_S = 1e15
 """The MTBF a run without failures is planned at: none expected in a campaign of any length."""
-MAX_BYTES = 1 << 20
-"""More than any terms.json holds: a bigger one is not read."""
 MAX_SECONDS = 1e9
 """More seconds than any term of a campaign holds (31 years): a terms.json that claims them was altered."""
 
@@ -175,12 +174,13 @@ def read_terms(run: str | Path) -> RunTerms:
 
 def load_terms(path: Path) -> RunTerms:
     """terms.json at `path`, every value checked; else one RunTermsError naming the file."""
-    if not path.is_file():  # a device or a pipe: /dev/zero would be read for ever
-        raise RunTermsError(f"{path} is not a regular file; rerun train_segment to rewrite it")
-    if path.stat().st_size > MAX_BYTES:
-        raise RunTermsError(f"{path} is {path.stat().st_size} bytes, more than terms hold; rerun train_segment")
     try:
-        data = json.loads(path.read_text(errors="replace"))
+        data = read_json(path, fix="rerun train_segment to rewrite it", limit=MAX_BYTES)
+    except FileNotFoundError:
+        raise RunTermsError(f"{path} is missing; rerun train_segment to write it") from None
+    except RecordError as err:  # no regular file, too big, or no JSON: its line says which
+        raise RunTermsError(str(err)) from None
+    try:
         return RunTerms.from_json(data, where=str(path)).check(str(path))
     except (ValueError, RecordError) as err:
         raise RunTermsError(

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainflow.records import Record
+from trainflow.records import Record, fields_added
 
 
 @dataclass(frozen=True)
 class HangReport(Record):
+    FORMAT = 2
+    MIGRATIONS = {1: fields_added}  # 2: limit
+
     rank: int | None
     """The rank the job waited for; None where the evidence names nobody (a symmetric hang)."""
     host: str
@@ -39,9 +42,12 @@ class HangReport(Record):
     """The collective the detecting rank's main thread was waiting in, and the trainflow code that called it."""
     evidence: str = ""
     """For a rank alive without progress: what the ranks' collective counts showed (resilience.hang)."""
+    limit: str = "resilience.hang_detect_s"
+    """The setting whose threshold it passed: the hang threshold, or resilience.start_s for a rank that never finished
+    its first step."""
 
     def line(self) -> str:
-        past = f"past resilience.hang_detect_s ({self.threshold_s:.0f} s"
+        past = f"past {self.limit} ({self.threshold_s:.0f} s"
         waited = f"rank {self.detected_by} waited in {self.waiting_in}"
         if self.rank is None:
             return (

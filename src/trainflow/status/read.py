@@ -23,7 +23,7 @@ from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.launch.restart import gate_exclusions
-from trainflow.records import Record, read_record
+from trainflow.records import JOURNAL_BYTES, Record, read_file, read_record
 from trainflow.resilience.ledger import NO_FAILURE, JobRun, checked_hosts
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_record import RunRecord
@@ -39,6 +39,10 @@ MAX_STEPS = 2**53
 
 class StatusError(TrainflowError):
     """A run folder that does not read as a campaign's."""
+
+
+class NotStartedError(StatusError):
+    """A run folder whose campaign has not started training yet (its data is prepared, staged or gated first)."""
 
 
 class State(StrEnum):
@@ -162,10 +166,15 @@ def newest_record(root: Path) -> RunRecord:
     if not root.is_dir():
         raise StatusError(f"{root} is no folder: pass the run folder, runs/<run> (storage.root)")
     paths = sorted(Path(root).glob(os.path.relpath(RunFolder(".", "", "", "*").run_record)), key=os.path.getmtime)
+    if not paths and Path(RunFolder(str(root), "", "", "").log("any")).parent.parent.is_dir():
+        raise NotStartedError(
+            f"{root} is a run folder whose training has not started: no train_segment job has written "
+            "train/<series>/run.json yet (its data is prepared, staged and gated first); ask again once it trains"
+        )
     if not paths:
         raise StatusError(
-            f"{root} holds no train/<series>/run.json: no training job has started there (pass runs/<run>, the run "
-            "folder; a campaign trained before trainflow wrote run.json shows from its next job)"
+            f"{root} holds neither train/<series>/run.json nor logs/: it is no run folder; pass runs/<run> (a campaign "
+            "trained before trainflow wrote run.json shows from its next job)"
         )
     record = read_record(RunRecord, paths[-1], rerun="the next train_segment job (it rewrites the file)")
     if record.series != paths[-1].parent.name:
@@ -180,7 +189,12 @@ def newest_record(root: Path) -> RunRecord:
 
 def inside(root: Path, path: str) -> Path:
     """`path` (relative to the run folder) if it lies inside the run folder; else one StatusError."""
-    resolved, top = (root / path).resolve(), root.resolve()
+    try:
+        resolved, top = (root / path).resolve(), root.resolve()
+    except (RuntimeError, OSError) as err:  # RuntimeError: pathlib's word for a symlink loop
+        raise StatusError(
+            f"the run record's checkpoints {path!r} do not resolve under {root} ({err}); remove the loop"
+        ) from None
     if not resolved.is_relative_to(top):
         raise StatusError(
             f"the run record names the checkpoints {path!r}, outside {root}; status reads only the run folder: pass "
@@ -191,9 +205,11 @@ def inside(root: Path, path: str) -> Path:
 
 def read_log(path: Path, kind: type[R]) -> list[R]:
     """The records of a JSON-lines log; a last line without its newline is one rank 0 is still appending: left out."""
-    if not path.is_file():
+    try:
+        text = read_file(path, fix="it was altered: move it away", limit=JOURNAL_BYTES)
+    except FileNotFoundError:
         return []
-    *lines, _partial = path.read_text(errors="replace").split("\n")
+    *lines, _partial = text.split("\n")
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -259,7 +275,7 @@ def newest_checkpoint(ckpts: Path, verify_report: Path) -> CheckpointState | Non
             skipped.append(str(err))
             continue
         verified = False
-        if verify_report.is_file():
+        if os.path.lexists(verify_report):  # a FIFO or a loop in its place is refused, not taken for none
             report = read_record(VerifyReport, verify_report, rerun="verify_checkpoint")
             verified = step in {c.step for c in report.checkpoints}
         return CheckpointState(step, verified, skipped)

@@ -5,9 +5,12 @@ segment, job and restart continues, and its ledger of the failures that struck (
 
 The process's clock starts once per campaign: train_segment writes a START line into faults.jsonl before its first
 job (`start_clock`), and every later job, restart and segment reads it back, so the arrival times are a pure function
-of (seed, MTBF, that start) and a restarted job meets the same process, not a fresh one. Arrival k comes at start +
-the sum of k exponential gaps of mean fault.mtbf_s; it is a stalled rank (STALL) with probability
-cluster.hardware.hang_share, else a killed one (KILL), on a rank drawn uniformly from the job's world.
+of (seed, MTBF, that start) and a restarted job meets the same process, not a fresh one. The clock is cut into
+windows of fault.mtbf_s each: window k holds a Poisson number (mean 1) of arrivals placed uniformly in it, all drawn
+from a generator seeded by (seed, k), which is a Poisson process of rate 1 / fault.mtbf_s; so a job finds the
+arrivals due to it in O(1) per window from its own start, however long the campaign has run (drawing every gap since
+the campaign's start took one draw per arrival: at fault.mtbf_s=1e-9, for ever). Each is a stalled rank (STALL) with
+probability cluster.hardware.hang_share, else a killed one (KILL), on a rank drawn uniformly from the job's world.
 
 It strikes only while a job holds its ranks, the time the planner's failures strike in (trainflow.plan.failures):
 from a restart's ranks loading the job's code (its start-up and load are at risk), and in a segment's first job
@@ -19,6 +22,8 @@ a Poisson process of the same rate on the rest. The rank it names strikes at its
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,14 +70,35 @@ class Arrival(Record):
     hang_share: float = 0.0
 
 
-def schedule(*, started: float, mtbf_s: float, seed: int, hang_share: float, world: int) -> Iterator[Arrival]:
-    """The process's arrivals in order, without end: a pure function of its arguments."""
-    rng = np.random.default_rng(seed)
-    due = started
-    while True:
-        due += float(rng.exponential(mtbf_s))
-        kind = ArrivalKind.STALL if rng.random() < hang_share else ArrivalKind.KILL
-        yield Arrival(due, kind, int(rng.integers(world)), mtbf_s=mtbf_s, seed=seed, hang_share=hang_share)
+@dataclass(frozen=True)
+class Process:
+    """The campaign's arrival process: its clock's start, its mean gap, seed and hang share, over a world of ranks."""
+
+    started: float
+    mtbf_s: float
+    seed: int
+    hang_share: float
+    world: int
+
+    def window(self, k: int) -> list[Arrival]:
+        """The arrivals of window k, [started + k * mtbf_s, started + (k + 1) * mtbf_s), in order."""
+        rng = np.random.default_rng([self.seed, k])
+        count = int(rng.poisson(1.0))
+        times = np.sort(self.started + (k + rng.random(count)) * self.mtbf_s)
+        stalls, ranks = rng.random(count) < self.hang_share, rng.integers(self.world, size=count)
+        return [
+            Arrival(float(t), ArrivalKind.STALL if stall else ArrivalKind.KILL, int(rank), **self.settings)
+            for t, stall, rank in zip(times, stalls, ranks)
+        ]
+
+    @property
+    def settings(self) -> dict[str, float]:
+        return {"mtbf_s": self.mtbf_s, "seed": self.seed, "hang_share": self.hang_share}
+
+    def after(self, since: float) -> Iterator[Arrival]:
+        """The arrivals from `since` on, in order, without end: from its window, never from the campaign's start."""
+        for k in itertools.count(max(0, math.floor((since - self.started) / self.mtbf_s))):
+            yield from (a for a in self.window(k) if a.time >= since)
 
 
 def clock(ledger: Path, *, mtbf_s: float, seed: int) -> Arrival | None:
@@ -93,27 +119,30 @@ def start_clock(ledger: Path, *, mtbf_s: float, seed: int, hang_share: float) ->
 class Arrivals:
     """One rank's view of the process in one job: the failures due to it, each once."""
 
-    pending: Iterator[Arrival]
+    process: Process
     rank: int
     opens: float | None
     """When the job's ranks are at risk (a restart: IMPORTED); None: from the first step boundary."""
     ledger: Path
     host: str
     segment: int
+    pending: Iterator[Arrival] | None = None
+    """The process from `opens` on, once that is known."""
     next: Arrival | None = None
 
     def due(self, step: int, now: float | None = None) -> Arrival | None:
         """The failure this rank must strike with at this step boundary, written to the ledger; None for none. Every
         arrival before the job was at risk, or due to another rank, passes by."""
         now = time.time() if now is None else now
-        if self.opens is None:
-            self.opens = now
+        if self.pending is None:
+            self.opens = now if self.opens is None else self.opens
+            self.pending = self.process.after(self.opens)
         mine = None
         while True:
             self.next = next(self.pending) if self.next is None else self.next
             if self.next.time > now:
                 break
-            if mine is None and self.next.time >= self.opens and self.next.rank == self.rank:
+            if mine is None and self.next.rank == self.rank:
                 mine = self.next
             self.next = None
         if mine is None:
@@ -137,11 +166,9 @@ class Arrivals:
                 f"{ledger} has no START line for fault.mtbf_s={fault.mtbf_s:g} fault.seed={fault.seed}: train_segment "
                 "writes it before its first job; run the segment through train_segment"
             )
-        pending = schedule(
-            started=start.time, mtbf_s=fault.mtbf_s, seed=fault.seed, hang_share=start.hang_share, world=world
-        )
+        process = Process(start.time, fault.mtbf_s, fault.seed, start.hang_share, world)
         opens = IMPORTED if attempt else None
-        return cls(pending, rank, opens, ledger, hostname(), segment)
+        return cls(process, rank, opens, ledger, hostname(), segment)
 
 
 def drilled_hosts(ledger: Path, jobs: list[JobRun]) -> frozenset[str]:

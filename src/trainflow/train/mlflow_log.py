@@ -6,10 +6,14 @@ One MLflow run per campaign in observe.mlflow.experiment, tagged with the hash o
 again by that tag, so every segment and restart resumes it, and the report stage, which adds the report and its
 tables. Each training job adds its resolved config as the artifact config-segment-<i>-<time>.json (a run's params
 cannot change, and a segment's config names its segment).
+
+Every request to a tracking server is bounded (config.observe: REQUEST_S, RETRIES, a backoff of 1 s doubling): MLflow
+reads its limits from the environment at each request, so they are set here, lowered where the user's are higher.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -18,16 +22,26 @@ from typing import Any
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from trainflow.config.observe import MlflowConfig
+from trainflow.config.observe import REQUEST_S, RETRIES, MlflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.train.trackers import RunTracker, Table
 
+BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": REQUEST_S,
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": RETRIES,
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": 1,
+}
+"""MLflow's request limits (its defaults: 120 s, 7 retries, a factor of 2: one request to a refused port took 250 s)."""
 TAG = "trainflow.train_hash"
 """The series' name (RunFolder.series) on its MLflow run: named before series were, kept so those runs stay found."""
 
 
 class MlflowLog(RunTracker):
     def __init__(self, m: MlflowConfig, *, run: RunFolder, name: str, id: str, config: dict[str, Any] | None) -> None:  # noqa: A002
+        for name, cap in BOUNDS.items():
+            given = os.environ.get(name, "")
+            os.environ[name] = str(min(int(given), cap) if given.isdigit() else cap)
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # a retry each: the guard's line says it
         local = f"sqlite:///{os.path.abspath(run.mlflow_store)}"
         if not m.uri:
             Path(run.mlflow_store).parent.mkdir(parents=True, exist_ok=True)

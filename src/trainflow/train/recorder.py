@@ -31,6 +31,7 @@ from trainflow.resilience.timing import RankTiming
 from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
 from trainflow.train.run_record import RunRecord
+from trainflow.train.run_trackers import mlflow_tracker, wandb_tracker
 from trainflow.train.step_log import EvalRecord, Span, StepRecord
 from trainflow.train.summary import ProfileSummary
 from trainflow.train.trackers import Tracker
@@ -150,11 +151,7 @@ def build_trackers(cfg: TrainflowConfig, *, is_logger: bool) -> list[Tracker]:
 
         trackers.append(TensorBoardLog(run.tensorboard))
     if o.wandb.enabled:
-        from trainflow.train.wandb_log import WandbLog
-
-        trackers.append(WandbLog(o.wandb, folder=run.wandb, **campaign(cfg)))
+        trackers.append(wandb_tracker(o.wandb, run, **campaign(cfg)))
     if o.mlflow.enabled:
-        from trainflow.train.mlflow_log import MlflowLog
-
-        trackers.append(MlflowLog(o.mlflow, run=run, **campaign(cfg)))
+        trackers.append(mlflow_tracker(o.mlflow, run, **campaign(cfg)))
     return trackers

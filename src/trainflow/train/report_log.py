@@ -8,21 +8,19 @@ from __future__ import annotations
 
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
-from trainflow.train.trackers import RunTracker, markdown_tables
+from trainflow.train.run_trackers import mlflow_tracker, wandb_tracker
+from trainflow.train.trackers import Guarded, markdown_tables
 
 
-def report_trackers(cfg: TrainflowConfig) -> list[RunTracker]:
-    """The campaign's runs observe.* keeps, resumed without adding a config (the report stage's is no training's)."""
+def report_trackers(cfg: TrainflowConfig) -> list[Guarded]:
+    """The campaign's runs observe.* keeps, resumed without adding a config (the report stage's is no training's);
+    each Guarded, so a tracker that fails costs the report one warning line."""
     o, run, trackers = cfg.observe, RunFolder.of(cfg), []
     named = {"name": cfg.run, "id": run.series, "config": None}
     if o.wandb.enabled:
-        from trainflow.train.wandb_log import WandbLog
-
-        trackers.append(WandbLog(o.wandb, folder=run.wandb, **named))
+        trackers.append(wandb_tracker(o.wandb, run, **named))
     if o.mlflow.enabled:
-        from trainflow.train.mlflow_log import MlflowLog
-
-        trackers.append(MlflowLog(o.mlflow, run=run, **named))
+        trackers.append(mlflow_tracker(o.mlflow, run, **named))
     return trackers
 
 

@@ -10,17 +10,26 @@ skipped), and each evaluation as `eval/val_loss` (a mixture's sources as `eval/v
 also take the resolved config, and name their run after the campaign: one run per campaign (the hash of what
 training reads), resumed by each segment and restart, and by the report stage, which adds the report's tables
 (train.report_log). The W&B and MLflow clients are imported only when enabled.
+
+A tracker is no part of training: each one is Guarded, so its first failure (its package missing, its server gone,
+any exception of its client) is one warning line and the job goes on without it; its requests are bounded
+(config.observe.REQUEST_S, RETRIES, STALL_S), so rank 0 never sits in one while the other ranks' collectives time out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from trainflow.train.step_log import StepRecord
+
+log = logging.getLogger(__name__)
 
 SEPARATOR = re.compile(r"\|\s*:?-{3,}")
 """The row under a Markdown table's header: |---|---| or | --- | --- |."""
@@ -71,6 +80,40 @@ class RunTracker(Tracker):
 
     @abstractmethod
     def report(self, text: str, tables: list[Table]) -> None: ...
+
+
+REASON = 300
+"""The most of a client's error the warning line quotes (MLflow's name the URL, the retries and their cause)."""
+
+
+class Guarded(RunTracker):
+    """A tracker whose failure is none of training's: the first exception of its start or of any call is one warning
+    line naming the tracker, and then it logs nothing more in this process (its records stay in the step log)."""
+
+    def __init__(self, name: str, start: Callable[[], Tracker]) -> None:
+        self.name, self.tracker = name, None
+        self.tracker = self.call("start", start)
+
+    def call(self, what: str, action: Callable[[], Any]) -> Any:
+        if self.tracker is None and what != "start":
+            return None
+        try:
+            return action()
+        except Exception as err:  # any client's error: W&B's, MLflow's, requests', a missing package
+            reason = " ".join(f"{type(err).__name__}: {err}".split())
+            reason = reason if len(reason) <= REASON else reason[: REASON - 3] + "..."
+            log.warning("Tracker %s failed to %s (%s); training goes on without it", self.name, what, reason)
+            self.tracker = None
+            return None
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.call("log", lambda: self.tracker.log(scalars, step))
+
+    def report(self, text: str, tables: list[Table]) -> None:
+        self.call("take the report", lambda: self.tracker.report(text, tables))
+
+    def close(self) -> None:
+        self.call("close", lambda: self.tracker.close())
 
 
 def markdown_tables(text: str) -> list[Table]:
