@@ -75,8 +75,9 @@ def test_failures_with_progress_between_them_never_use_up_the_budget_and_a_rerun
 ):
     # max_restarts=1, and rank 1 dies twice: at the start of step 3 (checkpoint 2 saved) and, in the restarted job, of
     # step 5 (checkpoint 4 saved). Each restart trained a checkpoint interval, so each is the first of its streak: a
-    # per-segment count would have stopped at the second. A rerun of the finished segment leaves the host out again
-    # (one machine: recorded, not applied), read from the run's jobs ledger.
+    # per-segment count would have stopped at the second. A rerun of the finished segment submits nothing (its work is
+    # done); the campaign's next segment leaves the host out again (one machine: recorded, not applied), read from the
+    # run's jobs ledger.
     twice = ("fault.step=3", "fault.rank=1", "fault.signal=KILL", "fault.strikes=2", "fault.stride=2")
     budget = ("resilience.max_restarts=1",)
     summary = segment(tmp_path, tokens, *twice, *budget)
@@ -87,6 +88,8 @@ def test_failures_with_progress_between_them_never_use_up_the_budget_and_a_rerun
     assert [j.checkpoint for j in jobs] == [2, 4, 6] and jobs[0].left_out == [host]
     assert summary["state_digest"] == reference["state_digest"]
     segment(tmp_path, tokens, *budget)
+    assert len(ledgers(tmp_path, *budget)[0]) == 3
+    segment(tmp_path, tokens, *budget, "train.segments=2", "segment=1")
     jobs, _ = ledgers(tmp_path, *budget)
     assert len(jobs) == 4 and jobs[3].exclude == [host] and jobs[3].outcome == "completed"
 
