@@ -1,6 +1,6 @@
 """The run's jobs ledger decides the restart budget and the hosts left out: restarts count only in a row without a
-newer checkpoint, a completed job resets them, and every host a failure blamed stays out for the rest of the run
-(resilience.ledger.standing), up to resilience.max_excluded_nodes."""
+newer checkpoint, a completed job resets them, and every host a failure blamed stays out until Slurm shows it repaired
+(resilience.ledger.standing; tests/unit/test_probation.py), up to resilience.max_excluded_nodes at once."""
 
 from __future__ import annotations
 
@@ -35,12 +35,12 @@ def test_restarts_count_only_in_a_row_without_a_newer_checkpoint():
     assert standing(ledger).without_progress == 1
 
 
-def test_every_blamed_host_stays_out_for_the_run_and_the_cap_stops_it(tmp_path):
+def test_every_blamed_host_stays_out_without_slurm_s_word_and_the_cap_stops_it(tmp_path):
     ledger = [job(0, "died", 2, "nid001"), job(1, "completed", 6), job(2, "hang", 8, "nid007", segment=1)]
-    assert standing(ledger).excluded == {"nid001": "job 0", "nid007": "job 2"}
+    assert {host: p.job for host, p in standing(ledger).excluded.items()} == {"nid001": "job 0", "nid007": "job 2"}
     assert over_cap(frozenset(standing(ledger).excluded), 2, tmp_path / "jobs.jsonl") is None
     line = over_cap(frozenset(standing(ledger).excluded) | {"nid009"}, 2, tmp_path / "jobs.jsonl")
-    assert line.startswith("the run leaves out 3 hosts (nid001, nid007, nid009), past resilience.max_excluded")
+    assert line.startswith("the run leaves out 3 hosts at once (nid001, nid007, nid009), past resilience.max_excluded")
     assert "\n" not in line
 
 

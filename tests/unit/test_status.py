@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from trainflow.config.run_folder import RunFolder
-from trainflow.resilience.ledger import JobRun
+from trainflow.resilience.ledger import HostEvent, HostEventKind, JobRun
+from trainflow.resilience.probation import clock
 from trainflow.status.__main__ import NOT_STARTED, main
 from trainflow.status.read import State, read_status
+from trainflow.status.show import render
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import Span, StepRecord
 
@@ -64,6 +66,17 @@ def test_a_segment_in_flight_shows_its_step_failure_and_hosts(tmp_path):
     # now (the running job counted from its first span, step 3's, after the failed job ended)
     assert status.wall_s == pytest.approx(14.0) and status.goodput == pytest.approx(2.0 / 14.0)
     assert status.checkpoint is None
+
+
+def test_a_host_slurm_returned_shows_apart_from_the_hosts_still_out(tmp_path):
+    ckpts = write_folder(tmp_path)
+    died = JobRun(0, 0, "17", T0 - 10, T0 - 5, T0 + 2.5, "died", "rank 1 died (SIGKILL) on nid002", "restart 1 of 3")
+    Path(RunFolder.jobs_log(str(ckpts))).write_text(lines([replace(died, exclude=["nid002"], left_out=["nid002"])]))
+    back = HostEvent("nid002", T0 + 3, HostEventKind.RETURNED, "Slurm rebooted it at 2023-11-14T22:13:22", "job 17")
+    Path(RunFolder.hosts_log(str(ckpts))).write_text(lines([back]))
+    status = read_status(tmp_path, now=T0 + 4.0)
+    assert status.excluded == ["nid007"] and status.returned == [back]
+    assert f"\n  Returned: nid002 at {clock(T0 + 3)}: Slurm rebooted it at" in render(status, bar=False)
 
 
 def test_the_command_prints_lines_and_json_without_torch(tmp_path):

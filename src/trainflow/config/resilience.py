@@ -37,8 +37,10 @@ class ResilienceConfig:
     resets the count, which the run's jobs ledger keeps across segments and reruns (resilience.ledger.standing), so a
     campaign's failures at its MTBF never use it up. Failures a restart cannot fix end the stage at once."""
     max_excluded_nodes: int = checked(32, ge=0)
-    """The most hosts the run leaves out (the jobs ledger's, with the gate's): past it the stage stops in one line
-    naming them, as a run that keeps losing nodes needs a person (seed: 1024 nodes; 32 is 3 %)."""
+    """The most hosts the run leaves out at once (the jobs ledger's blamed hosts not yet repaired, with the gate's):
+    past it the stage stops in one line naming them, as a run that loses nodes faster than the site repairs them needs
+    a person (seed: 1024 nodes; 32 is 3 %). A blamed host returns once Slurm shows it repaired
+    (resilience.probation)."""
     max_pending_s: float = checked(86400.0, ge=0)
     """A training or gate job still pending in Slurm's queue after this long (a requeued one too) is cancelled and the
     stage stops in one line with Slurm's reason (0: wait however long)."""

@@ -16,7 +16,7 @@ traces, TensorBoard, the exclude list) is a member here too, so nothing else inv
     <root>/report/report.md, <plot>.png                    report
     <root>/metrics/<stage>.json, metrics/<stage>/<job>.json, logs/<stage>/, submitit/<stage>/   every stage
     <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
-    <capacity>/checkpoints/<series>/step-N/, steps.jsonl, evals.jsonl                train_segment
+    <capacity>/checkpoints/<series>/step-N/, steps.jsonl, evals.jsonl, jobs.jsonl, hosts.jsonl   train_segment
     <capacity>/checkpoints/<series>/series.json, lineage.jsonl, changes.jsonl, segments/, live-<i>.json   train_segment
     <fast>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json)                      stage_data
     <train.offload_dir>/rank<r>/                           train_segment's offloaded activations (train.activations)
@@ -157,6 +157,11 @@ class RunFolder:
     def jobs_log(checkpoints: str) -> str:
         """Every job train_segment submitted, how it ended and what the restart left out (resilience.ledger.JobRun)."""
         return f"{checkpoints}/jobs.jsonl"
+
+    @staticmethod
+    def hosts_log(checkpoints: str) -> str:
+        """What Slurm did with each host the jobs ledger blames: a hold seen, a return (resilience.ledger.HostEvent)."""
+        return f"{checkpoints}/hosts.jsonl"
 
     @staticmethod
     def faults_log(checkpoints: str) -> str:

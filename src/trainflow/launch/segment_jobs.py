@@ -3,8 +3,9 @@ one line, and keep each job in the run's jobs ledger; the stage (stages/train_se
 
     python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a restart, drilled
 
-Before each job: the hosts to leave out, the gate's and every one the run's ledger blames (at most
-resilience.max_excluded_nodes) but those the stage excuses (the hosts of failures a drill injected, fault.mtbf_s).
+Before each job: the hosts to leave out, the gate's and every one the run's ledger blames that Slurm has not shown
+repaired since (launch.slurm_nodes.on_probation; at most resilience.max_excluded_nodes at once) but those the stage
+excuses (the hosts of failures a drill injected, fault.mtbf_s).
 After a failure: its verdict, with the restarts in a row that made no progress (resilience.max_restarts); after a
 hang whose evidence names nobody, the gate's checks on a new allocation first (launch.gate_job.slow_hosts), so no host
 is left out on a guess. With cluster.allocation.spare_nodes the job is a launch.supervisor, which restarts inside its
@@ -33,6 +34,7 @@ from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.job_end import LaunchError, wait_job
 from trainflow.launch.live_job import LiveJobs
 from trainflow.launch.restart import gate_exclusions, job_run, straggler_hosts
+from trainflow.launch.slurm_nodes import node_states, on_probation
 from trainflow.launch.supervisor import Supervised, Supervisor, submit_supervisor
 from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
 from trainflow.resilience.verdict import JobFailure, judge
@@ -70,7 +72,7 @@ def run_jobs(
             left = None
         else:
             history, attempt = ledger.read(), len(failures)
-            blamed = frozenset(standing(history).excluded) - excused(history)
+            blamed = on_probation(cfg.io.checkpoints, history, node_states(a.executor)) - excused(history)
             exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | blamed
             if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
                 raise LaunchError(f"segment {cfg.segment} not started: {why}")

@@ -1,7 +1,7 @@
 """The hot restart on spare nodes (cluster.allocation.spare_nodes > 0): the job holds nodes + spare_nodes, and its one
 task, the Supervisor, runs training as a job step on `nodes` of them; after a dead or hung rank it judges the failure
-(resilience.verdict) and starts a new step on the healthy nodes plus a spare, the failed node left out, which resumes
-from the newest verified checkpoint: no new job, no queue.
+(resilience.verdict) and starts a new step on the healthy nodes plus a spare Slurm keeps in service (a drained one is
+skipped: launch.slurm_nodes), the failed node left out, which resumes from the newest verified checkpoint: no new job.
 
     python -m trainflow.stages.train_segment cluster.allocation.spare_nodes=1 fault.step=3 fault.signal=KILL
 
@@ -44,6 +44,7 @@ from trainflow.launch.executors import LocalExecutor
 from trainflow.launch.failure import analyse
 from trainflow.launch.job_end import LaunchError, show_job, wait_job
 from trainflow.launch.restart import first_step_at, job_run, straggler_hosts
+from trainflow.launch.slurm_nodes import node_states, usable_spares
 from trainflow.launch.task import MASTER_ADDR, configure_logging
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure, Verdict, judge
@@ -214,6 +215,7 @@ class Supervisor:
                 run = self.step_run(job, index, job_id, failed_at, fields, err.failure)
                 if self.signalled and not err.failure.errors:  # the ranks stopped at the time limit, none raised
                     self.requeued(steps, run, ledger)
+                spares = usable_spares(spares, node_states(a.executor))  # Slurm may have drained one meanwhile
                 verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares))
                 if why:
                     return Supervised(run, failure=err.failure, failures=failures, why=why)

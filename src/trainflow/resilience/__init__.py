@@ -3,8 +3,9 @@ only wire them. Nothing here imports torch.
 
     python -c "from trainflow.resilience.ledger import standing; print(standing([]))"
 
-- ledger: the run's jobs ledger (jobs.jsonl: every job, failure, blamed host, verdict) and where the run stands by it
-  (the hosts it leaves out, the restarts without progress);
+- ledger: the run's jobs ledger (jobs.jsonl: every job, failure, blamed host, verdict), its hosts ledger (hosts.jsonl:
+  a blamed host's hold and return) and where the run stands by them (the hosts out, the restarts without progress);
+- probation: when a blamed host comes back, from Slurm's record of the node (parsed strictly);
 - timing: each rank's forward time and the stragglers, one measure for the restart and the report;
 - hang: a hung job's report, and the evidence that names the rank the others wait for, or nobody;
 - verdict: a failed job's facts and whether a new job may fix it, and which hosts it leaves out.

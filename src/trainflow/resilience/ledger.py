@@ -1,13 +1,17 @@
 """The run's jobs ledger (jobs.jsonl, beside the checkpoints: RunFolder.jobs_log): every job train_segment ran for
-every segment and rerun, how it ended, the hosts its failure blamed and its verdict; and where the run stands by it,
-read at every segment start and rerun, so that excluded hosts and the restart budget outlive a segment.
+every segment and rerun, how it ended, the hosts its failure blamed and its verdict; the hosts' ledger (hosts.jsonl:
+RunFolder.hosts_log) of what Slurm did with a blamed host since (resilience.probation); and where the run stands by
+both, read at every segment start and rerun, so that excluded hosts and the restart budget outlive a segment and a
+repaired host comes back.
 
     python -c "from trainflow.resilience.ledger import standing; print(standing([]))"
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -73,40 +77,99 @@ class JobRun(Record):
     supervisor saw it end) to the end of this step's first trained step (spans.jsonl): the measured hot restart."""
 
 
+class HostEventKind(StrEnum):
+    """What Slurm did with a host on probation (hosts.jsonl writes the value)."""
+
+    HELD = "held"
+    """Slurm held it out of jobs (drained, down, failed, rebooting) after its blame: a repair began."""
+    RETURNED = "returned"
+    """It left probation: Slurm returned it to service after holding it, or it rebooted, after its blame."""
+
+
+@dataclass(frozen=True)
+class HostEvent(Record):
+    """A line of the run's hosts ledger (hosts.jsonl): Slurm's evidence about a blamed host, seen before a job."""
+
+    host: str
+    at: float
+    """When the stage read it from Slurm."""
+    kind: HostEventKind
+    evidence: str
+    """Slurm's state, reason and times, in one line."""
+    blamed_by: str
+    """The blame it answers: "job <id>", the job whose failure left the host out."""
+
+
+@dataclass(frozen=True)
+class Probation:
+    """A host the run leaves out: from its newest blame until it returns."""
+
+    job: str
+    """"job <id>": the job whose failure blamed it last."""
+    since: float
+    """When that job ended: only Slurm's evidence after it counts."""
+    held: HostEvent | None = None
+    """The newest hold Slurm was seen to put on it since."""
+
+
 @dataclass(frozen=True)
 class Standing:
-    """Where the run stands, from its jobs ledger (every job of every segment and rerun, resilience.ledger.JobRun)."""
+    """Where the run stands, from its jobs ledger (every job of every segment and rerun, resilience.ledger.JobRun) and
+    its hosts ledger (HostEvent)."""
 
-    excluded: dict[str, str]
-    """Each host the run leaves out -> the job whose failure blamed it."""
+    excluded: dict[str, Probation]
+    """Each host the run leaves out now -> its probation (the job whose failure blamed it last)."""
     without_progress: int
     """The restarts in a row since a job last saved a newer checkpoint than any before it (or completed)."""
+    returned: dict[str, HostEvent] = field(default_factory=dict)
+    """Each host blamed and since returned (not blamed again after) -> its return."""
 
 
-def standing(jobs: list[JobRun]) -> Standing:
-    """The run's excluded hosts and restarts without progress, from its jobs ledger in order."""
-    excluded: dict[str, str] = {}
+def standing(jobs: list[JobRun], events: Sequence[HostEvent] = ()) -> Standing:
+    """The run's excluded hosts, returned hosts and restarts without progress, from its jobs ledger in order and its
+    hosts ledger (none in a run folder written before hosts came back: every blamed host then stays out)."""
+    blamed: dict[str, Probation] = {}
     newest, used = -1, 0
     for job in jobs:
         for host in checked_hosts(job.left_out, f"the jobs ledger's job {job.job_id}"):
-            excluded.setdefault(host, f"job {job.job_id}")
+            blamed[host] = Probation(f"job {job.job_id}", job.ended)  # the newest blame: a host may come back twice
         if job.outcome in NO_FAILURE:
             used = 0
         else:
             used = 0 if job.checkpoint > newest else used  # it trained a checkpoint interval: a fresh count
             used += 1
         newest = max(newest, job.checkpoint)
-    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome not in NO_FAILURE else 0)
+    excluded, returned = probations(blamed, events)
+    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome not in NO_FAILURE else 0, returned)
+
+
+def probations(
+    blamed: dict[str, Probation], events: Sequence[HostEvent]
+) -> tuple[dict[str, Probation], dict[str, HostEvent]]:
+    """The blamed hosts still out (with the hold seen since their blame) and those returned since it."""
+    since: dict[str, list[HostEvent]] = {}
+    for event in events:
+        checked_hosts([event.host], "the hosts ledger")
+        if event.host in blamed and event.at >= blamed[event.host].since:
+            since.setdefault(event.host, []).append(event)
+    excluded, returned = {}, {}
+    for host, probation in blamed.items():
+        kinds = {e.kind: e for e in since.get(host, [])}  # the newest of each kind
+        if HostEventKind.RETURNED in kinds:
+            returned[host] = kinds[HostEventKind.RETURNED]
+        else:
+            excluded[host] = dataclasses.replace(probation, held=kinds.get(HostEventKind.HELD))
+    return excluded, returned
 
 
 def over_cap(excluded: frozenset[str], cap: int, ledger: Path) -> str | None:
-    """Why the run stops before its next job, where it leaves out more hosts than cluster.allocation allows."""
+    """Why the run stops before its next job, where it leaves out more hosts at once than resilience allows."""
     if len(excluded) <= cap:
         return None
     return (
-        f"the run leaves out {len(excluded)} hosts ({', '.join(sorted(excluded))}), past "
-        f"resilience.max_excluded_nodes ({cap}): repair them and raise the cap, or start the run's ledger "
-        f"{ledger} afresh once they are back"
+        f"the run leaves out {len(excluded)} hosts at once ({', '.join(sorted(excluded))}), past "
+        f"resilience.max_excluded_nodes ({cap}): have the site repair them (a host returns once Slurm has held it "
+        f"out and put it back in service, or rebooted it, since its blame in {ledger}), or raise the cap"
     )
 
 

@@ -1,7 +1,7 @@
 """Reading a campaign's run folder into one CampaignStatus, torch-free and read-only: what train_segment's rank 0
-appends (steps.jsonl, spans.jsonl, jobs.jsonl, beside the checkpoints), the segments' summaries, the checkpoints'
-manifests, verify.json and nccl-exclude.txt. The files may be hostile: anything that does not read as the record it
-should be is one StatusError naming the file and line.
+appends (steps.jsonl, spans.jsonl, jobs.jsonl, hosts.jsonl, beside the checkpoints), the segments' summaries, the
+checkpoints' manifests, verify.json and nccl-exclude.txt. The files may be hostile: anything that does not read as the
+record it should be is one StatusError naming the file and line.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.launch.restart import gate_exclusions
 from trainflow.records import JOURNAL_BYTES, Record, read_file, read_record
-from trainflow.resilience.ledger import NO_FAILURE, JobRun, checked_hosts
+from trainflow.resilience.ledger import NO_FAILURE, HostEvent, JobRun, checked_hosts, standing
 from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_record import RunRecord
 from trainflow.train.step_log import Span, StepRecord
@@ -92,7 +92,9 @@ class CampaignStatus(Record):
     requeues: int
     """Slurm's requeues of the finished segments' jobs (their summaries' restart_count)."""
     excluded: list[str]
-    """Hosts the next job leaves out: the NCCL gate's and the newest job's."""
+    """Hosts the next job leaves out: the NCCL gate's and the newest job's, but those Slurm has returned since."""
+    returned: list[HostEvent]
+    """Hosts a failure blamed that Slurm has returned to service since (hosts.jsonl), each with its evidence."""
     goodput: float | None
     """Productive seconds over wall seconds, over every finished segment and the in-flight one so far."""
     wall_s: float
@@ -131,9 +133,10 @@ def read_status(
     goodput = productive / wall if wall > 0 else None
     remaining = record.total_steps - (step := max((r.step + 1 for r in steps), default=0))
     eta = remaining * step_s if step_s is not None and state is not State.FINISHED else None
+    returned = standing(jobs, read_log(Path(RunFolder.hosts_log(str(ckpts))), HostEvent)).returned
     excluded = set(gate_exclusions(run.nccl_exclude))
     if jobs:
-        excluded |= checked_hosts(jobs[-1].exclude, RunFolder.jobs_log(str(ckpts)))
+        excluded |= checked_hosts(jobs[-1].exclude, RunFolder.jobs_log(str(ckpts))) - set(returned)
     return CampaignStatus(
         run=record.run,
         series=record.series,
@@ -153,6 +156,7 @@ def read_status(
         restarts=sum(j.attempt > 0 for j in jobs) + (state is State.RUNNING and restarted(jobs, k)),
         requeues=sum(s.restart_count for s in summaries.values()),
         excluded=sorted(excluded),
+        returned=[returned[host] for host in sorted(returned)],
         goodput=goodput,
         wall_s=wall,
         eta_s=eta,

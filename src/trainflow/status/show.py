@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from trainflow.resilience.probation import clock
 from trainflow.status.read import CampaignStatus, State
 
 BAR = 30
@@ -68,6 +69,8 @@ def render(status: CampaignStatus, *, bar: bool) -> str:
         lines.append(f"  Failed: segment {job.segment} job {clean(job.job_id)} {clean(job.outcome)}{line}")
         lines.append(f"    verdict: {clean(job.verdict) or 'none recorded'}")
     lines.append(f"Excluded hosts: {', '.join(s.excluded) if s.excluded else 'none'}")
+    for host in s.returned:
+        lines.append(f"  Returned: {clean(host.host)} at {clock(host.at)}: {clean(host.evidence)}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,58 @@
+"""A blamed host's way back, read from the local cluster's Slurm (resilience.probation, launch.slurm_nodes): a node
+in service since its blame stays out; drained it is held (and skipped as a spare); resumed it returns, each a line of
+hosts.jsonl. The node is resumed at the end, whatever happens; a node running a job of a concurrent run is not used.
+
+    bash scripts/slurm_cluster.sh start && .venv/bin/python -m pytest tests/slurm/test_probation_on_slurm.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from trainflow.config.run_folder import RunFolder
+from trainflow.journal import Journal
+from trainflow.launch.slurm_nodes import on_probation, scontrol_nodes, usable_spares
+from trainflow.resilience.ledger import HostEvent, JobOutcome, JobRun
+
+pytestmark = pytest.mark.slurm
+
+REASON = "trainflow probation test"
+IN_SERVICE_S = 30
+"""How long a resumed node may take to read in service again (it passes through IDLE+NOT_RESPONDING)."""
+
+
+def idle_node() -> str:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, check=True).stdout
+    idle = sorted(name for name, state in (line.split() for line in out.splitlines()) if state == "idle")
+    if not idle:
+        pytest.skip("no idle node in the local cluster (a concurrent run uses them all)")
+    return idle[-1]
+
+
+def scontrol_update(node: str, *args: str) -> None:
+    subprocess.run(["scontrol", "update", f"nodename={node}", *args], capture_output=True, text=True, check=True)
+
+
+def test_a_drained_then_resumed_node_leaves_probation(tmp_path):
+    node, ckpts = idle_node(), str(tmp_path)
+    blamed = time.time() - 1
+    jobs = [JobRun(0, 0, "1", blamed - 10, blamed - 5, blamed, JobOutcome.DIED, left_out=[node])]
+    try:
+        assert on_probation(ckpts, jobs, scontrol_nodes) == {node}  # in service, never held since its blame
+        scontrol_update(node, "state=drain", f"reason={REASON}")
+        assert on_probation(ckpts, jobs, scontrol_nodes) == {node}  # held: the repair has begun
+        assert usable_spares([node], scontrol_nodes) == []
+        scontrol_update(node, "state=resume")
+        deadline = time.monotonic() + IN_SERVICE_S
+        while not scontrol_nodes([node])[node].in_service and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert on_probation(ckpts, jobs, scontrol_nodes) == frozenset()
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, text=True)
+    held, back = Journal(RunFolder.hosts_log(ckpts), HostEvent).read()
+    assert (held.kind, back.kind, back.host, back.blamed_by) == ("held", "returned", node, "job 1")
+    assert held.evidence.startswith(f"Slurm holds it out: IDLE+DRAIN, reason '{REASON} [")
+    assert back.evidence.startswith("Slurm has it IDLE after the hold seen at ")
