@@ -221,13 +221,13 @@ def cannot_finish(configured: GoodputScenario, best: GoodputScenario, mtbf_s: fl
     interval_s = s.interval_s + s.blocking_s
     if recovery >= mtbf_s and not (s.simulated < FINISH_FLOOR and interval_s > recovery):
         cause = (
-            f"detecting a failure and restarting (D {s.detect_s:.4g} s + R {s.restart_s:.4g} s) take longer than the "
-            "MTBF, so the next failure is due before the job is back"
+            f"detecting a failure and restarting (D {seconds(s.detect_s)} s + R {seconds(s.restart_s)} s) take longer "
+            "than the MTBF, so the next failure is due before the job is back"
         )
         fix = "shorten the restart (cluster.hardware.requeue_wait_s, startup_s) and detection (cluster.runtime)"
     else:
         cause = (
-            f"a run must train tau + C = {interval_s:.4g} s without a failure to save its next checkpoint, "
+            f"a run must train tau + C = {seconds(interval_s)} s without a failure to save its next checkpoint, "
             f"{interval_s / mtbf_s:.3g} times the MTBF"
         )
         fix = "shorten the interval (checkpoint.interval_steps) or the step"
@@ -240,3 +240,8 @@ def cannot_finish(configured: GoodputScenario, best: GoodputScenario, mtbf_s: fl
 
 def names(some: list[GoodputScenario], every: list[GoodputScenario]) -> str:
     return "every scenario" if len(some) == len(every) else ", ".join(s.name for s in some)
+
+
+def seconds(value: float) -> str:
+    """Seconds as a person reads them in a line: whole below a billion (11366, not 1.137e+04), bounded above it."""
+    return f"{value:.0f}" if value < 1e9 else f"{value:.3g}"
