@@ -188,3 +188,18 @@ def test_transient_restarts_are_counted_apart_and_a_format_1_ledger_reads():
     assert JobRun.from_json(run(0, FaultClass.CODE).to_json()).fault == FaultClass.CODE
     with pytest.raises(RecordError, match="not one of input, ended"):
         JobRun.from_json({**run(0, None).to_json(), "fault": "gremlins"})
+
+
+def test_a_peer_s_loss_in_two_jobs_is_no_code_fault():
+    """Rank 0's gloo error is rank 1's consequence (a port apart in each job): only the failing rank's own exception
+    is compared across jobs, so two different CUDA errors no node confirms are both restarted (found by the CUDA drill,
+    tests/integration/test_restarts.py)."""
+
+    def job(port: int, cuda: str) -> JobFailure:
+        lost = f"RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:{port}"
+        return JobFailure(line="x", kind=JobOutcome.RAISED, rank=1, host="nid001", errors={0: lost, 1: cuda}, world=4)
+
+    first, second = job(41167, ILLEGAL), job(52011, "torch.AcceleratorError: CUDA error: uncorrectable ECC error")
+    verdict = judged(second, source({}), earlier=[first])
+    assert verdict.restart and verdict.fault == FaultClass.UNCONFIRMED and verdict.exclude == frozenset()
+    assert "the same exception in two jobs" in judged(first, source({}), earlier=[first]).why

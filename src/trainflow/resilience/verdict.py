@@ -166,7 +166,7 @@ def classify(
         if failure.step is not None and any(_oom_at(f, failure.step) for f in earlier):
             why = f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)"
             return FaultClass.MEMORY, frozenset(), why
-    same = signatures(failure) & {s for f in earlier for s in signatures(f)}
+    same = causes(failure) & {s for f in earlier for s in causes(f)}
     if failure.kind == JobOutcome.RAISED and same:
         why = f"not restarted: a rank raised the same exception in two jobs ({min(same)!r}) and {unconfirmed}"
         return FaultClass.CODE, frozenset(), why + ", so the code fails"
@@ -202,6 +202,13 @@ def signature(line: str) -> str:
 
 def signatures(failure: JobFailure) -> set[str]:
     return {signature(text) for text in failure.errors.values()}
+
+
+def causes(failure: JobFailure) -> set[str]:
+    """The failing rank's exception, masked (all the ranks' where none is named): the others' are mostly its
+    consequence (a peer's loss), the same in every job whatever the cause."""
+    own = failure.errors.get(failure.rank) if failure.rank is not None else None
+    return {signature(own)} if own else signatures(failure)
 
 
 def at_once(failure: JobFailure) -> str:
