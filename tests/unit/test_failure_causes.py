@@ -1,5 +1,5 @@
-"""Failures judged by their cause: the exception a rank's traceback ends in (not its last line), and device or
-interconnect errors restarted however often and on however many ranks they strike, a device error's host left out."""
+"""Failures judged by their cause: the exception a rank's traceback ends in (not its last line), and device errors
+their hosts confirm restarted however often and on however many ranks they strike, each such host left out."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import submitit
 
 from trainflow.launch import job_end
 from trainflow.launch.failure import analyse, exception_line
+from trainflow.resilience.evidence import NodeEvidence
 from trainflow.resilience.ledger import JobOutcome
 from trainflow.resilience.verdict import JobFailure, judge
 
@@ -50,15 +51,18 @@ def test_the_exception_line_is_the_exception_not_the_last_hint():
     assert exception_line("no traceback here\nlast words") == "last words"
 
 
-def test_two_cuda_errors_on_two_hosts_are_both_restarted_each_without_its_host():
+def test_two_cuda_errors_their_hosts_confirm_are_both_restarted_each_without_its_host():
+    confirmed = {
+        h: NodeEvidence(h, kernel=[f"NVRM: Xid (PCI:0000:10:1c): 48, {h}"]) for h in ("nid001", "nid002", "nid003")
+    }
     first = raised("nid001", ECC)
-    verdict = judge(first, [], max_restarts=3, restarts=0)
+    verdict = judge(first, [], max_restarts=3, restarts=0, evidence=confirmed)
     assert verdict.restart and verdict.exclude == {"nid001"}
     second = raised("nid002", ILLEGAL)
-    verdict = judge(second, [first], max_restarts=3, restarts=1)
+    verdict = judge(second, [first], max_restarts=3, restarts=1, evidence=confirmed)
     assert verdict.restart and verdict.exclude == {"nid002"}, verdict.why
-    # the same device error again on another host: still the machine, not the code
-    assert judge(raised("nid003", ILLEGAL), [first, second], max_restarts=3, restarts=2).restart
+    # the same device error again on another host that confirms it: still the machine, not the code
+    assert judge(raised("nid003", ILLEGAL), [first, second], max_restarts=3, restarts=2, evidence=confirmed).restart
 
 
 def test_an_nccl_error_on_every_rank_is_restarted_blaming_no_host():
@@ -67,9 +71,10 @@ def test_an_nccl_error_on_every_rank_is_restarted_blaming_no_host():
     assert verdict.restart and verdict.exclude == frozenset(), verdict.why
 
 
-def test_the_code_s_own_exceptions_are_still_not_restarted():
+def test_the_code_s_own_exceptions_are_restarted_once_at_most():
     every = raised("nid001", "ZeroDivisionError: division by zero", ranks=tuple(range(8)))
-    assert "every rank raised the same exception" in judge(every, [], max_restarts=3, restarts=0).why
+    assert judge(every, [], max_restarts=3, restarts=0).restart
+    assert "at once again" in judge(every, [every], max_restarts=3, restarts=1).why
     once, again = raised("nid001", "KeyError: 'w'"), raised("nid002", "KeyError: 'w'")
     assert "the same exception in two jobs" in judge(again, [once], max_restarts=3, restarts=1).why
 

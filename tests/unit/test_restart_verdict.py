@@ -37,7 +37,11 @@ def test_a_dead_or_hung_rank_is_restarted_without_its_host():
     ("case", "earlier", "why"),
     [
         (failure("raised", errors={1: "ConfigError: x"}, expected=True), [], "trainflow refused an input"),
-        (failure("raised", errors={k: "ZeroDivisionError: x" for k in range(4)}), [], "every rank raised the same"),
+        (
+            failure("raised", errors={k: "ZeroDivisionError: x" for k in range(4)}),
+            [failure("raised", errors={k: "ZeroDivisionError: x" for k in range(4)})],
+            "every rank raised 'ZeroDivisionError: x' at once again",
+        ),
         (
             failure("raised", errors={2: "KeyError: 'w'"}),
             [failure("raised", errors={0: "KeyError: 'w'"})],

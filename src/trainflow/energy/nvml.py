@@ -36,6 +36,27 @@ class NodeGpus:
     def close(self) -> None:
         self.nvml.nvmlShutdown()
 
+    def faults(self) -> list[str]:
+        """Each device fault NVML reports on this node's GPUs, one clause each: uncorrected ECC errors since the driver
+        loaded, a row remapping that failed or waits for a reset, a GPU lost (it fell off the bus). A query a GPU does
+        not support (no ECC, no row remapper before Ampere) reports nothing."""
+        found = []
+        for i, handle in enumerate(self.handles):
+            try:
+                nvml = self.nvml
+                ecc = nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                )
+                found += [f"GPU {i}: {ecc} uncorrected ECC errors since the driver loaded"] if ecc else []
+                _, uncorrected, pending, failed = nvml.nvmlDeviceGetRemappedRows(handle)
+                if failed or (pending and uncorrected):
+                    found.append(f"GPU {i}: row remapping {'failed' if failed else 'pending a reset'}")
+            except self.nvml.NVMLError_GpuIsLost:
+                found.append(f"GPU {i}: lost (NVML_ERROR_GPU_IS_LOST)")
+            except self.nvml.NVMLError:  # not supported on this GPU
+                continue
+        return found
+
     def energy_j(self) -> list[float] | None:
         """Each GPU's energy since the driver loaded; None where a GPU has no counter (before Volta)."""
         try:

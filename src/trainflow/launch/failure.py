@@ -72,7 +72,10 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, 
     markers = read_markers(job)
     errors = {k: exception_line(outcome[1]) for k, outcome in enumerate(outcomes) if outcome and outcome[0] == "error"}
     expected = any(m.expected for m in markers.values())
-    failure = functools.partial(JobFailure, state=state, errors=errors, expected=expected, world=job.num_tasks)
+    hosts = {k: m.host for k, m in markers.items()}
+    failure = functools.partial(
+        JobFailure, state=state, errors=errors, expected=expected, world=job.num_tasks, hosts=hosts
+    )
     if hang := read_report(job.paths):
         stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
         line = f"{hang.line()} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"

@@ -32,12 +32,13 @@ from trainflow.journal import Journal
 from trainflow.launch.executors import build_executor
 from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.job_end import LaunchError, wait_job
+from trainflow.launch.judgement import judgement, recorded
 from trainflow.launch.live_job import LiveJobs
-from trainflow.launch.restart import gate_exclusions, job_run, straggler_hosts
+from trainflow.launch.restart import gate_exclusions, job_run
 from trainflow.launch.slurm_nodes import node_states, on_probation
 from trainflow.launch.supervisor import Supervised, Supervisor, submit_supervisor
-from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap, standing
-from trainflow.resilience.verdict import JobFailure, judge
+from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap
+from trainflow.resilience.verdict import JobFailure
 
 log = logging.getLogger(__name__)
 
@@ -144,17 +145,16 @@ def judged(
 ) -> JobFailure:
     """Judge a failed job (`ran`, its ledger record; `failures`, the segment's before it), record its verdict in the
     ledger, and return the failure where a new job follows; else one LaunchError line saying why not."""
-    r, ledger = cfg.resilience, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
-    slow = straggler_hosts(job.paths, r.straggler_factor) if r.exclude_stragglers else frozenset()
-    restarts = standing([*ledger.read(), ran]).without_progress  # its newest checkpoint: whether it made progress
-    verdict = judge(failure, failures, max_restarts=r.max_restarts, restarts=restarts, slow=slow)
+    ledger = Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    history = [*ledger.read(), ran]  # its newest checkpoint: whether it made progress
+    verdict = judgement(cfg, job, failure, failures, history)
     if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:
         found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
-        slow |= frozenset(found)  # a hang no rank's evidence pins: the gate's checks find the host, or none
-        verdict = judge(failure, failures, max_restarts=r.max_restarts, restarts=restarts, slow=slow)
+        # a hang no rank's evidence pins: the gate's checks find the host, or none
+        verdict = judgement(cfg, job, failure, failures, history, slow=frozenset(found))
         said = f"found {', '.join(found)} slow" if found else "found no slow host"
         verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
-    ledger.append(dataclasses.replace(ran, verdict=verdict.why, left_out=sorted(verdict.exclude)))
+    ledger.append(recorded(ran, verdict))
     if not verdict.restart:
         raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err
     log.warning("Segment %d: %s; %s", cfg.segment, err, verdict.why)

@@ -43,11 +43,12 @@ from trainflow.launch.container import python_command, srun_args
 from trainflow.launch.executors import LocalExecutor
 from trainflow.launch.failure import analyse
 from trainflow.launch.job_end import LaunchError, show_job, wait_job
-from trainflow.launch.restart import first_step_at, job_run, straggler_hosts
+from trainflow.launch.judgement import judgement, recorded
+from trainflow.launch.restart import first_step_at, job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
 from trainflow.launch.task import MASTER_ADDR, configure_logging
-from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
-from trainflow.resilience.verdict import JobFailure, Verdict, judge
+from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
+from trainflow.resilience.verdict import JobFailure, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class Supervisor:
                 verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares))
                 if why:
                     return Supervised(run, failure=err.failure, failures=failures, why=why)
-                ledger.append(dataclasses.replace(run, verdict=verdict.why, left_out=sorted(verdict.exclude)))
+                ledger.append(recorded(run, verdict))
                 out = verdict.exclude & set(active)
                 active, spares = swapped(active, spares, out)
                 left_out, failures = left_out | out, [*failures, err.failure]
@@ -265,10 +266,8 @@ class Supervisor:
     ) -> tuple[Verdict, str]:
         """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
         step's and the spares."""
-        a, r, (active, spares) = self.cfg.cluster.allocation, self.cfg.resilience, hosts
-        slow = straggler_hosts(job.paths, r.straggler_factor) if r.exclude_stragglers else frozenset()
-        restarts = standing(history).without_progress
-        verdict = judge(failure, [*self.earlier, *failures], max_restarts=r.max_restarts, restarts=restarts, slow=slow)
+        a, (active, spares) = self.cfg.cluster.allocation, hosts
+        verdict = judgement(self.cfg, job, failure, [*self.earlier, *failures], history)
         if not verdict.restart:
             return verdict, verdict.why
         if failure.kind == JobOutcome.HANG and failure.rank is None:

@@ -25,7 +25,9 @@ from trainflow.config import CONF_DIR, RuntimeConfig
 from trainflow.errors import TrainflowError
 from trainflow.host import hostname
 from trainflow.launch.hang import rank_environment
+from trainflow.launch.node_report import write_node_report
 from trainflow.records import Record, read_record
+from trainflow.resilience.verdict import DEVICE_FAULT, NETWORK_FAULT
 
 if TYPE_CHECKING:
     import torch
@@ -89,8 +91,9 @@ def mark_first_step(paths: JobPaths) -> None:
 def marked_task() -> Iterator[TaskNotes]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
     ended: a rank of a failed job whose marker lacks the end died abruptly. A raise records whether it was one of
-    trainflow's own errors (resilience.verdict does not retry those). The block may note the step a training rank was
-    at in the notes it is given."""
+    trainflow's own errors (resilience.verdict does not retry those); a device or interconnect error writes the host's
+    node report too (launch.node_report). The block may note the step a training rank was at in the notes it is
+    given."""
     env = submitit.JobEnvironment()
     marker = TaskMarker(rank=env.global_rank, host=hostname(), pid=os.getpid(), started=time.time())
     write_json(task_marker(env.paths), marker.to_json())
@@ -99,6 +102,9 @@ def marked_task() -> Iterator[TaskNotes]:
         yield notes
     except BaseException as err:
         marker = dataclasses.replace(marker, error=type(err).__name__, expected=isinstance(err, TrainflowError))
+        if DEVICE_FAULT.search(text := f"{type(err).__name__}: {err}") or NETWORK_FAULT.search(text):
+            with contextlib.suppress(OSError):  # best effort: the rank's own error is what it ends with
+                write_node_report(env.paths)  # its host's word, for the verdict (launch.judgement)
         raise
     finally:
         first_step = read_marker(task_marker(env.paths)).first_step  # mark_first_step's, if the block trained a step

@@ -8,5 +8,6 @@ only wire them. Nothing here imports torch.
 - probation: when a blamed host comes back, from Slurm's record of the node (parsed strictly);
 - timing: each rank's forward time and the stragglers, one measure for the restart and the report;
 - hang: a hung job's report, and the evidence that names the rank the others wait for, or nobody;
-- verdict: a failed job's facts and whether a new job may fix it, and which hosts it leaves out.
+- evidence: what a failed job's host says of its own GPUs (kernel log Xids, NVML, Slurm), parsed strictly;
+- verdict: a failed job's facts, its class, whether a new job may fix it, and which hosts it leaves out.
 """

@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from trainflow.errors import TrainflowError
-from trainflow.records import Record
+from trainflow.records import Record, fields_added
 
 
 class JobOutcome(StrEnum):
@@ -40,6 +40,30 @@ class JobOutcome(StrEnum):
     (launch.supervisor): no failure, the requeued job's step resumes from that checkpoint."""
 
 
+class FaultClass(StrEnum):
+    """What a failed job's verdict took its failure for (resilience.verdict; jobs.jsonl writes the value; the table in
+    docs/fault-tolerance.md names each class's test)."""
+
+    INPUT = "input"
+    """One of trainflow's own errors: the input fails again. Not restarted."""
+    ENDED = "ended"
+    """Slurm or an operator ended the job, or its requeues ran out. Not restarted."""
+    MEMORY = "memory"
+    """Out of device memory: restarted, no host blamed; at the same step twice, not restarted."""
+    CODE = "code"
+    """The same exception on every rank at once with no node's evidence (restarted once), or in two jobs: not again."""
+    DEVICE = "device"
+    """A device or interconnect error on a host whose own evidence (Xid, NVML, Slurm) confirms it: that host blamed."""
+    UNCONFIRMED = "unconfirmed"
+    """An exception (a CUDA error among them) no node's evidence confirms: restarted, no host blamed."""
+    NETWORK = "network"
+    """NCCL's errors (ncclSystemError, ncclRemoteError...) without node evidence: restarted, no host blamed."""
+    TRANSIENT = "transient"
+    """A store timeout or a file-system error: restarted, no host blamed, counted apart (Standing.transient)."""
+    HOST = "host"
+    """A rank died or hung with a culprit, or its node failed: its host blamed (no host known: none)."""
+
+
 NO_FAILURE = (JobOutcome.COMPLETED, JobOutcome.REQUEUED)
 """The outcomes that are no failure (a tuple: `in` compares values, so a plain "completed" is found too)."""
 
@@ -47,6 +71,9 @@ NO_FAILURE = (JobOutcome.COMPLETED, JobOutcome.REQUEUED)
 @dataclass(frozen=True)
 class JobRun(Record):
     """One job train_segment submitted for a segment, and how it ended (jobs.jsonl)."""
+
+    FORMAT = 2
+    MIGRATIONS = {1: fields_added}  # 2: fault
 
     segment: int
     attempt: int
@@ -75,6 +102,8 @@ class JobRun(Record):
     first_step_s: float | None = None
     """For a hot restart's step: seconds from the failure of the step before it (that step's `ended`, when the
     supervisor saw it end) to the end of this step's first trained step (spans.jsonl): the measured hot restart."""
+    fault: FaultClass | None = None
+    """What its verdict took the failure for (None: no failure, or judged before format 2 recorded it)."""
 
 
 class HostEventKind(StrEnum):
@@ -120,27 +149,31 @@ class Standing:
     excluded: dict[str, Probation]
     """Each host the run leaves out now -> its probation (the job whose failure blamed it last)."""
     without_progress: int
-    """The restarts in a row since a job last saved a newer checkpoint than any before it (or completed)."""
+    """The restarts in a row since a job last saved a newer checkpoint than any before it (or completed), but the
+    transient ones."""
     returned: dict[str, HostEvent] = field(default_factory=dict)
     """Each host blamed and since returned (not blamed again after) -> its return."""
+    transient: int = 0
+    """The restarts after a transient failure (FaultClass.TRANSIENT) in the same run of restarts: counted apart."""
 
 
 def standing(jobs: list[JobRun], events: Sequence[HostEvent] = ()) -> Standing:
     """The run's excluded hosts, returned hosts and restarts without progress, from its jobs ledger in order and its
     hosts ledger (none in a run folder written before hosts came back: every blamed host then stays out)."""
     blamed: dict[str, Probation] = {}
-    newest, used = -1, 0
+    newest, streak = -1, []
     for job in jobs:
         for host in checked_hosts(job.left_out, f"the jobs ledger's job {job.job_id}"):
             blamed[host] = Probation(f"job {job.job_id}", job.ended)  # the newest blame: a host may come back twice
-        if job.outcome in NO_FAILURE:
-            used = 0
-        else:
-            used = 0 if job.checkpoint > newest else used  # it trained a checkpoint interval: a fresh count
-            used += 1
+        if job.outcome in NO_FAILURE or job.checkpoint > newest:  # done, or it trained a checkpoint interval
+            streak = []
+        if job.outcome not in NO_FAILURE:
+            streak.append(job)
         newest = max(newest, job.checkpoint)
     excluded, returned = probations(blamed, events)
-    return Standing(excluded, max(used - 1, 0) if jobs and jobs[-1].outcome not in NO_FAILURE else 0, returned)
+    restarted = streak[:-1]  # the jobs each followed by a restart; the newest failure is still to be judged
+    transient = sum(job.fault == FaultClass.TRANSIENT for job in restarted)
+    return Standing(excluded, len(restarted) - transient, returned, transient)
 
 
 def probations(

@@ -1,20 +1,25 @@
 """Whether a failed training job is worth a new one, and which hosts the new one leaves out.
 
     history = standing(jobs)                                          # the run's jobs ledger, at a segment's start
-    verdict = judge(failure, earlier, max_restarts=3, restarts=history.without_progress)   # after each failed job
+    verdict = judge(failure, earlier, max_restarts=3, restarts=history.without_progress, evidence=found)
 
-A rank that died (a signal, the OOM killer, a lost node) or hung (launch.heartbeat) is the machine's fault: a new job
-on other hosts resumes from the newest verified checkpoint, the failing rank's host left out. So is a rank that raised
-a device or interconnect error (NODE_FAULT: CUDA and driver errors, ECC, Xid, NCCL's errors), judged by its exception,
-however many ranks and jobs raise one: a device error leaves its rank's host out, an NCCL error alone (every rank of
-a broken ring raises one) blames no host. What a restart cannot fix ends the stage at once, in one line saying why:
-- one of trainflow's own errors on any rank (TrainflowError: a config value, a data file, a checkpoint that fails
-  verification with no older one to fall back to): the same input fails again;
-- the same exception on every rank, or in two jobs: the code fails, wherever it runs;
-- running out of device memory at the same step twice;
-- a job Slurm or an operator ended (CANCELLED, DEADLINE; a TIMEOUT whose requeues ran out): a cancel stays a cancel;
-- a job whose time limit came more often than cluster.allocation.max_requeues allows (submitit then raises instead
-  of requeueing, and Slurm records FAILED): the requeues are the segment's budget of allocations, not a host's fault.
+Each failure is put in one class (resilience.ledger.FaultClass, recorded in jobs.jsonl; docs/fault-tolerance.md's
+table names each class's test), by the ranks' exceptions and the nodes' own evidence (resilience.evidence):
+- a rank that died (a signal, the OOM killer, a lost node) or hung with a culprit (launch.heartbeat): HOST, a new job
+  on other hosts resumes from the newest verified checkpoint, the failing rank's host left out;
+- a device or interconnect error (CUDA, ECC, Xid, NCCL's) on a host whose own evidence confirms a device fault (a
+  device Xid in its kernel log, NVML's health, Slurm holding it out): DEVICE, that host left out;
+- a store timeout (DistStoreError, a rendezvous or TCPStore timeout) or a file-system error (EIO, ESTALE, Lustre's):
+  TRANSIENT, restarted with no host blamed, counted apart from the other restarts (Standing.transient);
+- NCCL's system or remote error, or any other NCCL error, with no node's evidence: NETWORK, no host blamed (checking
+  the job's nodes inside the allocation is the in-allocation check's, not built yet);
+- the same exception on every rank at once with no node's evidence: CODE, no host blamed, restarted once; the same
+  again stops the stage. An exception on some ranks no node confirms (a CUDA error among them): UNCONFIRMED, restarted
+  with no host blamed; the same exception in two jobs is CODE and stops it.
+What a restart cannot fix ends the stage at once, in one line saying why: one of trainflow's own errors on any rank
+(INPUT: a config value, a data file, a checkpoint that fails verification with no older one to fall back to); a job
+Slurm or an operator ended (ENDED: CANCELLED, DEADLINE; a TIMEOUT whose requeues ran out), or whose time limit came
+more often than cluster.allocation.max_requeues allows; running out of device memory at the same step twice (MEMORY).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from trainflow.resilience.ledger import JobOutcome, checked_hosts
+from trainflow.resilience.evidence import NodeEvidence, summary
+from trainflow.resilience.ledger import FaultClass, JobOutcome, checked_hosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +49,8 @@ class JobFailure:
     """A rank raised one of trainflow's own errors (TrainflowError): the cause is the input, not the machine."""
     world: int = 0
     """The job's ranks."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Each rank's host, where its task marker says."""
 
 
 NOT_RESTARTED_STATES = frozenset({"CANCELLED", "DEADLINE", "TIMEOUT"})
@@ -50,10 +58,6 @@ NOT_RESTARTED_STATES = frozenset({"CANCELLED", "DEADLINE", "TIMEOUT"})
 
 REQUEUES_USED_UP = re.compile(r"UncompletedJobError: .*timed-out too many times")
 """submitit's error where the pre-timeout signal came once more than cluster.allocation.max_requeues allows."""
-
-
-HOST_FAULTS = frozenset({JobOutcome.HANG, JobOutcome.DIED, JobOutcome.RAISED})
-"""The failures whose rank's host a restart leaves out."""
 
 
 OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError", re.IGNORECASE)
@@ -64,11 +68,22 @@ DEVICE_FAULT = re.compile(
     r"NVML_ERROR|GPU is lost|fell off the bus",
     re.IGNORECASE,
 )
-"""An exception of the device or its driver (GPU and HBM faults were 52 % of Llama 3's 419 interruptions)."""
+"""An exception of the device or its driver (GPU and HBM faults were 52 % of Llama 3's 419 interruptions); a kernel
+bug's illegal memory access raises one too, so only the node's evidence makes it the device's."""
 
 
-NETWORK_FAULT = re.compile(r"NCCL error|nccl\w*Error|ncclRemoteError|NCCL communicator was aborted", re.IGNORECASE)
-"""An exception of the collectives' transport: the faulty peer is rarely the rank that raises."""
+NETWORK_FAULT = re.compile(r"NCCL error|nccl\w*Error|NCCL communicator was aborted", re.IGNORECASE)
+"""An exception of the collectives' transport (ncclSystemError, ncclRemoteError...): the faulty peer is rarely the
+rank that raises."""
+
+
+TRANSIENT_FAULT = re.compile(
+    r"DistStoreError|RendezvousTimeoutError|(?:TCPStore|rendezvous|store)\b.{0,120}(?:timed out|timeout)|"
+    r"\[Errno (?:5|116)\]|Input/output error|Stale file handle|\bE(?:IO|STALE)\b|Lustre",
+    re.IGNORECASE,
+)
+"""A store timeout (the rendezvous' or the heartbeat's TCPStore) or a file-system error (EIO, ESTALE, Lustre's): the
+service's, gone once it recovers; no rank's host is at fault."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,8 @@ class Verdict:
     """Why (not): one clause, for the log and the failure line."""
     exclude: frozenset[str] = frozenset()
     """The hosts the failure blames: every later job of the run leaves them out (JobRun.left_out)."""
+    fault: FaultClass | None = None
+    """What the failure was taken for (JobRun.fault)."""
 
 
 def judge(
@@ -86,59 +103,118 @@ def judge(
     *,
     max_restarts: int,
     restarts: int,
+    transient: int = 0,
     slow: frozenset[str] = frozenset(),
+    evidence: dict[str, NodeEvidence] | None = None,
 ) -> Verdict:
     """Restart after `failure` (the failures before it in this segment: `earlier`), or not, and why; a restart leaves
-    out the failing rank's host and the stragglers' hosts `slow` (resilience.exclude_stragglers)."""
+    out the hosts the failure's class blames and the stragglers' hosts `slow` (resilience.exclude_stragglers).
+    `restarts` / `transient`: the restarts in a row without progress, other / transient (Standing); `evidence`: the
+    failed job's hosts' own (launch.judgement.node_evidence)."""
     if failure.expected:
-        return Verdict(False, "not restarted: trainflow refused an input, which a new job would refuse again")
-    code = not node_fault(failure)  # a device or interconnect error may strike every rank, and job after job
-    if code and len(failure.errors) == failure.world and len(set(failure.errors.values())) == 1:
-        return Verdict(False, "not restarted: every rank raised the same exception, so the code fails wherever it runs")
-    raised = set(failure.errors.values())
-    if code and failure.kind == JobOutcome.RAISED and any(raised & set(f.errors.values()) for f in earlier):
-        return Verdict(False, "not restarted: a rank raised the same exception in two jobs, so the code fails")
+        why = "not restarted: trainflow refused an input, which a new job would refuse again"
+        return Verdict(False, why, fault=FaultClass.INPUT)
     if failure.state in NOT_RESTARTED_STATES:
-        return Verdict(False, f"not restarted: Slurm ended the job ({failure.state}), which a new job would not undo")
+        why = f"not restarted: Slurm ended the job ({failure.state}), which a new job would not undo"
+        return Verdict(False, why, fault=FaultClass.ENDED)
     if any(REQUEUES_USED_UP.search(text) for text in failure.errors.values()):
-        return Verdict(
-            False,
+        why = (
             "not restarted: the job met its time limit more often than cluster.allocation.max_requeues allows "
-            "(raise it, or cluster.allocation.time_min)",
+            "(raise it, or cluster.allocation.time_min)"
         )
-    oom = any(OUT_OF_MEMORY.search(text) for text in failure.errors.values())
-    if oom and failure.step is not None and any(_oom_at(f, failure.step) for f in earlier):
-        return Verdict(False, f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)")
-    return restart(failure, max_restarts=max_restarts, restarts=restarts, slow=slow)
-
-
-def restart(failure: JobFailure, *, max_restarts: int, restarts: int, slow: frozenset[str]) -> Verdict:
-    """A machine's fault: a new job without the blamed hosts, unless the budget is used up (the hosts stay blamed:
-    a rerun leaves them out)."""
-    exclude = blamed_hosts(failure) | slow
-    if restarts >= max_restarts:
-        return Verdict(
-            False,
-            f"not restarted: resilience.max_restarts({max_restarts}) used up (that many restarts in a row "
-            "saved no newer checkpoint)",
-            exclude,
+        return Verdict(False, why, fault=FaultClass.ENDED)
+    fault, blamed, note = classify(failure, earlier, evidence or {})
+    if note.startswith("not restarted"):
+        return Verdict(False, note, fault=fault)
+    used = transient if fault == FaultClass.TRANSIENT else restarts
+    exclude = blamed | slow
+    kind = "transient " if fault == FaultClass.TRANSIENT else ""
+    if used >= max_restarts:
+        why = (
+            f"not restarted: resilience.max_restarts({max_restarts}) used up (that many {kind}restarts in a row saved "
+            f"no newer checkpoint){note}"
         )
+        return Verdict(False, why, exclude, fault)
     left_out = f", leaving out {', '.join(sorted(exclude))}" if exclude else ""
-    return Verdict(True, f"restart {restarts + 1} of {max_restarts}{left_out}", exclude)
+    return Verdict(True, f"{kind}restart {used + 1} of {max_restarts}{left_out}{note}", exclude, fault)
 
 
-def node_fault(failure: JobFailure) -> bool:
-    """A rank raised a device or interconnect error."""
-    return any(DEVICE_FAULT.search(text) or NETWORK_FAULT.search(text) for text in failure.errors.values())
+def classify(
+    failure: JobFailure, earlier: list[JobFailure], evidence: dict[str, NodeEvidence]
+) -> tuple[FaultClass, frozenset[str], str]:
+    """The failure's class, the hosts it blames, and a note for the verdict's line (one that begins "not restarted"
+    where the class itself stops the stage)."""
+    confirmed = {host for host in suspects(failure) if host in evidence and evidence[host].confirms}
+    if confirmed:
+        found = summary(evidence, confirmed)
+        return FaultClass.DEVICE, host_blame(failure) | checked_hosts(confirmed, "node evidence"), f" ({found})"
+    if failure.kind in (JobOutcome.HANG, JobOutcome.DIED):
+        return FaultClass.HOST, host_blame(failure), ""
+    texts = failure.errors.values()
+    if any(TRANSIENT_FAULT.search(text) for text in texts):
+        return FaultClass.TRANSIENT, frozenset(), " (a store timeout or a file-system error: no host blamed)"
+    asked = suspects(failure)
+    unconfirmed = "no node's evidence confirms a device fault" + (f" ({summary(evidence, asked)})" if asked else "")
+    if any(NETWORK_FAULT.search(text) for text in texts):
+        return FaultClass.NETWORK, frozenset(), f" (an NCCL error, no host blamed: {unconfirmed})"
+    if everywhere := at_once(failure):
+        if any(at_once(f) == everywhere for f in earlier):
+            why = f"not restarted: every rank raised {everywhere!r} at once again and no node's evidence confirms a "
+            return FaultClass.CODE, frozenset(), why + "device fault, so the code fails wherever it runs"
+        return FaultClass.CODE, frozenset(), f" (once: every rank raised {everywhere!r} at once, no host blamed)"
+    if oom := any(OUT_OF_MEMORY.search(text) for text in texts):
+        if failure.step is not None and any(_oom_at(f, failure.step) for f in earlier):
+            why = f"not restarted: out of memory at step {failure.step} twice (python -m trainflow.plan)"
+            return FaultClass.MEMORY, frozenset(), why
+    same = causes(failure) & {s for f in earlier for s in causes(f)}
+    if failure.kind == JobOutcome.RAISED and same:
+        why = f"not restarted: a rank raised the same exception in two jobs ({min(same)!r}) and {unconfirmed}"
+        return FaultClass.CODE, frozenset(), why + ", so the code fails"
+    if oom:
+        return FaultClass.MEMORY, frozenset(), " (out of memory, no host blamed)"
+    if failure.kind == JobOutcome.RAISED:
+        return FaultClass.UNCONFIRMED, frozenset(), f" (no host blamed: {unconfirmed})"
+    return FaultClass.HOST, host_blame(failure), ""
 
 
-def blamed_hosts(failure: JobFailure) -> frozenset[str]:
-    """The hosts a failure blames: the failing rank's, for a death, a hang with a culprit, or a raise (where the
-    raise is an interconnect error, only if it is a device error too: the faulty peer is rarely the raiser)."""
-    own = failure.errors.get(failure.rank, "") if failure.rank is not None else ""
-    network_only = bool(NETWORK_FAULT.search(own)) and not DEVICE_FAULT.search(own)
-    failed = {failure.host} if failure.kind in HOST_FAULTS and failure.host and not network_only else set()
+def suspects(failure: JobFailure) -> set[str]:
+    """The hosts whose evidence may make the failure a device fault: those of the ranks that raised a device or
+    interconnect error, and a dead or hung rank's."""
+    own = {failure.rank: failure.host} if failure.rank is not None else {}
+    hosts = {**own, **failure.hosts}
+    raised = {hosts.get(r, "") for r, text in failure.errors.items() if DEVICE_FAULT.search(text)}
+    raised |= {hosts.get(r, "") for r, text in failure.errors.items() if NETWORK_FAULT.search(text)}
+    if failure.kind in (JobOutcome.HANG, JobOutcome.DIED):
+        raised.add(failure.host)
+    return raised - {""}
+
+
+def host_blame(failure: JobFailure) -> frozenset[str]:
+    """A dead rank's host, or a hung one's the heartbeat named, or a failed node."""
+    failed = {failure.host} if failure.kind in (JobOutcome.HANG, JobOutcome.DIED) and failure.host else set()
     return checked_hosts(failed, "the failed job's task marker or hang report")
+
+
+def signature(line: str) -> str:
+    """An exception line with its numbers and addresses masked (each rank's message names its own), cut short."""
+    return re.sub(r"0x[0-9a-fA-F]+|\d+", "N", line)[:200]
+
+
+def signatures(failure: JobFailure) -> set[str]:
+    return {signature(text) for text in failure.errors.values()}
+
+
+def causes(failure: JobFailure) -> set[str]:
+    """The failing rank's exception, masked (all the ranks' where none is named): the others' are mostly its
+    consequence (a peer's loss), the same in every job whatever the cause."""
+    own = failure.errors.get(failure.rank) if failure.rank is not None else None
+    return {signature(own)} if own else signatures(failure)
+
+
+def at_once(failure: JobFailure) -> str:
+    """The exception every rank of the job raised at once ('' where not every rank raised the same one)."""
+    raised = signatures(failure)
+    return next(iter(raised)) if len(failure.errors) == failure.world > 0 and len(raised) == 1 else ""
 
 
 def _oom_at(failure: JobFailure, step: int) -> bool:
