@@ -171,6 +171,11 @@ def dag_refusal(tmp_path: Path, overrides: str) -> tuple[str, float]:
     return lines[0], seconds
 
 
+BEFORE_SUBMISSION_S = 60
+"""A refusal ends the DAG's build, well short of the 362-399 s the failures took: 1.7-4.1 s on a quiet 2-core machine,
+over 10 s while other test runs load it, so the bound is the claim (before submission), not a speed goal."""
+
+
 @pytest.mark.parametrize("tracker", ["mlflow", "wandb"])
 def test_a_tracker_at_a_refused_port_ends_the_dag_build_in_one_line_in_seconds(tmp_path, monkeypatch, tracker):
     """Issue 43, case 1: each took 4 jobs and 362-399 s, and ended blaming a rank killed by SIGKILL."""
@@ -184,7 +189,7 @@ def test_a_tracker_at_a_refused_port_ends_the_dag_build_in_one_line_in_seconds(t
         overrides = "overrides=observe.wandb.enabled=true observe.wandb.mode=online"
         named = f"observe.wandb.mode=online cannot reach W&B at http://127.0.0.1:{port}: 127.0.0.1:{port} refused"
     line, seconds = dag_refusal(tmp_path, overrides)
-    assert line.startswith(f"config cannot run here: {named}") and seconds < 10, (line, seconds)
+    assert line.startswith(f"config cannot run here: {named}") and seconds < BEFORE_SUBMISSION_S, (line, seconds)
 
 
 @pytest.mark.parametrize("package", ["mlflow", "wandb"])
@@ -202,7 +207,7 @@ def test_a_tracker_whose_package_is_hidden_ends_the_dag_build_in_one_line(tmp_pa
         f"here (No module named '{package}'): pip install {package} into this environment (trainflow's test extra "
         f"holds it), or set observe.{package}.enabled=false"
     )
-    assert seconds < 10, seconds
+    assert seconds < BEFORE_SUBMISSION_S, seconds
 
 
 @pytest.mark.parametrize(
