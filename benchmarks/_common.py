@@ -64,6 +64,17 @@ def single_rank_group() -> None:
     init_group(0, 1, free_port())
 
 
+def run_here(fn: Callable, *args: object, threads: int = 1) -> list:
+    """run_ranks(fn, 1, *args) in this process: fn(0, 1, *args) on a 1-rank gloo group, without the seconds a spawned
+    process spends importing torch and tearing it down (a --quick path's saving; the thread count stays set)."""
+    torch.set_num_threads(threads)
+    single_rank_group()
+    try:
+        return [fn(0, 1, *args)]
+    finally:
+        dist.destroy_process_group()
+
+
 def _rank_main(fn: Callable, rank: int, world: int, port: int, threads: int, results: mp.Queue, args: tuple) -> None:
     torch.set_num_threads(threads)
     try:

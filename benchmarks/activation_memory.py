@@ -85,12 +85,16 @@ class Run:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 repeats instead of 7")
+    ap.add_argument(
+        "--quick", action="store_true", help="batch 2, 1 timed and 1 profiled step per mode instead of 7 and 3"
+    )
     ap.add_argument("--batch", type=int, default=8, help="sequences of 512 tokens per step")
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast, slow on most CPUs")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    repeats = 3 if args.quick else 7
+    if args.quick:
+        args.batch = 2
+    repeats, profiled = (1, 1) if args.quick else (7, 3)
     cfg = compose("train_segment", ["model=tiny", f"model.seq_len={SEQ}"])
     m = cfg.model
     torch.manual_seed(0)
@@ -105,7 +109,8 @@ def main() -> None:
             for mode in names[r % len(names) :] + names[: r % len(names)]:
                 times[mode].append(runs[mode].timed_step())
         peaks = {
-            mode: median([run.held_bytes() + peak_bytes(run.step) for _ in range(3)]) for mode, run in runs.items()
+            mode: median([run.held_bytes() + peak_bytes(run.step) for _ in range(profiled)])
+            for mode, run in runs.items()
         }
         held = {mode: run.held_bytes() for mode, run in runs.items()}
         for run in runs.values():

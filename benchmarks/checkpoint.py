@@ -7,8 +7,9 @@ Goals: save and load throughput >= 0.7x the raw write / read (load >= 0.8x, issu
 (CRC-32C of every file) >= 0.9x a plain read of the same files; checkpoint.mode=async on the `shard` state:
 training blocked <= 0.15x the sync save, and steps that overlap a background write <= 1.25x the others.
 
-Two states, ~300 MB each, are what Trainer.state() saves for a single-device run after one AdamW
-step (model, both moments, a step scalar per parameter), as flattened DCP state dicts:
+Two states, ~300 MB each (--quick: ~25 MB, the same tensors narrower), are what Trainer.state() saves for a
+single-device run after one AdamW step (model, both moments, a step scalar per parameter), as flattened DCP state
+dicts:
 - `shard`: 2 layers of d=1024 (86 tensors of up to 12 MB). A Llama-70B rank under tp8 x pp8 holds
   tensors of 32-117 MB, so this is the smaller side of a real shard; the goals are judged here.
 - `small_tensors`: 8 layers of d=512 (302 tensors, a quarter of them scalars). DCP writes every
@@ -77,6 +78,8 @@ MODELS = {
 }
 VERIFY_PAIRS = 4  # cold verify / plain-read pairs per round
 WARMUP_ROUNDS = 2  # this VM's first few 300 MB writes in a process run at a fraction of the later speed
+QUICK_DIMS = {"shard": 256, "small_tensors": 128}
+"""--quick's widths: the same layers and tensors as MODELS, ~25 MB a state instead of ~300 MB."""
 
 
 def build_training(model_args: dict) -> tuple[Llama, torch.optim.Optimizer]:
@@ -336,22 +339,28 @@ class AsyncBench:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 recorded rounds instead of 7 (after 2 warm-up rounds)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="states of ~25 MB instead of ~300 MB (the same tensors, narrower), no warm-up round and 1 recorded "
+        "instead of 2 and 7",
+    )
     ap.add_argument("--dir", default=None, help="where the temporary folder goes (default: the system's)")
     args = ap.parse_args()
-    rounds = 3 if args.quick else 7
+    models = {name: m | {"dim": QUICK_DIMS[name]} for name, m in MODELS.items()} if args.quick else MODELS
+    warmup, rounds = (0, 1) if args.quick else (WARMUP_ROUNDS, 7)
     torch.set_num_threads(1)
     single_rank_group()
     work = Path(tempfile.mkdtemp(prefix="trainflow-bench-checkpoint-", dir=args.dir))
-    benches = {name: StateBench(build_state(m), work / name, WARMUP_ROUNDS) for name, m in MODELS.items()}
-    asynchronous = AsyncBench(MODELS["shard"], work / "async", WARMUP_ROUNDS)
+    benches = {name: StateBench(build_state(m), work / name, warmup) for name, m in models.items()}
+    asynchronous = AsyncBench(models["shard"], work / "async", warmup)
     try:
-        for r in range(WARMUP_ROUNDS + rounds):
-            log(f"checkpoint: round {r + 1}/{WARMUP_ROUNDS + rounds}{' (warm-up)' if r < WARMUP_ROUNDS else ''}")
+        for r in range(warmup + rounds):
+            log(f"checkpoint: round {r + 1}/{warmup + rounds}{' (warm-up)' if r < warmup else ''}")
             for bench in benches.values() if r % 2 == 0 else reversed(benches.values()):
                 bench.round(r)
             asynchronous.round(r)
-        states = {name: bench.report(MODELS[name]) for name, bench in benches.items()}
+        states = {name: bench.report(models[name]) for name, bench in benches.items()}
         async_report = asynchronous.report()
     finally:
         for bench in benches.values():
@@ -375,7 +384,7 @@ def main() -> None:
         {
             "benchmark": "checkpoint",
             "rounds": rounds,
-            "warmup_rounds": WARMUP_ROUNDS,
+            "warmup_rounds": warmup,
             "states": states,
             "async": async_report,
             "per_tensor_overhead_ms": round(1e3 * per_tensor_s, 3),

@@ -24,6 +24,10 @@ the repeats are reported, with the ratio of the two fastest blocks beside them (
 adds time). The loss difference is not zero: inductor fuses and reorders float32 arithmetic, and the
 two models' weights drift apart by rounding as they train; `loss_difference_first_step` (same
 weights) is the numerics alone.
+
+--quick builds inductor's scalar C++ (cpp.vec_isa_ok off): most of a cold compile here goes to the vector ISA (its
+probes, and the vector headers in every kernel's build), twice to three times the scalar build's time, so its
+compile_s is not the benchmark's.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import time
 
 import torch
 from _common import emit, log, median
+from torch._inductor import config as inductor_config
 from torch._inductor.utils import fresh_cache
 
 from trainflow.config import ConfigError, compose
@@ -50,15 +55,22 @@ CPU = torch.device("cpu")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 repeats instead of 7")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="batch 2 x seq 128, 1 repeat instead of 7, inductor's scalar C++ (no vector ISA)",
+    )
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (default 512)")
     args = ap.parse_args()
+    if args.quick:
+        args.batch, args.seq_len = 2, 128
+        inductor_config.cpp.vec_isa_ok = False  # the docstring's last paragraph
     if args.batch < 1 or args.seq_len < 2:
         sys.exit(
             f"compile: --batch {args.batch} --seq-len {args.seq_len}: need a batch >= 1 and a sequence of >= 2 tokens"
         )
-    repeats = 3 if args.quick else 7
+    repeats = 1 if args.quick else 7
     cfg = compose("train_segment", ["model=tiny", f"model.seq_len={args.seq_len}"])
     m, optim = cfg.model, cfg.optim
     torch.set_num_threads(cfg.train.threads_per_rank)

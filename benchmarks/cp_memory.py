@@ -7,12 +7,13 @@ Goal: peak activation memory per rank at cp2 <= 0.6 x cp1's (the ideal is 0.5: e
 sequence; what it holds beyond that is the whole sequence's gathered K and V, per layer, and the (T / cp, T) mask).
 
 Ranks are spawned gloo processes, one thread each, fp32, activations kept. The model is the tiny Llama (4 layers,
-d=128, 4 / 2 heads, vocabulary 257) at seq 2048 (--quick: 1024), batch 2, parallelized by trainflow's own
-`parallelize_model` on `build_mesh(ParallelDims(cp=...))`: at cp1 one process, at cp2 two, each given its chunks of
-the same two sequences (config.layout.cp_chunks). Measured: the most memory the forward, loss and backward allocate
-above what was held before (trainflow.plan.peak, torch's profiler: the activations saved for backward, the
-gradients, the gathers' buffers), the median of 3 calls, the worst rank. A block gloo frees on its own threads
-counts as freed only when its address is taken again (plan.peak's note), so cp2's figure is an upper bound.
+d=128, 4 / 2 heads, vocabulary 257) at seq 2048 (--quick: 256), batch 2, parallelized by trainflow's own
+`parallelize_model` on `build_mesh(ParallelDims(cp=...))`: at cp1 one process (--quick: the benchmark's own, which
+saves a process's start), at cp2 two, each given its chunks of the same two sequences (config.layout.cp_chunks).
+Measured: the most memory the forward, loss and backward allocate above what was held before (trainflow.plan.peak,
+torch's profiler: the activations saved for backward, the gradients, the gathers' buffers), the median of 3 calls
+(--quick: 1), the worst rank. A block gloo frees on its own threads counts as freed only when its address is taken
+again (plan.peak's note), so cp2's figure is an upper bound.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _common import emit, log, median, run_ranks
+from _common import emit, log, median, run_here, run_ranks
 
 from trainflow.config import ParallelDims, compose
 from trainflow.config.layout import cp_chunks
@@ -36,7 +37,7 @@ GOAL = 0.6
 MB = 1e6
 
 
-def rank_fn(rank: int, world: int, seq: int) -> int:
+def rank_fn(rank: int, world: int, seq: int, calls: int) -> int:
     """This rank's peak bytes of a forward and backward of the tiny Llama, its cp chunks of two sequences."""
     m = compose("train_segment", ["model=tiny", f"model.seq_len={seq}"]).model
     dims = ParallelDims(dp=1, tp=1, pp=1, cp=world, world_size=world)
@@ -56,20 +57,24 @@ def rank_fn(rank: int, world: int, seq: int) -> int:
             p.grad = None
 
     step()  # the allocator and the groups warm up
-    return int(median([peak_bytes(step) for _ in range(3)]))
+    return int(median([peak_bytes(step) for _ in range(calls)]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="seq 1024 instead of 2048")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="seq 256 instead of 2048, 1 measured call instead of 3, cp1 in this process",
+    )
     ap.add_argument("--seq", type=int, default=2048, help="tokens per sequence (divisible by 4)")
     args = ap.parse_args()
-    seq = 1024 if args.quick else args.seq
+    seq, calls = (256, 1) if args.quick else (args.seq, 3)
     m = compose("train_segment", ["model=tiny", f"model.seq_len={seq}"]).model
     peaks, rows = {}, {}
     for cp in (1, 2):
         log(f"cp_memory: cp{cp}, batch {BATCH} x seq {seq}")
-        ranks = run_ranks(rank_fn, cp, seq)
+        ranks = run_here(rank_fn, seq, calls) if cp == 1 and args.quick else run_ranks(rank_fn, cp, seq, calls)
         peaks[cp] = max(ranks)
         dims = ParallelDims(dp=1, tp=1, pp=1, cp=cp, world_size=cp)
         e = device_memory(

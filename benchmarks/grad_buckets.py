@@ -54,16 +54,16 @@ def name(variant: tuple[str, float, bool]) -> str:
     return f"{kind}/{mb:g}MB/{'overlap' if overlap else 'after_backward'}"
 
 
-def rank_fn(rank: int, world: int, repeats: int) -> dict:
+def rank_fn(rank: int, world: int, repeats: int, shape: dict) -> dict:
     """Every variant's step seconds (slowest rank) per repeat, and how many buckets each launched in backward."""
     torch.manual_seed(1 + rank)  # a different batch per dp rank
-    x = torch.randint(0, MODEL["vocab_size"], (1, MODEL["seq_len"]))
-    y = torch.randint(0, MODEL["vocab_size"], (1, MODEL["seq_len"]))
+    x = torch.randint(0, shape["vocab_size"], (1, shape["seq_len"]))
+    y = torch.randint(0, shape["vocab_size"], (1, shape["seq_len"]))
     group = dist.group.WORLD
     runs = []
     for kind, mb, overlap in VARIANTS:
         torch.manual_seed(0)  # identical replicas, as after the broadcast of a real run
-        model = Llama(bench_model(**MODEL))
+        model = Llama(bench_model(**shape))
         if kind == "ddp":
             runs.append((name((kind, mb, overlap)), DistributedDataParallel(model, bucket_cap_mb=mb), None))
         else:
@@ -99,11 +99,13 @@ def paired(times: dict[str, list[float]], slow: tuple, fast: tuple) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="10 timed repeats instead of 30")
+    ap.add_argument(
+        "--quick", action="store_true", help="dp=2 instead of 4, 4 layers instead of 12, 1 timed repeat instead of 30"
+    )
     args = ap.parse_args()
-    repeats = 10 if args.quick else 30
-    log(f"grad_buckets: dp={DP}, {len(VARIANTS)} variants x {repeats} repeats")
-    result = run_ranks(rank_fn, DP, repeats)[0]
+    shape, dp, repeats = (MODEL | {"n_layers": 4}, 2, 1) if args.quick else (MODEL, DP, 30)
+    log(f"grad_buckets: dp={dp}, {len(VARIANTS)} variants x {repeats} repeats")
+    result = run_ranks(rank_fn, dp, repeats, shape)[0]
     times = result["times"]
     rows = []
     for v in VARIANTS:
@@ -123,25 +125,25 @@ def main() -> None:
     over_ddp = paired(times, DDP, REDUCER_OVERLAP)
     over_after = paired(times, REDUCER_AFTER, REDUCER_OVERLAP)
     goal = {
-        "target": f"at dp={DP}, {BUCKET_MB:g} MB: GradReducer with overlap >= {DDP_SHARE} x DDP's speedup over "
+        "target": f"at dp={dp}, {BUCKET_MB:g} MB: GradReducer with overlap >= {DDP_SHARE} x DDP's speedup over "
         "per-parameter all-reduce, and >= GradReducer after backward (paired medians)",
         "reducer_overlap_over_ddp": round(over_ddp, 3),
         "reducer_overlap_over_after_backward": round(over_after, 3),
         "met": over_ddp >= DDP_SHARE and over_after >= 1.0,
     }
-    model = Llama(bench_model(**MODEL))
+    model = Llama(bench_model(**shape))
     n_params, n_tensors = model.num_params(), len(list(model.parameters()))
     emit(
         {
             "benchmark": "grad_buckets",
             "model": {
-                **MODEL,
+                **shape,
                 "params": n_params,
                 "tensors": n_tensors,
                 "grad_mb": round(n_params * 4 / 2**20, 1),
-                "tokens_per_rank": MODEL["seq_len"],
+                "tokens_per_rank": shape["seq_len"],
             },
-            "dp": DP,
+            "dp": dp,
             "repeats": repeats,
             "baseline": name(BASELINE),
             "step": rows,

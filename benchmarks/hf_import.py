@@ -44,6 +44,10 @@ from trainflow.model import Llama
 
 GOAL = 0.8
 MODEL = {"vocab_size": 16_000, "n_layers": 4, "n_heads": 8, "dim": 1024, "seq_len": 256}
+SHARD_BYTES = 100_000_000
+EXPORT_SHARD_BYTES = 50_000_000
+QUICK = 4
+"""--quick divides the model's width and vocabulary by this and the shards by its square: 21 MB, several shards."""
 
 
 def make_folder(out: Path, m, dtype: torch.dtype, shard_bytes: int) -> list[Path]:
@@ -143,23 +147,23 @@ if sys.argv[5] == "save":  # a checkpoint of the model as the trainer writes its
 else:  # in a process of its own, so its peak is the export's
     from trainflow.export import export
     before = status("VmRSS")
-    export(Path(sys.argv[1]), Path(sys.argv[2]), max_shard_bytes=50_000_000)
+    export(Path(sys.argv[1]), Path(sys.argv[2]), max_shard_bytes=int(sys.argv[6]))
     print(json.dumps({"grew_mb": (status("VmHWM") - before) / 1024}))
 """
 
 
-def export_memory(tmp: Path, m) -> dict:
+def export_memory(tmp: Path, shape: dict, shard_bytes: int) -> dict:
     import subprocess
 
-    here = str(Path(__file__).parent)
-    args = [sys.executable, "-c", EXPORT_SCRIPT, str(tmp / "ckpt"), str(tmp / "exported"), here, json.dumps(MODEL)]
+    here, m = str(Path(__file__).parent), bench_model(**shape)
+    args = [sys.executable, "-c", EXPORT_SCRIPT, str(tmp / "ckpt"), str(tmp / "exported"), here, json.dumps(shape)]
     subprocess.run([*args, "save"], capture_output=True, text=True, check=True)
-    out = subprocess.run([*args, "export"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*args, "export", str(shard_bytes)], capture_output=True, text=True, check=True).stdout
     grew = json.loads(out.splitlines()[-1])["grew_mb"]
     model_mb = 4 * sum(torch.Size(s).numel() for s in parameter_shapes(m).values()) / 2**20
     return {
         "model_mb": model_mb,
-        "shard_mb": 50e6 / 2**20,
+        "shard_mb": shard_bytes / 2**20,
         "peak_growth_mb": grew,
         "growth_over_model": grew / model_mb,
     }
@@ -167,18 +171,26 @@ def export_memory(tmp: Path, m) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a model of 21 MB instead of 326 (width and vocabulary / {QUICK}, shards / {QUICK**2}), 1 recorded round "
+        "instead of 7",
+    )
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
-    m = bench_model(**MODEL)
-    n = 3 if args.quick else 7
+    shape, shard_bytes, export_shard_bytes, n = MODEL, SHARD_BYTES, EXPORT_SHARD_BYTES, 7
+    if args.quick:
+        shape = MODEL | {"vocab_size": MODEL["vocab_size"] // QUICK, "dim": MODEL["dim"] // QUICK}
+        shard_bytes, export_shard_bytes, n = SHARD_BYTES // QUICK**2, EXPORT_SHARD_BYTES // QUICK**2, 1
+    m = bench_model(**shape)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
         results: dict = {"benchmark": "hf_import"}
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            files = make_folder(tmp / name, m, dtype, 100_000_000)
+            files = make_folder(tmp / name, m, dtype, shard_bytes)
             results[name] = rounds(tmp / name, files, m, n)
-        results["export_memory"] = export_memory(tmp, m)
+        results["export_memory"] = export_memory(tmp, shape, export_shard_bytes)
     results["goal"] = GOAL
     results["passed"] = all(results[k]["cold_import_over_raw"] >= GOAL for k in ("fp32", "bf16"))
     emit(results)

@@ -4,9 +4,12 @@ became typed records): a CPU benchmark prints its one JSON object, a GPU one (no
     .venv/bin/python -m pytest tests/unit/test_benchmarks_quick.py -q
 
 The quick paths are the benchmarks' own, sized to run in seconds: their figures are not the benchmarks' (docs/
-benchmarks.md keeps those, each beside its command). Those whose quick path still takes over 20 s on this 2-core machine
-(its seconds at a load of 2-5, 2026-12-04, beside each) are marked slow, so the default suite's share stays near a
-minute (64 s for the other seven); `-m slow` runs them.
+benchmarks.md keeps those, each beside its command). Their seconds on this 2-core machine at a load of 2.5-3,
+2026-12-04: tokenize_shards 17, pipeline_bubble 17, overhead 14, hf_import 12, cp_memory 12, checkpoint 11, dp_memory
+11, grad_buckets 9, activation_memory 6, stage 3 and the GPU ones' one line 2-3 each, 115 s in the default suite. A
+spawned process's start and exit (torch's import, ~3 s of CPU) is most of a multi-rank one's seconds, so those quick
+paths run fewer ranks or fewer worlds of them. The three in SLOW cannot come near 10 s without losing their point
+(their seconds and where they go beside each) and are marked slow; `-m slow` runs them.
 """
 
 from __future__ import annotations
@@ -23,16 +26,10 @@ from tests.conftest import REPO
 
 BENCHMARKS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py") if not p.name.startswith("_"))
 GPU = {"fp8_gemm.py", "gpu_step.py"}  # need CUDA; elsewhere one line and exit 0
-SLOW = {  # --quick's seconds here: each spawns ranks, trains or writes hundreds of MB
-    "checkpoint.py": 71,
-    "dp_memory.py": 53,
-    "grad_buckets.py": 48,
-    "checkpoint_load.py": 47,
-    "plan_vs_measured.py": 39,
-    "compile.py": 37,
-    "hf_import.py": 32,
-    "activation_memory.py": 28,
-    "cp_memory.py": 23,
+SLOW = {  # --quick's seconds here and what they go to: none can come near 10 s without losing its point
+    "checkpoint_load.py": "50 s: 12 processes import torch (a world per save at dp1, dp2 and dp4, 4 ranks to load)",
+    "plan_vs_measured.py": "36 s: two spawned 2-rank probes, then 2 ranks training through the real launcher",
+    "compile.py": "20 s: a cold inductor build of a block's forward and backward, 13 C++ kernels of ~1 s of g++ each",
 }
 
 
