@@ -64,6 +64,7 @@ def test_an_extended_campaign_trains_its_new_segment_from_the_last_ones_end(tmp_
     assert "train.segments" in keys and done[2].continued_from.endswith("@6")
 
 
+@pytest.mark.slow  # 15 s; a branch's refusals and records are checked in tests/unit/test_campaign.py
 def test_a_branch_trains_a_new_series_from_a_checkpoint_and_leaves_the_old_one_as_it_was(tmp_path, fixed_tokens):
     main = [run_segment(tmp_path, fixed_tokens, *BASE, f"segment={k}") for k in (0, 1)]
     parent = make_config("train_segment", tmp_path, *BASE, tokens=fixed_tokens).io.checkpoints
