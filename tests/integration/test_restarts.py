@@ -226,7 +226,8 @@ def test_a_rollback_leaves_the_bad_window_out_and_a_resumed_run_draws_as_the_who
         for s in (0, 1)
     ]
     (event,) = whole["guard"]
-    assert (event["action"], event["step"], event["from_step"], event["windows"]) == ("rolled back", 2, 3, [3])
+    # the bad window by its global sample positions (GuardEvent format 2): step 3's batch of 4, samples 12 to 16
+    assert (event["action"], event["step"], event["from_step"], event["windows"]) == ("rolled back", 2, 3, [[12, 16]])
     assert halves[0]["guard"] == [event] and halves[1]["guard"] == []
     assert not any(r["skipped"] for run in (whole, *halves) for r in run["steps"])  # redone steps drew other windows
     assert step_losses(*halves) == step_losses(whole)
