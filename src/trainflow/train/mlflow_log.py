@@ -38,9 +38,9 @@ TAG = "trainflow.train_hash"
 
 class MlflowLog(RunTracker):
     def __init__(self, m: MlflowConfig, *, run: RunFolder, name: str, id: str, config: dict[str, Any] | None) -> None:  # noqa: A002
-        for name, cap in BOUNDS.items():
-            given = os.environ.get(name, "")
-            os.environ[name] = str(min(int(given), cap) if given.isdigit() else cap)
+        for variable, cap in BOUNDS.items():  # not `name`: that is the run's
+            given = os.environ.get(variable, "")
+            os.environ[variable] = str(min(int(given), cap) if given.isdigit() else cap)
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # a retry each: the guard's line says it
         local = f"sqlite:///{os.path.abspath(run.mlflow_store)}"
         if not m.uri:
