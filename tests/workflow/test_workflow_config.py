@@ -108,11 +108,15 @@ def test_a_run_given_as_a_list_is_told_a_name_that_works(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_mixture_runs_the_dag_reports_each_source_and_a_new_weight_reruns_only_training(tmp_path):
+def test_a_mixture_runs_the_dag_reports_each_source_and_a_new_weight_applies_from_the_next_segment(tmp_path):
+    # A mixture's weights are a setting, not the series' identity (docs/runs.md): the completed segments stay, and
+    # only a segment still to train (here a third) trains with the new weight; no data stage reruns.
     profile, mix = ("--profile", str(REPO / "profiles/local")), "overrides=experiment=smoke data=stdlib_mix"
     snakemake(tmp_path, *profile, "--config", mix)
     report = (tmp_path / "runs/default/report/report.md").read_text()
     assert "### Data mixture" in report and "| `modules` | 75.0% |" in report and "| `email` | 25.0% |" in report
-    counts = job_counts(snakemake(tmp_path, *profile, "--config", f"{mix} data.sources.0.weight=0.5", "-n").output)
+    reweighted = f"{mix} data.sources.0.weight=0.5"
+    assert "Nothing to be done" in snakemake(tmp_path, *profile, "--config", reweighted, "-n").output
+    counts = job_counts(snakemake(tmp_path, *profile, "--config", f"{reweighted} train.segments=3", "-n").output)
     assert "prepare_data" not in counts and "prepare_data_shard" not in counts and "stage_data" not in counts
-    assert counts["train_segment"] == 2
+    assert counts["train_segment"] == 1
