@@ -9,6 +9,7 @@ import dataclasses
 import logging.config
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -88,18 +89,26 @@ def shell_quoted(text: str) -> str:
 def unclosed(value: str) -> str:
     """The brackets a value opens and leaves open (outside quotes), as the closers that would close them: "]}" for
     "[{a: 1"; "" where it closes all it opens (or closes one it never opened: then it is no list to complete)."""
-    opened, quote = [], ""
-    for char in value:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[{":
+    opened = []
+    for char in outside_quotes(value):
+        if char in "[{":
             opened.append("]" if char == "[" else "}")
         elif char in "]}":
             if not opened or opened.pop() != char:
                 return ""
     return "".join(reversed(opened))
+
+
+def outside_quotes(text: str) -> Iterator[str]:
+    """The characters of `text` outside '...' and "..." (the quotes themselves left out)."""
+    quote = ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        else:
+            yield char
 
 
 def one_line(err: BaseException) -> str:

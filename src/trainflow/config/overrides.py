@@ -18,7 +18,7 @@ import shlex
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from trainflow.config.compose import CONF_DIR, compose, parse_override
+from trainflow.config.compose import CONF_DIR, compose, outside_quotes, parse_override
 from trainflow.config.domain import RUN_NAME
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
@@ -91,17 +91,7 @@ def raw_words(text: str) -> list[str]:
 
 def depth(word: str) -> int:
     """How many brackets the word opens and leaves open, outside quotes."""
-    level, quote = 0, ""
-    for char in word:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[{":
-            level += 1
-        elif char in "]}":
-            level -= 1
-    return level
+    return sum(1 if char in "[{" else -1 for char in outside_quotes(word) if char in "[{]}")
 
 
 def quoted(text: str) -> bool:
