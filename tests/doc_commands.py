@@ -30,7 +30,7 @@ LOCAL = "--profile profiles/local"
 REAL_RUN = "tests/workflow/test_workflow.py::test_real_run_then_nothing_then_only_training_reruns"
 MIXTURE_RUN = (  # slow
     "tests/workflow/test_workflow_config.py::"
-    "test_a_mixture_runs_the_dag_reports_each_source_and_a_new_weight_reruns_only_training"
+    "test_a_mixture_runs_the_dag_reports_each_source_and_a_new_weight_applies_from_the_next_segment"
 )
 SLURM_RUN = "tests/slurm/test_workflow_on_slurm.py::test_failed_slurm_job_fails_its_rule_with_the_stage_error"
 PLAN_JSON = "tests/unit/test_plan.py::test_the_command_prints_the_plan_as_json"

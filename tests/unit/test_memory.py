@@ -221,7 +221,9 @@ def test_shard_estimate_bounds_the_measured_step_peak(dp, precision, vocab, one_
     """Two AdamW steps of the tiny model under FSDP on a fake group of dp ranks, at a batch (1 x 32 tokens) where
     the state and what FSDP gathers outweigh the activations; vocab 8192 makes the root unit (embedding and head)
     outweigh the blocks. The profiler watches from the model's build on, so it sees every block. The estimate is an
-    upper bound: it counts the gradients whole and every activation at once, which the step never holds together."""
+    upper bound: it counts the gradients whole and every activation at once, which the step never holds together.
+    The profiler's records once missed a block in a full CI run (cause not found; alone it measures the same to
+    the byte every time), so the larger of two measures is kept: a record missed twice still fails the test."""
     m = model_config("tiny", "model.seq_len=32", f"model.vocab_size={vocab}")
     x, y = torch.randint(0, vocab, (2, 1, m.seq_len))
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
@@ -238,7 +240,7 @@ def test_shard_estimate_bounds_the_measured_step_peak(dp, precision, vocab, one_
             cross_entropy(model(x), y).backward()
             opt.step()
 
-    with fake_process_group(dp):
-        measured = peak_bytes(two_steps)
+    with fake_process_group(dp):  # the larger of two: one full CI run measured dp4 an AdamW state (1.7 MB) low
+        measured = max(peak_bytes(two_steps), peak_bytes(two_steps))
     e = estimate(m, sharded(dp), precision=precision, device="cpu")
     assert 1 <= e.total / measured <= 1 + TOLERANCE, f"estimate {e} vs measured {measured} bytes"
