@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging.config
-import math
 import sys
 from pathlib import Path
 
 import yaml
 
+from trainflow.arguments import positive
 from trainflow.config import CONF_DIR, TrainflowError, compose
 from trainflow.export import __doc__ as DOC
 from trainflow.export import export, log
 from trainflow.hf.write import MAX_SHARD_BYTES
-
-
-def shard_gb(text: str) -> float:
-    """--max-shard-gb's value: a finite number of GB above 0 (argparse's one-line error otherwise)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"--max-shard-gb({text}) must be a number of GB > 0, such as 5")
-    return value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", type=Path, help="a checkpoint (step-N/) or a series of them")
     parser.add_argument("out", type=Path, help="the Hugging Face folder to write (new or empty)")
     parser.add_argument(
-        "--max-shard-gb", type=shard_gb, default=MAX_SHARD_BYTES / 1e9, help="largest safetensors file (GB, > 0)"
+        "--max-shard-gb",
+        type=positive("--max-shard-gb", "GB", "5"),
+        default=MAX_SHARD_BYTES / 1e9,
+        help="largest safetensors file (GB, > 0)",
     )
     parser.add_argument("overrides", nargs="*", help="the run's Hydra overrides, e.g. model=tiny (optional)")
     args = parser.parse_args(argv)

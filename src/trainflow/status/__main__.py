@@ -9,10 +9,10 @@ a folder that is no run folder or does not read; 2 for a command line argparse r
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 
+from trainflow.arguments import positive
 from trainflow.errors import TrainflowError
 from trainflow.status.read import NotStartedError, State, read_status
 from trainflow.status.show import as_json, clean, render
@@ -24,22 +24,17 @@ UNREADABLE = (TrainflowError, OSError, ValueError, RecursionError, OverflowError
 CLEAR = "\033[H\033[J"
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"--watch({text}) must be a number of seconds > 0, such as 10")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainflow.status", description=__doc__.split("\n\n")[1])
     parser.add_argument("folder", help="the run folder: runs/<run> (storage.root)")
     parser.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     parser.add_argument(
-        "--watch", type=positive_seconds, nargs="?", const=10.0, metavar="SECONDS", help="refresh (default 10 s)"
+        "--watch",
+        type=positive("--watch", "seconds", "10"),
+        nargs="?",
+        const=10.0,
+        metavar="SECONDS",
+        help="refresh (default 10 s)",
     )
     parser.add_argument("--checkpoints", help="the checkpoint folder, when it lies outside the run folder")
     args = parser.parse_args(argv)
