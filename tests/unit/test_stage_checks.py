@@ -82,15 +82,34 @@ def test_patterns_are_judged_on_their_slowest_group_and_name_its_hosts():
         ]
         for tp, dp, t_tp in ranks
     ]
-    table, exclude = judge(rows, ["a", "a", "b", "b"], {"tp_all_reduce": 0.5})
+    table, exclude, everywhere = judge(rows, ["a", "a", "b", "b"], {"tp_all_reduce": 0.5})
     tp = next(r for r in table if r.pattern == "tp_all_reduce")
     assert tp.slowest_group == [2, 3] and tp.slowest_hosts == ["b"] and tp.groups == 2
     assert tp.busbw_gbps == pytest.approx(mb / 4e-3 / 1e9 * 2 * (2 - 1) / 2)  # nccl-tests' all_reduce factor
-    assert tp.passed is False and exclude == ["b"]
+    assert tp.passed is False and exclude == ["b"] and everywhere == []  # group [0, 1] meets it: b is slow
     dp = next(r for r in table if r.pattern == "dp_all_reduce")
     assert dp.passed is None  # no gate for it: reported only
     (line,) = problems(sweep_at(1.0), table, hosts_with(), None, GateConfig(min_busbw_gbps=0.0))
     assert "tp_all_reduce busbw 0.262 GB/s on the slowest of its 2 groups (ranks [2, 3], hosts b)" in line
+
+
+@pytest.mark.parametrize(
+    ("tp_times", "exclude_expected"),
+    [((4e-3, 4.1e-3, 4e-3, 4.2e-3), []), ((1e-3, 1e-3, 1e-3, 4e-3), ["a", "d"]), ((4e-3,), [])],
+    ids=["every-group-below", "one-group-below", "one-group-alone"],
+)
+def test_a_threshold_no_group_meets_leaves_no_host_out(tp_times, exclude_expected):
+    """The seed's case: tp groups that each cross two nodes (hosts a b, b c, ... as tp8 over 4-GPU nodes does) all
+    below an in-node threshold; one slow group among fast ones is the hosts'; one group alone has no peers."""
+    mb, hosts = 1 << 20, ["a", "b", "b", "c", "c", "d", "d", "a"]
+    rows = [
+        [{"pattern": "tp_all_reduce", "group": [2 * g, 2 * g + 1], "bytes": mb, "time_s": t}]
+        for g, t in enumerate(tp_times)
+        for _ in range(2)
+    ]
+    table, exclude, everywhere = judge(rows, hosts, {"tp_all_reduce": 0.5})
+    assert table[0].passed is False and exclude == exclude_expected
+    assert everywhere == ([] if exclude_expected else ["tp_all_reduce"])
 
 
 @pytest.mark.parametrize("stage", ["prepare_data", "stage_data", "verify_checkpoint", "account_energy"])

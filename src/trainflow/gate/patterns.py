@@ -2,7 +2,7 @@
 the whole world, which is one more pattern.
 
     rows = time_patterns(dims, mesh, nbytes=16 << 20, iters=5, device=device)   # on every rank
-    table, exclude = judge(rows_of_every_rank, hosts, thresholds)                 # on rank 0
+    table, exclude, everywhere = judge(rows_of_every_rank, hosts, thresholds)     # on rank 0
 
 | pattern           | groups           | what training sends there                      | busbw / algbw (nccl-tests) |
 | world_all_reduce  | the whole world  | (the sweep: the network as a whole)            | 2 (n - 1) / n              |
@@ -123,10 +123,16 @@ def sweep(sizes_mb: list[float], *, iters: int, device: torch.device) -> list[Sw
     return rows
 
 
-def judge(rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]) -> tuple[list[PatternRow], list[str]]:
+def judge(
+    rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]
+) -> tuple[list[PatternRow], list[str], list[str]]:
     """Per pattern, from every rank's rows: its groups' bus bandwidth (a group's time is its slowest member's),
     the slowest group and its hosts, and the verdict against thresholds[pattern] (GB/s; absent: reported
-    only). Also the exclude list: the hosts of the slowest group of every pattern below its threshold."""
+    only). Also the exclude list: the hosts of the slowest group of every pattern below its threshold that another
+    of its groups meets; and the patterns none of whose groups meets it. Those blame no host: a threshold no group
+    reaches is one the layout cannot meet (the seed's tp8 over 4-GPU nodes: every tp group crosses the network, so
+    an in-node tp_all_reduce gate of 200 GB/s would leave out the two healthy hosts of whichever group came last),
+    and one group alone has nothing to be slow against."""
     times: dict[str, dict[tuple[int, ...], float]] = {}
     sizes: dict[str, int] = {}
     for rank_rows in rows:
@@ -135,7 +141,7 @@ def judge(rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]
             key = tuple(r["group"])
             groups[key] = max(groups.get(key, 0.0), r["time_s"])
             sizes[r["pattern"]] = r["bytes"]
-    table, exclude = [], set()
+    table, exclude, everywhere = [], set(), []
     for name, groups in times.items():
         slowest, t = max(groups.items(), key=lambda kv: kv[1])
         n, size = len(slowest), sizes[name]
@@ -145,5 +151,9 @@ def judge(rows: list[list[dict]], hosts: list[str], thresholds: dict[str, float]
         slow_hosts = sorted({hosts[r] for r in slowest})
         table.append(PatternRow(name, len(groups), n, size, list(slowest), slow_hosts, t, busbw, threshold, passed))
         if passed is False:
-            exclude |= set(slow_hosts)
-    return table, sorted(exclude)
+            fastest = size / min(groups.values()) / 1e9 * PATTERNS[name].bus_factor(n)
+            if fastest >= threshold:
+                exclude |= set(slow_hosts)
+            else:
+                everywhere.append(name)
+    return table, sorted(exclude), everywhere

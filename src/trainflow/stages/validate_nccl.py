@@ -8,7 +8,8 @@ any allocation or process group. Then it launches a job of the training shape (t
 submits, so it measures the links training will use) in which every rank times the all_reduce sweep over the world
 and each collective the layout runs on its own groups, and reports its node (trainflow.gate). The gate's verdict
 (trainflow.gate.verdict) stops the DAG on a slow pattern (writing the slowest groups' hosts to nccl-exclude.txt in
-sbatch --exclude form), a stack off the compatibility table, or a checkpoint folder striped too thin.
+sbatch --exclude form where another group of the pattern meets the threshold; none where no group does, which is the
+layout's limit, not a host's), a stack off the compatibility table, or a checkpoint folder striped too thin.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         raise LaunchError(f"validate_nccl failed: {err}") from err
     hosts = [rank[0] for rank in result["ranks"]]
     names = [h.host for h in hosts]
-    patterns, exclude = judge([rank[1] for rank in result["ranks"]], names, cfg.cluster.gate.busbw_gbps)
+    patterns, exclude, everywhere = judge([rank[1] for rank in result["ranks"]], names, cfg.cluster.gate.busbw_gbps)
     calibrated, calibration = calibrated_plan(cfg, result, patterns, names)
     folder = Path(cfg.io.checkpoints).parent  # the checkpoint series' parent: it exists before training
     folder.mkdir(parents=True, exist_ok=True)
@@ -78,6 +79,12 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         excluded = RunFolder.of(cfg).nccl_exclude
         write_text_atomic(excluded, ",".join(exclude) + "\n")
         found.append(f"hosts to leave out written to {excluded}: sbatch --exclude={','.join(exclude)}")
+    for row in (row for row in patterns if row.pattern in everywhere):
+        found.append(
+            f"no group of {row.pattern}'s {row.groups} meets cluster.gate.busbw_gbps.{row.pattern}"
+            f"({row.threshold_gbps}), so it blames no host: the layout cannot meet it (does a group cross the "
+            f"network?); set the threshold to what the layout reaches or keep the groups inside a node"
+        )
     if found:
         raise StageError("validate_nccl failed: " + "; ".join(found))
     write_json(cfg.io.nccl_report, report.to_json())
