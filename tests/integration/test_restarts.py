@@ -129,7 +129,8 @@ def test_a_hung_rank_is_named_within_the_threshold_with_every_live_rank_s_stacks
 def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_others_wait_in(tmp_path, tokens):
     # Rank 1's main thread blocks at the start of step 3 while its heartbeat beats on: both ranks are alive and
     # without progress at step 3 (the old tie-break blamed rank 0). The collective counts show rank 0 inside the
-    # dp all-reduce that rank 1 never entered; every live rank's stacks are written before the job ends.
+    # dp all-reduce that rank 1 never entered; every live rank's stacks and Flight Recorder are written before the job
+    # ends.
     hang = ("resilience.hang_detect_s=4", "resilience.heartbeat_s=1", "resilience.max_restarts=0")
     with pytest.raises(LaunchError) as err:
         segment(tmp_path, tokens, "fault.step=3", "fault.rank=1", "fault.signal=STALL", *hang)
@@ -140,11 +141,18 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
         r"not entered collective \d+ of process group \S+, in which rank 0 waited\); rank 0 waited in torch\.",
         line,
     ), line
+    # Their Flight Recorders, read side by side, name the collective: its op, number and sizes (resilience.flight)
+    said = re.search(
+        r"Flight Recorder: rank 0 waits in gloo:(\w+) #(\d+) of process group .*, which rank 1 issued up to #(\d+)",
+        line,
+    )
+    assert said and int(said[3]) < int(said[2]), line
     jobs, _ = ledgers(tmp_path, *hang)
     assert jobs[0].outcome == "hang" and jobs[0].verdict.startswith("not restarted")
     folder = Path(make_config("train_segment", tmp_path, *BASE, *hang).io.submitit)
     for rank in (0, 1):
         assert "Thread" in (folder / f"{jobs[0].job_id}_{rank}_stacks.txt").read_text()
+        assert (folder / f"{jobs[0].job_id}_{rank}_flight.json").is_file()
 
 
 @pytest.mark.slow  # 26 s; the hung rank named by its evidence stays in the default suite

@@ -24,6 +24,7 @@ import submitit
 
 from trainflow.launch.hang import read_report
 from trainflow.launch.task import TaskMarker, read_marker, task_marker
+from trainflow.resilience.flight import read_dumps, stuck
 from trainflow.resilience.ledger import JobOutcome
 from trainflow.resilience.verdict import JobFailure
 
@@ -78,7 +79,9 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, 
     )
     if hang := read_report(job.paths):
         stacks = job.paths.folder / f"{job.job_id}_<rank>_stacks.txt"
-        line = f"{hang.line()} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"
+        flight = stuck(read_dumps(job.paths.folder, str(job.job_id)))
+        said = f"; {flight.line()}" if flight else ""
+        line = f"{hang.line()}{said} ({kind} job {job.job_id}{ended}; every live rank's stacks in {stacks})"
         return failure(
             line=line,
             kind=JobOutcome.HANG,

@@ -1,9 +1,10 @@
 """A hung job's diagnosis and its evidence, beside the job's logs: the report the detecting rank writes, every live
-rank's Python stacks (and, over NCCL, PyTorch's Flight Recorder), and the one line the stage fails with.
+rank's Python stacks and PyTorch's Flight Recorder, and the one line the stage fails with.
 
     <submitit folder>/<job>_hang.json          HangReport (launch.heartbeat's verdict)
     <submitit folder>/<job>_<rank>_stacks.txt  faulthandler's dump of every thread of that rank (StacksWatchdog)
-    <submitit folder>/<job>_<rank>_flight.pkl  torch's NCCL Flight Recorder trace of that rank (NCCL only)
+    <submitit folder>/<job>_<rank>_flight.json torch's Flight Recorder of that rank (resilience.flight reads them)
+    <submitit folder>/<job>_<rank>_flight.pkl  the same as a pickle, for torch's fr_trace (NCCL only)
     <submitit folder>/<job>_nccl_trace_rank_<rank>  the same, dumped by torch's watchdog on a collective timeout
 """
 
@@ -33,16 +34,16 @@ FLIGHT_RECORDER = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
 }
-"""PyTorch's NCCL Flight Recorder, on by default over NCCL (its buffer is 0, the recorder off, unless set): the last
-20000 collectives of every process group, as torchtitan keeps them, dumped by the watchdog on a collective timeout
-(TORCH_FR_BUFFER_SIZE from torch 2.7, TORCH_NCCL_TRACE_BUFFER_SIZE before; both set). cluster.runtime.env overrides
-each."""
+"""PyTorch's Flight Recorder, on by default (its buffer is 0, the recorder off, unless set): the last 20000 collectives
+of every process group, as torchtitan keeps them; over NCCL also dumped by the watchdog on a collective timeout
+(TORCH_FR_BUFFER_SIZE from torch 2.7, TORCH_NCCL_TRACE_BUFFER_SIZE before; both set). gloo records into the same
+buffer. cluster.runtime.env overrides each."""
 
 
 def rank_environment(runtime: RuntimeConfig, paths: JobPaths) -> dict[str, str]:
-    """The variables a rank sets before torch.distributed starts: over NCCL the Flight Recorder's, dumping beside the
-    job's logs, then cluster.runtime.env, which overrides them."""
-    recorder = {}
+    """The variables a rank sets before torch.distributed starts: the Flight Recorder's buffer, over NCCL its dump on
+    a timeout beside the job's logs too, then cluster.runtime.env, which overrides them."""
+    recorder = {"TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER["TORCH_FR_BUFFER_SIZE"]}  # gloo records too (torch >= 2.8)
     if runtime.backend == "nccl":
         dumps = str(paths.folder / f"{paths.job_id}_nccl_trace_rank_")  # torch appends the rank
         recorder = FLIGHT_RECORDER | {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dumps}
@@ -128,15 +129,25 @@ class StacksWatchdog:
             self.path.unlink()
 
 
+def flight_path(paths: JobPaths, rank: int) -> Path:
+    return paths.folder / f"{paths.job_id}_{rank}_flight.json"
+
+
 def dump_stacks(paths: JobPaths, rank: int, *, nccl: bool) -> None:
-    """Every thread's Python stack of this rank, and over NCCL its Flight Recorder trace, beside the job's logs."""
+    """Every thread's Python stack of this rank and its Flight Recorder as JSON (any backend: resilience.flight reads
+    them side by side), and over NCCL the recorder's pickle as well, for torch's own fr_trace; beside the job's logs."""
     with atomic_path(stacks_path(paths, rank)) as tmp, open(tmp, "w") as f:
         faulthandler.dump_traceback(file=f, all_threads=True)
+    import torch
+
+    c10d = torch._C._distributed_c10d  # the recorder's dumps have no public wrapper (torchtitan calls these too)
+    if dump := getattr(c10d, "_dump_fr_trace_json", None):  # a torch without it: the stacks and counts stand alone
+        with contextlib.suppress(Exception), atomic_path(flight_path(paths, rank)) as tmp:
+            text = dump(True, True)  # with the collectives' entries, of the groups still alive
+            tmp.write_bytes(text if isinstance(text, bytes) else text.encode())
     if nccl:  # PyTorch's Flight Recorder: the last collectives of every process group, as torchtitan dumps them
         with contextlib.suppress(Exception), atomic_path(paths.folder / f"{paths.job_id}_{rank}_flight.pkl") as tmp:
-            import torch
-
-            tmp.write_bytes(torch._C._distributed_c10d._dump_nccl_trace())
+            tmp.write_bytes(c10d._dump_nccl_trace())
 
 
 POINT_TO_POINT = frozenset({"mesh_pp"})
