@@ -75,3 +75,20 @@ def test_once_the_spares_are_used_up_the_next_restart_is_a_new_job(tmp_path, tok
     handed = [r.getMessage() for r in caplog.records if "handed back" in r.getMessage()]
     assert len(handed) == 1 and handed[0].endswith("the job's 1 spare node(s) are used up: a new job"), handed
     assert summary["state_digest"] == reference["state_digest"]
+
+
+@pytest.mark.slow  # a job of a wedged step, a check step and a training step: ~40 s
+def test_a_symmetric_hang_is_checked_inside_its_job_and_restarted_there_bitwise(tmp_path, tokens, reference):
+    # Every rank waits in one collective that never completes (fault.signal=WEDGE: a failed link or switch), so no
+    # rank's evidence names a host: the supervisor runs the gate's checks as a step of the same job on the step's own
+    # hosts (its folder <job>-check.0), finds no slow host, and restarts training in the same job, blaming nobody.
+    hang = ("resilience.hang_detect_s=4", "resilience.heartbeat_s=1")
+    summary = segment(tmp_path, tokens, "fault.step=5", "fault.signal=WEDGE", *hang)
+    jobs, _ = ledgers(tmp_path, *HOT, *hang)
+    assert [(j.outcome, j.step) for j in jobs] == [("hang", 0), ("completed", 1)]
+    assert jobs[0].verdict == "restart 1 of 3 (the gate's checks inside the job found no slow host)", jobs[0]
+    assert jobs[0].left_out == [] and len(submitted_jobs(tmp_path, *hang)) == 1  # one job: no new allocation
+    job = jobs[0].job_id.removesuffix(".0")
+    folder = Path(make_config("train_segment", tmp_path, *RESTART_RUN, *HOT, *hang).io.submitit)
+    assert list((folder / f"{job}-check.0").glob("*_0_result.pkl")), sorted(folder.iterdir())
+    assert summary["state_digest"] == reference["state_digest"]

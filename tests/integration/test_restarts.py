@@ -166,7 +166,7 @@ def test_a_symmetric_hang_blames_no_host_until_the_gate_s_checks_ran(tmp_path, t
     jobs, _ = ledgers(tmp_path, *hang)
     assert [j.outcome for j in jobs] == ["hang", "completed"]
     assert "every rank made no progress for" in jobs[0].line and "so no host is blamed" in jobs[0].line
-    assert jobs[0].verdict == "restart 1 of 3 (the gate's checks found no slow host)"
+    assert jobs[0].verdict == "restart 1 of 3 (the gate's checks on a new allocation found no slow host)"
     assert jobs[0].left_out == [] and jobs[1].exclude == []
     assert summary["state_digest"] == reference["state_digest"]
 

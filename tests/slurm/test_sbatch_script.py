@@ -121,7 +121,7 @@ def test_alps_runs_its_ranks_in_the_container_engine_environment(tmp_path, monke
     text = sbatch_script([*site_overrides("slurm"), "experiment=llama70b_alps"], tmp_path, monkeypatch)
     assert_matches_golden(text, "alps_gh200_edf.sbatch")
     srun = text.rstrip().splitlines()[-1]
-    # the supervisor is the job's one task, in the image as its steps' ranks are (launch.supervisor.SrunSteps)
+    # the supervisor is the job's one task, in the image as its steps' ranks are (launch.steps.SrunSteps)
     assert "--nodes=1 --ntasks=1 --environment=profiles/slurm/alps.toml python3 -u -m submitit.core._submit" in srun
     assert sbatch_flags(text)["nodes"] == "1036"  # the job's shape is the preset's, container or not
 

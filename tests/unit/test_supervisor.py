@@ -16,9 +16,11 @@ from trainflow.config import compose
 from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.launch import build_executor
-from trainflow.launch import supervisor as launch_supervisor
+from trainflow.launch import steps as launch_steps
+from trainflow.launch.gate_job import found_by
 from trainflow.launch.job_end import LaunchError
-from trainflow.launch.supervisor import SrunSteps, Supervisor, allocated, swapped
+from trainflow.launch.steps import SrunSteps
+from trainflow.launch.supervisor import Supervisor, allocated, swapped
 from trainflow.launch.task import MASTER_ADDR
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure
@@ -40,31 +42,55 @@ def job(tmp_path) -> submitit.Job:
     return submitit.local.local.LocalJob(tmp_path, "7", tasks=(0, 1))
 
 
+def unchecked() -> tuple[list[str], str]:
+    raise AssertionError("only a hang no rank's evidence pins is checked")
+
+
 def died(host: str = "n2") -> JobFailure:
     return JobFailure(line=f"rank 1 on host {host} was killed by SIGKILL", kind=JobOutcome.DIED, rank=1, host=host)
 
 
 def test_a_dead_rank_s_host_is_swapped_for_a_spare_and_a_used_up_spare_goes_back_to_the_stage(supervisor, job):
-    verdict, why = supervisor.verdict(died(), job, [], [], (["n1", "n2"], ["n3"]))
+    verdict, why = supervisor.verdict(died(), job, [], [], (["n1", "n2"], ["n3"]), unchecked)
     assert verdict.restart and verdict.exclude == {"n2"} and why == ""
     assert swapped(["n1", "n2"], ["n3"], {"n2"}) == (["n1", "n3"], [])
     assert swapped(["n1", "n2"], ["n3", "n4"], {"n1"}) == (["n3", "n2"], ["n4"])
-    verdict, why = supervisor.verdict(died("n3"), job, [], [], (["n1", "n3"], []))
+    verdict, why = supervisor.verdict(died("n3"), job, [], [], (["n1", "n3"], []), unchecked)
     assert verdict.restart and why == "the job's 1 spare node(s) are used up: a new job"
 
 
 def test_a_failure_that_blames_no_host_is_restarted_on_the_same_hosts(supervisor, job):
     raised = JobFailure(line="x", kind=JobOutcome.RAISED, rank=0, host="n1", errors={0: NCCL, 1: NCCL}, world=2)
-    verdict, why = supervisor.verdict(raised, job, [], [], (["n1", "n2"], []))
+    verdict, why = supervisor.verdict(raised, job, [], [], (["n1", "n2"], []), unchecked)
     assert verdict.restart and verdict.exclude == frozenset() and why == ""
 
 
-def test_what_the_stage_must_judge_goes_back_to_it(supervisor, job):
+def test_a_symmetric_hang_is_checked_inside_the_job_and_restarted_there(supervisor, job):
+    """The gate's checks as a step on the job's own hosts: a slow host found is swapped for the spare; none found, or
+    checks that could not run, restart on the same hosts blaming nobody."""
     symmetric = JobFailure(line="every rank made no progress", kind=JobOutcome.HANG)
-    verdict, why = supervisor.verdict(symmetric, job, [], [], (["n1", "n2"], ["n3"]))
-    assert verdict.restart and why.startswith("a hang no rank's evidence pins")
+    hosts = (["n1", "n2"], ["n3"])
+    for found, said in [([], "found no slow host"), ([], "could not run (x): no host blamed")]:
+        verdict, why = supervisor.verdict(symmetric, job, [], [], hosts, lambda f=found, s=said: (f, s))
+        assert verdict.restart and verdict.exclude == frozenset() and why == "" and verdict.why.endswith(f"({said})")
+    verdict, why = supervisor.verdict(symmetric, job, [], [], hosts, lambda: (["n2"], "found n2 slow"))
+    assert verdict.restart and verdict.exclude == {"n2"} and why == "", verdict
+
+
+def test_a_check_that_cannot_run_blames_nobody(supervisor):
+    def lost() -> list:
+        raise LaunchError("srun: error: Unable to create step for job 12: Job/step already completing")
+
+    assert found_by(supervisor.cfg, lost, "inside the job") == (
+        [],
+        "the gate's checks inside the job could not run (srun: error: Unable to create step for job 12: Job/step "
+        "already completing): no host blamed",
+    )
+
+
+def test_what_the_stage_must_judge_goes_back_to_it(supervisor, job):
     refused = JobFailure(line="x", kind=JobOutcome.RAISED, rank=0, host="n1", errors={0: "E: x"}, expected=True)
-    verdict, why = supervisor.verdict(refused, job, [], [], (["n1", "n2"], ["n3"]))
+    verdict, why = supervisor.verdict(refused, job, [], [], (["n1", "n2"], ["n3"]), unchecked)
     assert not verdict.restart and why == verdict.why and why.startswith("not restarted")
 
 
@@ -86,7 +112,7 @@ def test_a_step_runs_on_its_hosts_inside_the_allocation(tmp_path, monkeypatch):
     def popen(command, **kwargs):
         started.update(command=command, env=kwargs["env"])
 
-    monkeypatch.setattr(launch_supervisor.subprocess, "Popen", popen)
+    monkeypatch.setattr(launch_steps.subprocess, "Popen", popen)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued once: the ranks may requeue it max_requeues - 1 times
     steps = SrunSteps(compose("train_segment", SLURM).cluster.allocation, 2)
@@ -115,7 +141,7 @@ def test_the_time_limit_s_step_is_requeued_by_rank_0_or_else_by_the_supervisor(m
         calls.append(command)
         return subprocess.CompletedProcess(command, 0, stdout=f"JobId=12 Requeue=1 Restarts={restarts} BatchFlag=1")
 
-    monkeypatch.setattr(launch_supervisor.subprocess, "run", run)
+    monkeypatch.setattr(launch_steps.subprocess, "run", run)
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     steps = SrunSteps(compose("train_segment", SLURM).cluster.allocation, 2)

@@ -149,11 +149,10 @@ def judged(
     history = [*ledger.read(), ran]  # its newest checkpoint: whether it made progress
     verdict = judgement(cfg, job, failure, failures, history)
     if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:
-        found = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
+        found, said = slow_hosts(cfg, exclude=sorted(exclude), name=f"{cfg.run}-check-{cfg.segment}")
         # a hang no rank's evidence pins: the gate's checks find the host, or none
         verdict = judgement(cfg, job, failure, failures, history, slow=frozenset(found))
-        said = f"found {', '.join(found)} slow" if found else "found no slow host"
-        verdict = dataclasses.replace(verdict, why=f"{verdict.why} (the gate's checks {said})")
+        verdict = dataclasses.replace(verdict, why=f"{verdict.why} ({said})")
     ledger.append(recorded(ran, verdict))
     if not verdict.restart:
         raise LaunchError(f"segment {cfg.segment} failed: {err}; {verdict.why}; {resume_point(cfg)}") from err

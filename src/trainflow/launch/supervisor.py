@@ -5,48 +5,42 @@ skipped: launch.slurm_nodes), the failed node left out, which resumes from the n
 
     python -m trainflow.stages.train_segment cluster.allocation.spare_nodes=1 fault.step=3 fault.signal=KILL
 
-A step is a Slurm job step (srun --nodelist inside the allocation: SrunSteps) or, on one machine, a local job of the
-rank processes the supervisor starts and waits for itself (LocalSteps: one host, so the host left out is only
-recorded). Every step the supervisor restarts is a line of the run's jobs ledger (JobRun.step, job_id <job>.<step>),
-and each new step's line holds the seconds from the failure before it to its own first trained step
-(JobRun.first_step_s). What it does not restart it hands back to the stage (launch.segment_jobs), which judges it as
-a job's failure: a verdict of no restart, a hang no rank's evidence pins (the gate's checks need a job of their own),
-and a restart once the spares are used up (a new job, as with no spares).
+A step is a Slurm job step or, on one machine, a local job of the rank processes (launch.steps). Every step the
+supervisor restarts is a line of the run's jobs ledger (JobRun.step, job_id <job>.<step>), and each new step's line
+holds the seconds from the failure before it to its own first trained step (JobRun.first_step_s). A hang no rank's
+evidence pins (a symmetric hang: a failed link or switch) is checked where it happened: a step of the gate's checks
+on the job's own hosts (launch.gate_job.checked) finds the slow host, which a spare replaces, or none, and training
+restarts in the same job either way; a check that cannot run blames nobody. What it does not restart it hands back
+to the stage (launch.segment_jobs), which judges it as a job's failure: a verdict of no restart, and a restart once
+the spares are used up (a new job, as with no spares).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
-import os
-import re
-import shlex
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import NoReturn
 
 import submitit
-from submitit.core.utils import cloudpickle_dump, pickle_load
-from submitit.helpers import Checkpointable, DelayedSubmission
+from submitit.helpers import Checkpointable
 
-from trainflow.config import AllocationConfig, TrainflowConfig
+from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
-from trainflow.host import hostname
 from trainflow.journal import Journal
-from trainflow.launch.container import python_command, srun_args
-from trainflow.launch.executors import LocalExecutor
-from trainflow.launch.failure import analyse
-from trainflow.launch.job_end import LaunchError, show_job, wait_job
+from trainflow.launch.gate_job import checked
+from trainflow.launch.job_end import LaunchError
 from trainflow.launch.judgement import judgement, recorded
 from trainflow.launch.restart import first_step_at, job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
-from trainflow.launch.task import MASTER_ADDR, configure_logging
+from trainflow.launch.steps import LocalSteps, SrunSteps, Steps
+from trainflow.launch.task import configure_logging
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
 from trainflow.resilience.verdict import JobFailure, Verdict
 
@@ -54,108 +48,6 @@ log = logging.getLogger(__name__)
 
 REQUEUE_WAIT_S = 300
 """How long a supervisor whose job was requeued waits for Slurm to end it (KillWait after the requeue's SIGTERM)."""
-
-
-class Steps(Protocol):
-    """How the supervisor starts and waits for a step of training ranks on some of the allocation's hosts."""
-
-    def hosts(self) -> list[str]:
-        """The allocation's hosts, in order."""
-
-    def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
-        """Start the task's ranks on `hosts`, its files in `folder`."""
-
-    def wait(self, job: submitit.Job) -> list:
-        """Every rank's result; a LaunchError holding the failure otherwise."""
-
-    def requeue(self) -> str:
-        """After the time limit's signal, once a step's ranks stopped without a result: make sure the job is requeued
-        (its rank 0 does it, having saved); how, in words. A LaunchError where it cannot be."""
-
-
-@dataclass
-class LocalSteps:
-    """One machine: each step is a local job of the ranks' processes (executors.LocalExecutor)."""
-
-    allocation: AllocationConfig
-    world_size: int
-
-    def hosts(self) -> list[str]:
-        return [hostname()] * (self.allocation.nodes + self.allocation.spare_nodes)
-
-    def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
-        executor = LocalExecutor(folder=folder)
-        executor.update_parameters(timeout_min=self.allocation.time_min, tasks_per_node=self.world_size, nodes=1)
-        return executor.submit(task)
-
-    def wait(self, job: submitit.Job) -> list:
-        return wait_job(job)
-
-    def requeue(self) -> str:
-        raise LaunchError(
-            "a local job's supervisor is not requeued at its time limit: raise cluster.allocation.time_min"
-        )
-
-
-@dataclass
-class SrunSteps:
-    """Slurm: each step is `srun --nodelist=<hosts>` inside the job's allocation, running submitit's task entry point
-    on a folder of the step's own (its ranks' results, markers and logs)."""
-
-    allocation: AllocationConfig
-    world_size: int
-    process: subprocess.Popen | None = None
-
-    def hosts(self) -> list[str]:
-        command = ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]
-        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
-
-    def launch(self, task: Checkpointable, hosts: list[str], folder: Path) -> submitit.Job:
-        folder.mkdir(parents=True, exist_ok=True)
-        job = submitit.SlurmJob(folder, os.environ["SLURM_JOB_ID"], tasks=range(self.world_size))
-        delayed = DelayedSubmission(task)
-        # The ranks own the requeue at the time limit (rank 0's submitit handler): the requeues the job has left.
-        requeues = self.allocation.max_requeues - int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        delayed.set_timeout(self.allocation.time_min, requeues)
-        cloudpickle_dump(delayed, job.paths.submitted_pickle)
-        python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
-        command = [
-            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append"),
-            *(f"--nodes={len(hosts)}", f"--ntasks={self.world_size}", f"--nodelist={','.join(hosts)}"),
-            f"--ntasks-per-node={self.world_size // len(hosts)}",
-            *(f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"),
-            *srun_args(self.allocation.container),
-            *shlex.split(python),
-            *("-u", "-m", "submitit.core._submit", str(folder)),
-        ]
-        log.info("Started job step on %s: %s", ",".join(hosts), shlex.join(command))
-        with open(job.paths.stderr, "ab") as err:  # srun's own lines (a task's end: launch.failure) beside rank 0's
-            self.process = subprocess.Popen(command, stdout=err, stderr=err, env={**os.environ, MASTER_ADDR: hosts[0]})
-        return job
-
-    def wait(self, job: submitit.Job) -> list:
-        code = self.process.wait()
-        paths = [job.task(k).paths.result_pickle for k in range(job.num_tasks)]
-        outcomes = [pickle_load(path) if path.exists() else None for path in paths]
-        if all(outcome and outcome[0] == "success" for outcome in outcomes):
-            return [outcome[1] for outcome in outcomes]
-        failure = analyse(job, "slurm", ("", 0), outcomes)
-        log.warning("Job step %s ended (srun exit status %d): %s", job.paths.folder.name, code, failure.line)
-        raise LaunchError(failure.line, failure)
-
-    def requeue(self) -> str:
-        """Nothing where Slurm counts a restart more than this job's run (rank 0 requeued it); else `scontrol requeue`
-        (its ranks died before their handler, or stopped after it without a rank 0 to requeue)."""
-        job, count = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        if (restarts := re.search(r"\bRestarts=(\d+)", show_job(job).stdout)) and int(restarts.group(1)) > count:
-            return "its rank 0 requeued the job"
-        if count >= self.allocation.max_requeues:
-            raise LaunchError(
-                f"job {job} reached its time limit with its {count} requeue(s) used up "
-                f"(cluster.allocation.max_requeues={self.allocation.max_requeues}): raise it or time_min"
-            )
-        subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
-        return "the supervisor requeued the job (its ranks had not)"
 
 
 @dataclass(frozen=True)
@@ -217,7 +109,8 @@ class Supervisor:
                 if self.signalled and not err.failure.errors:  # the ranks stopped at the time limit, none raised
                     self.requeued(steps, run, ledger)
                 spares = usable_spares(spares, node_states(a.executor))  # Slurm may have drained one meanwhile
-                verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares))
+                check = functools.partial(checked, self.cfg, steps, active, base / f"{job_id}-check.{index}")
+                verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares), check)
                 if why:
                     return Supervised(run, failure=err.failure, failures=failures, why=why)
                 ledger.append(recorded(run, verdict))
@@ -262,16 +155,26 @@ class Supervisor:
         return dataclasses.replace(run, first_step_s=first - failed_at if first and failed_at else None)
 
     def verdict(
-        self, failure: JobFailure, job: submitit.Job, failures: list, history: list[JobRun], hosts: tuple[list, list]
+        self,
+        failure: JobFailure,
+        job: submitit.Job,
+        failures: list,
+        history: list[JobRun],
+        hosts: tuple[list, list],
+        check: Callable[[], tuple[list[str], str]],
     ) -> tuple[Verdict, str]:
         """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
-        step's and the spares."""
+        step's and the spares; `check`: the gate's checks on the step's hosts, run after a hang no rank's evidence
+        pins."""
         a, (active, spares) = self.cfg.cluster.allocation, hosts
-        verdict = judgement(self.cfg, job, failure, [*self.earlier, *failures], history)
+        earlier = [*self.earlier, *failures]
+        verdict = judgement(self.cfg, job, failure, earlier, history)
+        if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:
+            found, said = check()
+            verdict = judgement(self.cfg, job, failure, earlier, history, slow=frozenset(found))
+            verdict = dataclasses.replace(verdict, why=f"{verdict.why} ({said})")
         if not verdict.restart:
             return verdict, verdict.why
-        if failure.kind == JobOutcome.HANG and failure.rank is None:
-            return verdict, "a hang no rank's evidence pins: the gate's checks run first, in a job of their own"
         if len(verdict.exclude & set(active)) > len(spares):
             return verdict, f"the job's {a.spare_nodes} spare node(s) are used up: a new job"
         return verdict, ""

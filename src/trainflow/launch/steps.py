@@ -1,0 +1,136 @@
+"""How the hot-restart supervisor (launch.supervisor) starts a step of ranks on some of its allocation's hosts and
+waits for it: a Slurm job step (srun --nodelist inside the allocation: SrunSteps) or, on one machine, a local job of
+the rank processes (LocalSteps: one host, so a host left out is only recorded). A step runs any submitit task: the
+segment's training ranks, or the gate's checks of the job's own nodes (launch.gate_job.checked).
+
+    python -m trainflow.stages.train_segment cluster.allocation.spare_nodes=1 fault.step=3 fault.signal=KILL
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import submitit
+from submitit.core.utils import cloudpickle_dump, pickle_load
+from submitit.helpers import DelayedSubmission
+
+from trainflow.config import AllocationConfig
+from trainflow.host import hostname
+from trainflow.launch.container import python_command, srun_args
+from trainflow.launch.executors import LocalExecutor
+from trainflow.launch.failure import analyse
+from trainflow.launch.job_end import LaunchError, show_job, wait_job
+from trainflow.launch.task import MASTER_ADDR
+
+log = logging.getLogger(__name__)
+
+
+class Steps(Protocol):
+    """How the supervisor starts and waits for a step of training ranks on some of the allocation's hosts."""
+
+    def hosts(self) -> list[str]:
+        """The allocation's hosts, in order."""
+
+    def launch(self, task: Callable[[], object], hosts: list[str], folder: Path) -> submitit.Job:
+        """Start the task's ranks on `hosts`, its files in `folder`."""
+
+    def wait(self, job: submitit.Job) -> list:
+        """Every rank's result; a LaunchError holding the failure otherwise."""
+
+    def requeue(self) -> str:
+        """After the time limit's signal, once a step's ranks stopped without a result: make sure the job is requeued
+        (its rank 0 does it, having saved); how, in words. A LaunchError where it cannot be."""
+
+
+@dataclass
+class LocalSteps:
+    """One machine: each step is a local job of the ranks' processes (executors.LocalExecutor)."""
+
+    allocation: AllocationConfig
+    world_size: int
+
+    def hosts(self) -> list[str]:
+        return [hostname()] * (self.allocation.nodes + self.allocation.spare_nodes)
+
+    def launch(self, task: Callable[[], object], hosts: list[str], folder: Path) -> submitit.Job:
+        executor = LocalExecutor(folder=folder)
+        executor.update_parameters(timeout_min=self.allocation.time_min, tasks_per_node=self.world_size, nodes=1)
+        return executor.submit(task)
+
+    def wait(self, job: submitit.Job) -> list:
+        return wait_job(job)
+
+    def requeue(self) -> str:
+        raise LaunchError(
+            "a local job's supervisor is not requeued at its time limit: raise cluster.allocation.time_min"
+        )
+
+
+@dataclass
+class SrunSteps:
+    """Slurm: each step is `srun --nodelist=<hosts>` inside the job's allocation, running submitit's task entry point
+    on a folder of the step's own (its ranks' results, markers and logs)."""
+
+    allocation: AllocationConfig
+    world_size: int
+    process: subprocess.Popen | None = None
+
+    def hosts(self) -> list[str]:
+        command = ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+
+    def launch(self, task: Callable[[], object], hosts: list[str], folder: Path) -> submitit.Job:
+        folder.mkdir(parents=True, exist_ok=True)
+        job = submitit.SlurmJob(folder, os.environ["SLURM_JOB_ID"], tasks=range(self.world_size))
+        delayed = DelayedSubmission(task)
+        # The ranks own the requeue at the time limit (rank 0's submitit handler): the requeues the job has left.
+        requeues = self.allocation.max_requeues - int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        delayed.set_timeout(self.allocation.time_min, requeues)
+        cloudpickle_dump(delayed, job.paths.submitted_pickle)
+        python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
+        command = [
+            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append"),
+            *(f"--nodes={len(hosts)}", f"--ntasks={self.world_size}", f"--nodelist={','.join(hosts)}"),
+            f"--ntasks-per-node={self.world_size // len(hosts)}",
+            *(f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"),
+            *srun_args(self.allocation.container),
+            *shlex.split(python),
+            *("-u", "-m", "submitit.core._submit", str(folder)),
+        ]
+        log.info("Started job step on %s: %s", ",".join(hosts), shlex.join(command))
+        with open(job.paths.stderr, "ab") as err:  # srun's own lines (a task's end: launch.failure) beside rank 0's
+            self.process = subprocess.Popen(command, stdout=err, stderr=err, env={**os.environ, MASTER_ADDR: hosts[0]})
+        return job
+
+    def wait(self, job: submitit.Job) -> list:
+        code = self.process.wait()
+        paths = [job.task(k).paths.result_pickle for k in range(job.num_tasks)]
+        outcomes = [pickle_load(path) if path.exists() else None for path in paths]
+        if all(outcome and outcome[0] == "success" for outcome in outcomes):
+            return [outcome[1] for outcome in outcomes]
+        failure = analyse(job, "slurm", ("", 0), outcomes)
+        log.warning("Job step %s ended (srun exit status %d): %s", job.paths.folder.name, code, failure.line)
+        raise LaunchError(failure.line, failure)
+
+    def requeue(self) -> str:
+        """Nothing where Slurm counts a restart more than this job's run (rank 0 requeued it); else `scontrol requeue`
+        (its ranks died before their handler, or stopped after it without a rank 0 to requeue)."""
+        job, count = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        if (restarts := re.search(r"\bRestarts=(\d+)", show_job(job).stdout)) and int(restarts.group(1)) > count:
+            return "its rank 0 requeued the job"
+        if count >= self.allocation.max_requeues:
+            raise LaunchError(
+                f"job {job} reached its time limit with its {count} requeue(s) used up "
+                f"(cluster.allocation.max_requeues={self.allocation.max_requeues}): raise it or time_min"
+            )
+        subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
+        return "the supervisor requeued the job (its ranks had not)"
