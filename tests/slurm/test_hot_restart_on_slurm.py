@@ -1,7 +1,8 @@
 """Hot restarts on the local Slurm cluster of three emulated nodes, 2 + 1 spare (cluster.allocation.spare_nodes=1,
 launch.supervisor): after a dead, a stalled rank or a node Slurm marks down, a new job step inside the same job runs
 on the healthy node and the spare, the failed node left out, and the segment ends bit for bit where a run without the
-fault ends. No second job is submitted.
+fault ends; after a symmetric hang the gate's checks run as a step on the job's own nodes and, finding none slow, the
+next step runs on them again. No second job is submitted.
 
 bash scripts/slurm_cluster.sh start --nodes 3 && .venv/bin/python -m pytest tests/slurm/test_hot_restart_on_slurm.py
 """
@@ -77,6 +78,24 @@ def test_a_stalled_rank_s_node_is_left_out_of_a_new_step_in_the_same_job(tmp_pat
     jobs = assert_hot_restarted(tmp_path, summary, reference, *stall)
     assert jobs[0].outcome == "hang"
     assert jobs[0].line.startswith(f"rank 1 on host {jobs[0].left_out[0]} made no progress"), jobs[0].line
+
+
+def test_a_symmetric_hang_is_checked_inside_the_job_and_no_healthy_node_left_out(tmp_path, tokens, reference):
+    # Every rank waits in one collective that never completes (WEDGE: a failed link or switch): no rank's evidence
+    # names a node, so the supervisor runs the gate's checks as a step on the job's own two nodes (srun inside the
+    # allocation), finds no slow node, and the next training step runs on the same nodes, in the same job.
+    three_nodes()
+    hang = ("resilience.hang_detect_s=5", "resilience.heartbeat_s=1")
+    summary = run_segment(tmp_path, tokens, *BASE, *SLURM, "fault.step=5", "fault.signal=WEDGE", *hang)
+    jobs, _ = ledgers(tmp_path, *SLURM, *hang)
+    assert [(j.outcome, j.step) for j in jobs] == [("hang", 0), ("completed", 1)], jobs
+    assert jobs[0].verdict == "restart 1 of 3 (the gate's checks inside the job found no slow host)", jobs[0]
+    assert jobs[0].left_out == [] and {j.job_id.split(".")[0] for j in jobs} == {jobs[0].job_id.split(".")[0]}
+    assert step_hosts(tmp_path, jobs[0], *hang) == step_hosts(tmp_path, jobs[1], *hang)  # the spare not needed
+    folder = Path(make_config("train_segment", tmp_path, *BASE, *SLURM, *hang).io.submitit)
+    assert len(list(folder.glob("*_submitted.pkl"))) == 1  # the supervisor's: no job for the checks
+    assert list(folder.glob(f"{jobs[0].job_id.split('.')[0]}-check.0/*_1_result.pkl"))  # the check: a job step
+    assert summary["state_digest"] == reference["state_digest"]
 
 
 def test_a_node_slurm_marks_down_is_left_out_of_a_new_step_in_the_same_job(tmp_path, tokens, reference):
