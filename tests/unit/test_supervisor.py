@@ -43,7 +43,7 @@ def job(tmp_path) -> submitit.Job:
 
 
 def unchecked() -> tuple[list[str], str]:
-    raise AssertionError("only a hang no rank's evidence pins is checked")
+    raise AssertionError("only a hang no rank's evidence pins, or an NCCL error no node confirms, is checked")
 
 
 def died(host: str = "n2") -> JobFailure:
@@ -59,10 +59,11 @@ def test_a_dead_rank_s_host_is_swapped_for_a_spare_and_a_used_up_spare_goes_back
     assert verdict.restart and why == "the job's 1 spare node(s) are used up: a new job"
 
 
-def test_a_failure_that_blames_no_host_is_restarted_on_the_same_hosts(supervisor, job):
+def test_an_nccl_error_no_node_confirms_is_checked_inside_the_job_and_restarted_on_the_same_hosts(supervisor, job):
     raised = JobFailure(line="x", kind=JobOutcome.RAISED, rank=0, host="n1", errors={0: NCCL, 1: NCCL}, world=2)
-    verdict, why = supervisor.verdict(raised, job, [], [], (["n1", "n2"], []), unchecked)
-    assert verdict.restart and verdict.exclude == frozenset() and why == ""
+    checks = []
+    verdict, why = supervisor.verdict(raised, job, [], [], (["n1", "n2"], []), lambda: checks.append(1) or ([], "ok"))
+    assert verdict.restart and verdict.exclude == frozenset() and why == "" and checks == [1]
 
 
 def test_a_symmetric_hang_is_checked_inside_the_job_and_restarted_there(supervisor, job):

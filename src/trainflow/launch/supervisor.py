@@ -8,7 +8,8 @@ skipped: launch.slurm_nodes), the failed node left out, which resumes from the n
 A step is a Slurm job step or, on one machine, a local job of the rank processes (launch.steps). Every step the
 supervisor restarts is a line of the run's jobs ledger (JobRun.step, job_id <job>.<step>), and each new step's line
 holds the seconds from the failure before it to its own first trained step (JobRun.first_step_s). A hang no rank's
-evidence pins (a symmetric hang: a failed link or switch) is checked where it happened: a step of the gate's checks
+evidence pins (a symmetric hang: a failed link or switch), or an NCCL error no node confirms, is checked where it
+happened: a step of the gate's checks
 on the job's own hosts (launch.gate_job.checked) finds the slow host, which a spare replaces, or none, and training
 restarts in the same job either way; a check that cannot run blames nobody. What it does not restart it hands back
 to the stage (launch.segment_jobs), which judges it as a job's failure: a verdict of no restart, and a restart once
@@ -41,7 +42,7 @@ from trainflow.launch.restart import first_step_at, job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
 from trainflow.launch.steps import LocalSteps, SrunSteps, Steps
 from trainflow.launch.task import configure_logging
-from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
+from trainflow.resilience.ledger import NO_FAILURE, FaultClass, JobOutcome, JobRun
 from trainflow.resilience.verdict import JobFailure, Verdict
 
 log = logging.getLogger(__name__)
@@ -165,11 +166,12 @@ class Supervisor:
     ) -> tuple[Verdict, str]:
         """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
         step's and the spares; `check`: the gate's checks on the step's hosts, run after a hang no rank's evidence
-        pins."""
+        pins or an NCCL error no node's evidence confirms (ncclSystemError, ncclRemoteError: a link, a switch)."""
         a, (active, spares) = self.cfg.cluster.allocation, hosts
         earlier = [*self.earlier, *failures]
         verdict = judgement(self.cfg, job, failure, earlier, history)
-        if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:
+        symmetric = failure.kind == JobOutcome.HANG and failure.rank is None
+        if verdict.restart and (symmetric or verdict.fault is FaultClass.NETWORK):
             found, said = check()
             verdict = judgement(self.cfg, job, failure, earlier, history, slow=frozenset(found))
             verdict = dataclasses.replace(verdict, why=f"{verdict.why} ({said})")
