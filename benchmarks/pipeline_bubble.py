@@ -188,7 +188,7 @@ def rank_fn(rank: int, world: int, configs: list[tuple[str, int]], repeats: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="p=2 only, 10 ms forwards, 2 timed steps instead of 5")
+    ap.add_argument("--quick", action="store_true", help="p=2 and m=4 only, 10 ms forwards, 2 timed steps instead of 5")
     ap.add_argument("--cost", choices=("sleep", "matmul"), default="sleep")
     ap.add_argument("--forward-ms", type=float, default=100.0, help="--cost sleep: a block's forward (backward 2x)")
     ap.add_argument(
@@ -198,7 +198,7 @@ def main() -> None:
     repeats = 2 if args.quick else 5
     forward_ms = min(args.forward_ms, 10.0) if args.quick else args.forward_ms
     cost = {"kind": args.cost, "forward_s": forward_ms / 1e3}
-    schedules, ms = ("gpipe", "1f1b", "interleaved_1f1b"), (4, 8)
+    schedules, ms = ("gpipe", "1f1b", "interleaved_1f1b"), (4,) if args.quick else (4, 8)
     configs = [(s, m) for s in schedules for m in ms]
     rows, ratios = [], []
     for p in (2,) if args.quick else (2, 4):

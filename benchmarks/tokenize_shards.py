@@ -95,10 +95,10 @@ def one_worker(corpus: str, tokenizer: str, out: Path) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 MB of text, 1 round")
+    parser.add_argument("--quick", action="store_true", help="2 MB of text, 1 round")
     parser.add_argument("--dir", default=None, help="where to put the corpus (default: the system's temp folder)")
     args = parser.parse_args()
-    mb, rounds = (8, 1) if args.quick else (32, 3)
+    mb, rounds = (2, 1) if args.quick else (32, 3)
     root = Path(tempfile.mkdtemp(prefix="tokenize-bench-", dir=args.dir))
     try:
         texts = make_corpus(root / "corpus", mb)
