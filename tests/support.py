@@ -25,9 +25,9 @@ from trainflow.data.sampler import TokenSampler
 from trainflow.data.stream import DataStream, migrated
 from trainflow.energy.metrics import JobMetrics
 from trainflow.journal import Journal
+from trainflow.resilience.goodput import Span
 from trainflow.resilience.ledger import JobRun
 from trainflow.stages import prepare_data
-from trainflow.train.step_log import Span
 
 LAYERS = {
     "errors": 0,

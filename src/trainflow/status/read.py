@@ -24,10 +24,10 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.launch.restart import gate_exclusions
 from trainflow.records import JOURNAL_BYTES, Record, read_file, read_record
+from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
 from trainflow.resilience.ledger import NO_FAILURE, HostEvent, JobRun, checked_hosts, standing
-from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.run_record import RunRecord
-from trainflow.train.step_log import Span, StepRecord
+from trainflow.train.step_log import StepRecord
 from trainflow.train.summary import SegmentSummary
 
 R = TypeVar("R", bound=Record)
