@@ -28,7 +28,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.plan.from_run import plan_run, read_terms
 from trainflow.resilience.arrivals import Arrival, ArrivalKind
-from trainflow.resilience.ledger import NO_FAILURE, JobRun
+from trainflow.resilience.ledger import NO_FAILURE, JobRun, jobs_ledger
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -66,7 +66,7 @@ def test_measured_goodput_with_hot_restarts_on_slurm_is_the_plan_from_the_runs_t
     plan = plan_run(read_terms(run))
     (checkpoints,) = (p.parent for p in run.glob("capacity/checkpoints/*/faults.jsonl"))
     struck = [a for a in Journal(RunFolder.faults_log(str(checkpoints)), Arrival).read() if a.kind != ArrivalKind.START]
-    jobs = Journal(RunFolder.jobs_log(str(checkpoints)), JobRun).read()
+    jobs = jobs_ledger(str(checkpoints)).read()
     failed = [j for j in jobs if j.outcome not in NO_FAILURE]
     hot = [j for j in jobs if j.step]  # a job step after the first: a hot restart
     print(json_figures(time.time() - started, plan, struck, jobs, hot))

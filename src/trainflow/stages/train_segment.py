@@ -38,7 +38,7 @@ from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.segment_jobs import run_jobs
 from trainflow.resilience.arrivals import drilled_hosts, start_clock
 from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
-from trainflow.resilience.ledger import JobRun
+from trainflow.resilience.ledger import jobs_ledger
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.adopt import adopt_legacy
@@ -136,7 +136,7 @@ def run(cfg: TrainflowConfig) -> StageFigures | None:
     windows = [r.energy.node for r in results if r.energy.node]
     for action in actions_taken(windows):
         log.info("Energy: %s", action)
-    jobs = segment_jobs(Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read(), cfg.segment)
+    jobs = segment_jobs(jobs_ledger(cfg.io.checkpoints).read(), cfg.segment)
     goodput = measure_goodput(jobs, Journal(RunFolder.spans_log(cfg.io.checkpoints), Span).read())
     log.info(
         "Goodput of segment %d: %.1f %% of %.1f s over %d job(s)",
