@@ -198,11 +198,13 @@ def test_no_test_module_imports_another():
     assert not found, f"test modules importing test modules (move what they share to tests/support.py): {found}"
 
 
-def test_configuration_and_its_pre_flight_checks_import_no_torch():
-    """config/, hf/ and preflight.py run where the DAG is built and in every stage, the torch-free ones too: no import
-    of torch anywhere in their files (in a function either), so none creeps in behind a lazy import. hf/write.py names
-    torch's Tensor for its annotations alone, under TYPE_CHECKING."""
+def test_configuration_its_pre_flight_checks_and_resilience_import_no_torch():
+    """config/, hf/ and preflight.py run where the DAG is built and in every stage, the torch-free ones too, and
+    resilience/ and campaign/ are read by trainflow.status and the stage: no import of torch anywhere in their files
+    (in a function either), so none creeps in behind a lazy import. hf/write.py names torch's Tensor for its
+    annotations alone, under TYPE_CHECKING."""
     files = [*(SRC / "config").glob("*.py"), SRC / "preflight.py", *(SRC / "hf").glob("*.py")]
+    files += [*(SRC / "resilience").glob("*.py"), *(SRC / "campaign").glob("*.py")]
     found = {}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
