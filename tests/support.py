@@ -25,9 +25,9 @@ from trainflow.data.sampler import TokenSampler
 from trainflow.data.stream import DataStream, migrated
 from trainflow.energy.metrics import JobMetrics
 from trainflow.journal import Journal
-from trainflow.resilience.ledger import JobRun
+from trainflow.resilience.goodput import Span
+from trainflow.resilience.ledger import JobRun, jobs_ledger
 from trainflow.stages import prepare_data
-from trainflow.train.step_log import Span
 
 LAYERS = {
     "errors": 0,
@@ -264,7 +264,7 @@ RESTART_RUN = (
 def ledgers(root: Path, *extra: str) -> tuple[list[JobRun], list[Span]]:
     """The jobs ledger and the spans of a RESTART_RUN run under `root`."""
     folder = make_config("train_segment", root, *RESTART_RUN, *extra).io.checkpoints
-    return Journal(RunFolder.jobs_log(folder), JobRun).read(), Journal(RunFolder.spans_log(folder), Span).read()
+    return jobs_ledger(folder).read(), Journal(RunFolder.spans_log(folder), Span).read()
 
 
 def wandb_history(folder: Path) -> dict[int, dict]:

@@ -1,8 +1,9 @@
 """A journal: a JSONL file of typed records (trainflow.records), one appended per line and read back with every line
-checked: the step, evaluation, guard and span logs of a segment, and the run's jobs ledger.
+checked: the step, evaluation, guard and span logs of a segment, and the run's jobs and hosts ledgers (opened by
+resilience.ledger.jobs_ledger and hosts_ledger alone).
 
-    python -c "from trainflow.journal import Journal; from trainflow.resilience.ledger import JobRun; \
-        print(Journal('runs/default/capacity/checkpoints/<series>/jobs.jsonl', JobRun).read())"
+    python -c "from trainflow.journal import Journal; from trainflow.train.step_log import StepRecord; \
+        print(Journal('runs/default/capacity/checkpoints/<series>/steps.jsonl', StepRecord).read(live=True)[-1:])"
 """
 
 from __future__ import annotations
@@ -23,15 +24,18 @@ class Journal(Generic[R]):
     def __init__(self, path: str | Path, kind: type[R]) -> None:
         self.path, self.kind = Path(path), kind
 
-    def read(self) -> list[R]:
+    def read(self, *, live: bool = False) -> list[R]:
         """Every record; none where the file is missing. A file that is no regular one, or a line that is no JSON of
-        the record, is one RecordError naming it."""
+        the record, is one RecordError naming it. `live`: another process may be appending to it now (trainflow.status
+        reads a running campaign's), so a last line without its newline, one still being written, is left out."""
         fix = "it was altered: move it away (its records are lost)"
         try:
             text = read_file(self.path, fix=fix, limit=JOURNAL_BYTES)
         except FileNotFoundError:
             return []
-        return [self.record(n, line, fix) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        lines = text.split("\n")
+        lines = lines[:-1] if live else lines  # the last: "" after a final newline, else a line being appended
+        return [self.record(n, line, fix) for n, line in enumerate(lines, 1) if line.strip()]
 
     def record(self, n: int, line: str, fix: str) -> R:
         where = f"{self.path}:{n}"

@@ -9,7 +9,7 @@ The local drill's campaign (tests/workflow/test_goodput_drill.py: MTBF 30 s, 40 
 240 steps: 3-8 failures over the 2-3 min it is at risk here. A failure's node is left out of the new job step, which
 runs on the healthy node and the spare; the next failure in that job finds the spare used up and goes back to the
 stage, which submits a new job with a spare again (a host blamed only for a drill's failure is not left out of later
-jobs: train.arrivals.drilled_hosts). The plan counts both kinds of restart by their measured mean, as it counts the
+jobs: resilience.arrivals.drilled_hosts). The plan counts both kinds of restart by their measured mean, as it counts the
 failures by the rate the run met.
 """
 
@@ -27,8 +27,8 @@ from tests.support import SNAKEMAKE
 from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.plan.from_run import plan_run, read_terms
-from trainflow.resilience.ledger import NO_FAILURE, JobRun
-from trainflow.train.arrivals import Arrival, ArrivalKind
+from trainflow.resilience.arrivals import Arrival, ArrivalKind
+from trainflow.resilience.ledger import NO_FAILURE, JobRun, jobs_ledger
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -66,7 +66,7 @@ def test_measured_goodput_with_hot_restarts_on_slurm_is_the_plan_from_the_runs_t
     plan = plan_run(read_terms(run))
     (checkpoints,) = (p.parent for p in run.glob("capacity/checkpoints/*/faults.jsonl"))
     struck = [a for a in Journal(RunFolder.faults_log(str(checkpoints)), Arrival).read() if a.kind != ArrivalKind.START]
-    jobs = Journal(RunFolder.jobs_log(str(checkpoints)), JobRun).read()
+    jobs = jobs_ledger(str(checkpoints)).read()
     failed = [j for j in jobs if j.outcome not in NO_FAILURE]
     hot = [j for j in jobs if j.step]  # a job step after the first: a hot restart
     print(json_figures(time.time() - started, plan, struck, jobs, hot))

@@ -12,10 +12,8 @@ import time
 
 import pytest
 
-from trainflow.config.run_folder import RunFolder
-from trainflow.journal import Journal
 from trainflow.launch.slurm_nodes import on_probation, scontrol_nodes, usable_spares
-from trainflow.resilience.ledger import HostEvent, JobOutcome, JobRun
+from trainflow.resilience.ledger import JobOutcome, JobRun, hosts_ledger
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +50,7 @@ def test_a_drained_then_resumed_node_leaves_probation(tmp_path):
         assert on_probation(ckpts, jobs, scontrol_nodes) == frozenset()
     finally:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, text=True)
-    held, back = Journal(RunFolder.hosts_log(ckpts), HostEvent).read()
+    held, back = hosts_ledger(ckpts).read()
     assert (held.kind, back.kind, back.host, back.blamed_by) == ("held", "returned", node, "job 1")
     assert held.evidence.startswith(f"Slurm holds it out: IDLE+DRAIN, reason '{REASON} [")
     assert back.evidence.startswith("Slurm has it IDLE after the hold seen at ")

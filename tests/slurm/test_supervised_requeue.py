@@ -22,9 +22,7 @@ import pytest
 
 from tests.conftest import make_config, read_json
 from tests.slurm.conftest import idle_nodes
-from trainflow.config.run_folder import RunFolder
-from trainflow.journal import Journal
-from trainflow.resilience.ledger import JobOutcome, JobRun
+from trainflow.resilience.ledger import JobOutcome, jobs_ledger
 from trainflow.stages import train_segment
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -61,7 +59,7 @@ def test_a_supervised_job_s_time_limit_is_requeued_and_resumes_bitwise(tmp_path,
         reference.result()
     wall_s = time.monotonic() - started
     summary, expected = read_json(limited.io.segment_report), read_json(unlimited.io.segment_report)
-    jobs = Journal(RunFolder.jobs_log(limited.io.checkpoints), JobRun).read()
+    jobs = jobs_ledger(limited.io.checkpoints).read()
     folder = Path(limited.io.submitit)
     logs = "".join(p.read_text() for p in sorted(folder.glob("*/*_0_log.*")))
     print(f"drill: {wall_s:.0f} s, jobs.jsonl: {[j.to_json() for j in jobs]}")

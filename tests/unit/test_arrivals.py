@@ -1,4 +1,4 @@
-"""fault.mtbf_s's arrival process (trainflow.train.arrivals): seeded, reproducible, at the configured rate and hang
+"""fault.mtbf_s's arrival process (trainflow.resilience.arrivals): seeded, reproducible, at the configured rate and hang
 share, and continued, not restarted, by every later job on the campaign's clock; found in O(1) per window from a job's
 start however long the campaign has run, and a rate no job can meet refused at compose."""
 
@@ -14,7 +14,7 @@ from trainflow.config import ConfigError, FaultConfig, compose
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.journal import Journal
-from trainflow.train.arrivals import Arrival, ArrivalKind, Arrivals, Process, clock, start_clock
+from trainflow.resilience.arrivals import Arrival, ArrivalKind, Arrivals, Process, clock, start_clock
 
 PROCESS = {"mtbf_s": 30.0, "seed": 5, "hang_share": 0.4, "world": 4}
 

@@ -19,10 +19,9 @@ from trainflow.campaign.segments import segment_span
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.host import hostname
-from trainflow.journal import Journal
 from trainflow.launch.live_job import LiveJob, LiveJobs, Process
 from trainflow.records import RecordError
-from trainflow.resilience.ledger import JobRun
+from trainflow.resilience.ledger import jobs_ledger
 from trainflow.train.kept import restore_segment
 
 
@@ -123,5 +122,5 @@ def test_a_stale_live_record_is_taken_over_and_the_segment_trains(tmp_path, toke
     live(cfg, controller=Process(hostname(), 2**22 + 1, 1))
     summary = run_segment(tmp_path, tokens)
     assert summary["completed"] and "Re-attached to local job 123 of segment 0" in caplog.text
-    jobs = Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read()
+    jobs = jobs_ledger(cfg.io.checkpoints).read()
     assert [j.job_id for j in jobs][0] == "123" and jobs[0].outcome != "completed" and jobs[-1].outcome == "completed"

@@ -1,12 +1,11 @@
-"""Goodput, measured (train.goodput): a segment's wall time split by term from its jobs and rank 0's spans."""
+"""Goodput, measured (resilience.goodput): a segment's wall time split by term from its jobs and rank 0's spans."""
 
 from __future__ import annotations
 
 import pytest
 
+from trainflow.resilience.goodput import TERMS, Span, measure_goodput, segment_jobs
 from trainflow.resilience.ledger import JobRun
-from trainflow.train.goodput import TERMS, measure_goodput, segment_jobs
-from trainflow.train.step_log import Span
 
 
 def job(attempt: int, submitted: float, started: float, ended: float, outcome: str, segment: int = 0) -> JobRun:

@@ -6,6 +6,7 @@ watchdog cannot fire between healthy beats, and a threshold within a few beats i
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 
@@ -17,7 +18,7 @@ from submitit.core.utils import JobPaths
 from trainflow.config import ConfigError, compose
 from trainflow.launch.hang import collective_counts, rank_environment, stacks_path
 from trainflow.launch.heartbeat import NEVER, Heartbeat, beat_key
-from trainflow.resilience.hang import HangReport, culprits
+from trainflow.resilience.hang import BEAT_BYTES, Beat, HangReport, culprits, read_beat
 
 pytestmark = pytest.mark.torch_compat  # TCPStore.multi_get / multi_set and the groups' sequence numbers
 
@@ -36,19 +37,11 @@ class Counting:
         return call
 
 
-def beat(rank: int, *, counter: int = 0, step: int = 5, phase: str = "compute", counts=None, marks=None) -> str:
-    return json.dumps(
-        {
-            "counter": counter,
-            "step": step,
-            "phase": phase,
-            "marks": 2 * step + (phase == "compute") if marks is None else marks,
-            "host": f"node{rank // 4}",
-            "forward": 0.1,
-            "steps": 3,
-            "counts": counts or {},
-        }
-    )
+def beat(
+    rank: int, *, counter: int = 0, step: int = 5, phase: str = "compute", counts=None, marks=None, steps: int = 3
+) -> str:
+    marks = 2 * step + (phase == "compute") if marks is None else marks
+    return Beat(counter, step, phase, marks, f"node{rank // 4}", 0.1, steps, counts or {}).text()
 
 
 @pytest.fixture
@@ -104,6 +97,34 @@ def test_a_stalled_rank_is_blamed_by_the_collectives_the_others_wait_in(heartbea
     report = beat_.watch()
     assert report.rank == 3 and report.host == "node0" and report.alive
     assert "had not entered collective 4 of process group dp1, in which rank 1 waited" in report.line()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{not json", "rank 1's beat in the heartbeat store is not JSON (JSONDecodeError)"),
+        ("x" * (BEAT_BYTES + 1), f"holds {BEAT_BYTES + 1} bytes, more than a beat's"),
+        (json.dumps({**Beat().to_json(), "counter": "1"}), "store.counter holds '1', not a int"),
+        (json.dumps({**Beat().to_json(), "run": "rm -rf ~"}), "holds 'run', which Beat has no field for"),
+        (json.dumps({**Beat().to_json(), "format": 9}), "Beat format 9, written by a newer trainflow"),
+    ],
+)
+def test_a_beat_that_does_not_read_as_one_is_said_in_one_line_and_is_no_beat(heartbeat, caplog, text, words):
+    """The store is the job network's to write: a value that is no beat is refused, once a rank, and its rank is
+    watched as one that did not beat (silent past the threshold), never as the store failing."""
+    assert read_beat(NEVER.encode(), where="seed") == Beat()
+    beat_ = heartbeat(2, hang_detect_s=1, heartbeat_s=0.1)
+    store = beat_.store.store
+    store.multi_set([beat_key(0), beat_key(1)], [beat(0), beat(1)])
+    assert beat_.watch() is None
+    time.sleep(1.2)
+    with caplog.at_level(logging.WARNING, logger="trainflow.launch.heartbeat"):
+        for counter in (1, 2):
+            store.multi_set([beat_key(0), beat_key(1)], [beat(0, counter=counter), text])
+            report = beat_.watch()
+            assert report is not None and report.rank == 1 and not report.alive
+    said = [r.getMessage() for r in caplog.records if "left out a beat" in r.getMessage()]
+    assert len(said) == 1 and words in said[0] and "\n" not in said[0]
 
 
 def test_the_evidence_follows_a_chain_and_names_nobody_in_a_symmetric_hang():
@@ -189,7 +210,7 @@ def test_the_flight_recorder_is_on_and_the_runtime_env_overrides_it(tmp_path):
 
 def first_step(rank: int, counter: int, *, step: int = 3, steps: int = 0) -> str:
     """A beat of `rank` inside `step` of its job (a resume from step 3), with `steps` finished in it."""
-    return json.dumps({**json.loads(beat(rank, counter=counter, step=step)), "steps": steps})
+    return beat(rank, counter=counter, step=step, steps=steps)
 
 
 def test_a_rank_in_its_first_step_is_judged_by_the_start_allowance_not_the_hang_threshold(heartbeat):

@@ -11,17 +11,44 @@ from tests.support import LAYERS
 
 SRC = REPO / "src/trainflow"
 MODULES = sorted(p for p in SRC.rglob("*.py"))
+TORCH = ("model", "parallel", "fp8", "tensors", "torch_compat")
+"""The packages whose modules import torch (fp8: most of them)."""
+TORCH_FREE = {
+    "config": "config/ runs where the DAG is built and in every stage, the torch-free ones too",
+    "hf": "hf/ reads and writes Hugging Face's format without importing torch (it writes the caller's tensors)",
+    "preflight": "the pre-flight checks run in every stage, the torch-free ones too",
+    "energy": "account_energy starts without torch",
+    "plan": "the planner runs when the DAG is built, without torch: it counts with config.shape",
+    "resilience": "the records and policies of failures are torch-free: trainflow.status and the stage read them",
+    "campaign": "what a campaign is and allows is torch-free: the DAG's build and trainflow.status read it",
+    "status": "trainflow.status reads a run folder without torch",
+}
+"""The packages the design keeps free of torch, each with why."""
 FORBIDDEN = {
     ("launch", "train"): "the launcher starts and judges jobs from what ranks write (records below both), never from "
     "the training loop's modules, which a launcher process has no use for",
-    ("plan", "model"): "the planner runs when the DAG is built, without torch: it counts with config.shape",
-    ("plan", "parallel"): "the planner runs when the DAG is built, without torch: it counts with config.shape",
+    ("launch", "model"): "the launcher starts and judges jobs from what ranks write, never from the model they train",
+    ("launch", "data"): "the launcher starts and judges jobs from what ranks write, never from the tokens they read",
+    ("gate", "checkpoint"): "the gate judges nodes and collectives with tensors of its own: it never reads the run's "
+    "checkpoints",
+    ("gate", "data"): "the gate judges nodes and collectives with tensors of its own: it never reads the run's tokens",
+    ("export", "model"): "the export streams a checkpoint's tensors by name, one shard at a time, never building the "
+    "model (a 70B one would not fit one process)",
+    ("export", "parallel"): "the export is one process without a process group: DCP reassembles the shards, no mesh",
+    **{
+        (free, torch_package): f"{why}; {torch_package} imports torch"
+        for free, why in TORCH_FREE.items()
+        for torch_package in TORCH
+        if LAYERS[torch_package] < LAYERS[free]
+    },
     **{
         ("stage", torch_package): "every stage imports stage.py, the torch-free ones too"
-        for torch_package in ("model", "parallel", "fp8", "checkpoint", "train")
+        for torch_package in (*TORCH, "checkpoint", "train")
     },
 }
-"""Arrows the layers allow but the design does not, each with why."""
+"""Arrows the layers allow but the design does not, each with why. An arrow between two packages of one layer needs
+no entry: test_modules_import_only_lower_layers refuses every one (model -> parallel among them: the model stays
+single-device, test_the_model_is_single_device)."""
 NAMES = {".".join(("trainflow", *p.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__") for p in MODULES}
 
 
@@ -134,6 +161,24 @@ def test_no_forbidden_arrow():
     assert not found, f"forbidden imports: {found}"
 
 
+def test_every_forbidden_arrow_is_one_the_layers_allow():
+    """An arrow the layers refuse already would be an entry no import could ever reach."""
+    refused = sorted(f"{a} -> {b}" for a, b in FORBIDDEN if LAYERS[b] >= LAYERS[a])
+    assert not refused, f"arrows test_modules_import_only_lower_layers refuses already: {refused}"
+
+
+def test_the_model_is_single_device():
+    """model.py is plain single-device PyTorch (docs/architecture.md): parallelism is applied to it afterwards
+    (parallel.parallelize_model), so it imports neither the parallel layer (the layers refuse that) nor
+    torch.distributed, which no layer rule sees."""
+    found = []
+    for node in ast.walk(ast.parse((SRC / "model.py").read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        found += [n for n in names if n == "torch.distributed" or n.startswith("torch.distributed.")]
+    assert not found, f"model.py imports {found}: parallelism belongs in parallel/'s apply_* functions"
+
+
 def test_no_test_module_imports_another():
     """What two test modules share lives in tests/support.py (or, a fixture, in a conftest.py): a test module that
     imports another runs, and reruns, the other's module-level code and tests wherever it is imported."""
@@ -153,11 +198,13 @@ def test_no_test_module_imports_another():
     assert not found, f"test modules importing test modules (move what they share to tests/support.py): {found}"
 
 
-def test_configuration_and_its_pre_flight_checks_import_no_torch():
-    """config/, hf/ and preflight.py run where the DAG is built and in every stage, the torch-free ones too: no import
-    of torch anywhere in their files (in a function either), so none creeps in behind a lazy import. hf/write.py names
-    torch's Tensor for its annotations alone, under TYPE_CHECKING."""
+def test_configuration_its_pre_flight_checks_and_resilience_import_no_torch():
+    """config/, hf/ and preflight.py run where the DAG is built and in every stage, the torch-free ones too, and
+    resilience/ and campaign/ are read by trainflow.status and the stage: no import of torch anywhere in their files
+    (in a function either), so none creeps in behind a lazy import. hf/write.py names torch's Tensor for its
+    annotations alone, under TYPE_CHECKING."""
     files = [*(SRC / "config").glob("*.py"), SRC / "preflight.py", *(SRC / "hf").glob("*.py")]
+    files += [*(SRC / "resilience").glob("*.py"), *(SRC / "campaign").glob("*.py")]
     found = {}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -14,10 +14,9 @@ import pytest
 from trainflow.plan.__main__ import main
 from trainflow.plan.from_run import TERMS, plan_run, read_terms
 from trainflow.report.goodput import goodput_section
+from trainflow.resilience.goodput import Span, measure_goodput
 from trainflow.resilience.ledger import JobRun
-from trainflow.train.goodput import measure_goodput
 from trainflow.train.run_terms import run_terms
-from trainflow.train.step_log import Span
 
 STEP, SAVE, EVERY = 1.0, 0.5, 4
 

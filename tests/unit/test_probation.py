@@ -5,16 +5,25 @@ tests/slurm/test_probation_on_slurm.py."""
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import time
 
 import pytest
 
-from trainflow.config.run_folder import RunFolder
-from trainflow.journal import Journal
+from tests.conftest import REPO
 from trainflow.launch.slurm_nodes import no_nodes, on_probation, usable_spares
-from trainflow.resilience.ledger import HostError, HostEvent, HostEventKind, JobOutcome, JobRun, standing
+from trainflow.resilience.ledger import (
+    HostError,
+    HostEvent,
+    HostEventKind,
+    JobOutcome,
+    JobRun,
+    hosts_ledger,
+    jobs_ledger,
+    standing,
+)
 from trainflow.resilience.probation import NodeState, SlurmNodesError, parse_nodes, review
 
 BLAME = time.mktime(time.strptime("2026-12-04T12:00:00", "%Y-%m-%dT%H:%M:%S"))
@@ -107,7 +116,7 @@ def test_a_run_folder_without_a_hosts_ledger_reads_and_slurm_s_returns_are_recor
     old |= {"ended": BLAME, "outcome": "died", "line": "", "verdict": "", "exclude": [], "left_out": ["n3"]}
     old |= {"checkpoint": 4, "step": None, "first_step_s": None}
     (tmp_path / "jobs.jsonl").write_text(json.dumps(old) + "\n")
-    jobs = Journal(RunFolder.jobs_log(str(tmp_path)), JobRun).read()
+    jobs = jobs_ledger(str(tmp_path)).read()
     assert on_probation(str(tmp_path), jobs, no_nodes) == {"n3"} and not (tmp_path / "hosts.jsonl").exists()
 
     def unreadable(hosts: list[str]) -> dict[str, NodeState]:
@@ -119,7 +128,7 @@ def test_a_run_folder_without_a_hosts_ledger_reads_and_slurm_s_returns_are_recor
         assert on_probation(str(tmp_path), jobs, slurm(n3=NodeState("n3", "IDLE"))) == frozenset()
     assert "Kept every blamed host out: scontrol show node -o n3 did not answer" in caplog.text
     assert "Host n3 returned (blamed by job 19647): Slurm has it IDLE after the hold seen at" in caplog.text
-    events = Journal(RunFolder.hosts_log(str(tmp_path)), HostEvent).read()
+    events = hosts_ledger(str(tmp_path)).read()
     assert [e.kind for e in events] == [HostEventKind.HELD, HostEventKind.RETURNED]
     assert json.loads((tmp_path / "hosts.jsonl").read_text().splitlines()[0])["format"] == 1
 
@@ -135,3 +144,21 @@ def test_a_hostile_hosts_ledger_is_refused_in_one_line():
     event = HostEvent("n3;reboot", BLAME, HostEventKind.RETURNED, "x", "job 12")
     with pytest.raises(HostError, match="the hosts ledger names the host 'n3;reboot' to leave out"):
         standing([blamed()], [event])
+
+
+def test_the_jobs_and_hosts_ledgers_are_opened_in_resilience_ledger_alone():
+    """Issue 44: jobs.jsonl and hosts.jsonl are read (and appended) through resilience.ledger's jobs_ledger and
+    hosts_ledger, by the launcher, the stage and trainflow.status alike: no other module names their paths or opens
+    a Journal of their records."""
+    src = REPO / "src/trainflow"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path == src / "resilience/ledger.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("jobs_log", "hosts_log"):
+                found.append(f"{path.relative_to(src)}:{node.lineno} RunFolder.{node.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Journal":
+                kinds = {a.id for a in node.args if isinstance(a, ast.Name)} & {"JobRun", "HostEvent"}
+                found += [f"{path.relative_to(src)}:{node.lineno} Journal of {k}" for k in kinds]
+    assert not found, f"open the ledgers with resilience.ledger.jobs_ledger / hosts_ledger: {found}"

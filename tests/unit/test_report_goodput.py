@@ -7,11 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from trainflow.report.goodput import SLOWEST, goodput_section
+from trainflow.resilience.goodput import Span, measure_goodput
 from trainflow.resilience.ledger import JobRun
 from trainflow.resilience.timing import RankTiming
-from trainflow.train.goodput import measure_goodput
 from trainflow.train.guard import GuardEvent
-from trainflow.train.step_log import Span
 
 
 def segment(index: int, *, failed: bool, ranks: list[RankTiming], guard: list[GuardEvent]) -> SimpleNamespace:

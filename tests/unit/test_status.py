@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from trainflow.config.run_folder import RunFolder
+from trainflow.resilience.goodput import Span
 from trainflow.resilience.ledger import HostEvent, HostEventKind, JobRun
 from trainflow.resilience.probation import clock
 from trainflow.status.__main__ import NOT_STARTED, main
 from trainflow.status.read import State, read_status
 from trainflow.status.show import render
 from trainflow.train.run_record import RunRecord
-from trainflow.train.step_log import Span, StepRecord
+from trainflow.train.step_log import StepRecord
 
 HASH = "0123456789ab"
 T0 = 1_700_000_000.0

@@ -22,10 +22,10 @@ from trainflow.launch.job_end import LaunchError
 from trainflow.launch.steps import SrunSteps
 from trainflow.launch.supervisor import Supervisor, allocated, swapped
 from trainflow.launch.task import MASTER_ADDR
+from trainflow.resilience.arrivals import Arrival, ArrivalKind, drilled_hosts
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
 from trainflow.resilience.verdict import JobFailure
 from trainflow.stages.train_segment import drill
-from trainflow.train.arrivals import Arrival, ArrivalKind, drilled_hosts
 
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited"
 

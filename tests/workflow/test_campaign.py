@@ -17,8 +17,7 @@ import pytest
 from tests.conftest import REPO, make_config, read_json, run_segment
 from tests.support import SNAKEMAKE, job_counts, snakemake
 from trainflow.config.run_folder import RunFolder
-from trainflow.journal import Journal
-from trainflow.resilience.ledger import JobRun
+from trainflow.resilience.ledger import jobs_ledger
 
 LOCAL = ("--profile", str(REPO / "profiles/local"))
 SMOKE = "experiment=smoke"
@@ -95,7 +94,7 @@ def test_a_killed_driver_is_reattached_to_its_job_on_the_rerun(tmp_path, tokens)
         pytest.fail(f"the first stage (process {orphan}) did not stand down once the rerun had its job")
     log = (tmp_path / "runs/default/logs/train_segment/segment-0.log").read_text()
     assert "Re-attached to local job" in log
-    jobs = Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read()
+    jobs = jobs_ledger(cfg.io.checkpoints).read()
     assert [(j.segment, j.outcome) for j in jobs] == [(0, "completed")]  # one job trained the segment
     summary = read_json(next((tmp_path / "runs/default/train").glob("*/segment-0.json")))
     alone = run_segment(tmp_path / "alone", tokens, *overrides.split())

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 from tests.support import SNAKEMAKE
 from trainflow.journal import Journal
 from trainflow.plan.from_run import plan_run, read_terms
-from trainflow.train.arrivals import Arrival, ArrivalKind
+from trainflow.resilience.arrivals import Arrival, ArrivalKind
 
 DRILL = (
     "experiment=smoke",

@@ -49,7 +49,7 @@ class FaultConfig:
     campaign's wall time, on its own clock from the campaign's start (the run's faults.jsonl), so every segment, job
     and restart continues one process. Each arrival kills a random rank (SIGKILL) or stalls it (STALL), stalls in the
     share cluster.hardware.hang_share. It strikes only while a job holds its ranks, as the planner's failures do: from a
-    restart's start, and from a segment's first step in its first job (trainflow.train.arrivals)."""
+    restart's start, and from a segment's first step in its first job (trainflow.resilience.arrivals)."""
     seed: int = checked(0, ge=0)
     """The arrival process's seed: the same seed, MTBF and start give the same failures."""
 

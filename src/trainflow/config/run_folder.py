@@ -150,7 +150,7 @@ class RunFolder:
 
     @staticmethod
     def spans_log(checkpoints: str) -> str:
-        """Rank 0's ledger of where each job's time went (train.step_log.Span): the measured goodput's input."""
+        """Rank 0's ledger of where each job's time went (resilience.goodput.Span): the measured goodput's input."""
         return f"{checkpoints}/spans.jsonl"
 
     @staticmethod
@@ -165,7 +165,7 @@ class RunFolder:
 
     @staticmethod
     def faults_log(checkpoints: str) -> str:
-        """fault.mtbf_s's clock and the failures it struck (train.arrivals.Arrival)."""
+        """fault.mtbf_s's clock and the failures it struck (resilience.arrivals.Arrival)."""
         return f"{checkpoints}/faults.jsonl"
 
     @property

@@ -8,7 +8,8 @@ resilience.hang_detect_s instead of idling its whole allocation.
 Each rank runs a daemon thread that, every `period_s`, publishes a beat in the job's heartbeat store (a TCPStore that
 rank 0 serves for the heartbeat alone, on a free port it announces through torch.distributed's rendezvous store, so
 4096 ranks' beats never queue behind the rendezvous): a counter, the step and the phase the rank's main thread last
-reported, and its count of entered collectives per process group (resilience.hang). The thread beats whatever the main
+reported, and its count of entered collectives per process group (resilience.hang.Beat, read back by read_beat: a beat
+that does not read as one is no beat). The thread beats whatever the main
 thread does, so a rank waiting in a collective keeps beating: a beat that stops means the process itself stopped.
 Rank 0 seeds every rank's beat before any rank can publish, and reads them all in one round trip (multi_get) per
 poll; the other ranks read rank 0's. Rank 0 declares a rank hung when
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import os
 import statistics
@@ -63,7 +63,8 @@ from trainflow.config.resilience import ResilienceConfig, hang_threshold_s
 from trainflow.host import hostname
 from trainflow.launch.hang import HANG_EXIT, StacksWatchdog, collective_counts, dump_stacks, waiting_in, write_report
 from trainflow.launch.task import mark_first_step
-from trainflow.resilience.hang import HangReport, culprits
+from trainflow.records import RecordError
+from trainflow.resilience.hang import Beat, HangReport, culprits, read_beat
 from trainflow.resilience.timing import RankTiming
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ a handful of steps) still says who was slow."""
 
 
 @dataclass
-class Beat:
+class Seen:
     """What a watcher last saw of one rank, by its own clock."""
 
     counter: int = -1
@@ -100,9 +101,7 @@ class Beat:
     """Its entered collectives per process group (resilience.hang)."""
 
 
-NEVER = json.dumps(
-    {"counter": -1, "step": -1, "phase": "start", "marks": 0, "host": "?", "forward": None, "steps": 0, "counts": {}}
-)
+NEVER = Beat().text()
 """The beat rank 0 seeds for every rank: one that never publishes stays at it and is reported silent."""
 ABORT, DUMPED = "trainflow/abort", "trainflow/dumped"
 
@@ -123,10 +122,12 @@ class Heartbeat:
         self.forward: deque[float] = deque(maxlen=50)
         self.first_marked = False
         self.timing_written, self.timings = time.monotonic(), 0
-        self.beats = {r: Beat() for r in range(world)}
+        self.beats = {r: Seen() for r in range(world)}
         self.started = time.monotonic()
         """When this rank's heartbeat started: a rank without a finished step past resilience.start_s is hung."""
         self.said: set[type] = set()
+        self.unreadable: set[int] = set()
+        """The ranks whose beat did not read as one, said once each."""
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.run, name="trainflow-heartbeat", daemon=True)
         self.watchdog = StacksWatchdog(paths, rank)
@@ -173,10 +174,9 @@ class Heartbeat:
         self.watchdog.arm(self.threshold_s + 2 * self.period_s)  # a beat that does not come: the GIL held (hang.py)
         self.counter += 1
         forward = statistics.median(self.forward) if self.forward else None
-        beat = {"counter": self.counter, "step": self.step, "phase": self.phase, "marks": self.marks}
-        beat["host"] = hostname()
-        beat.update(forward=forward, steps=len(self.forward), counts=collective_counts())
-        self.store.set(beat_key(self.rank), json.dumps(beat))
+        steps, counts = len(self.forward), collective_counts()
+        beat = Beat(self.counter, self.step, self.phase, self.marks, hostname(), forward, steps, counts)
+        self.store.set(beat_key(self.rank), beat.text())
 
     def run(self) -> None:
         unanswered = time.monotonic()
@@ -206,8 +206,8 @@ class Heartbeat:
         silence only)."""
         now, silent, stuck, late = time.monotonic(), {}, {}, {}
         ranks = list(range(self.world)) if self.rank == 0 else [0]
-        for rank, beat in zip(ranks, self.store.multi_get([beat_key(r) for r in ranks])):
-            seen = self.observe(rank, json.loads(beat), now)
+        for rank, text in zip(ranks, self.store.multi_get([beat_key(r) for r in ranks])):
+            seen = self.observe(rank, text, now)
             silent[rank] = now - seen.seen
             started = seen.steps > 0  # its first step compiles, loads and warms up: resilience.start_s's to judge
             stuck[rank] = now - seen.moved if seen.phase in STEP_PHASES and started else 0.0
@@ -239,15 +239,23 @@ class Heartbeat:
         limit = {"limit": "resilience.start_s", "threshold_s": self.resilience.start_s} if late else {}
         return self.report(blamed, beat, seconds, alive=True, evidence=line, **limit)
 
-    def observe(self, rank: int, beat: dict, now: float) -> Beat:
-        """Update what this watcher has seen of `rank` from its latest beat."""
+    def observe(self, rank: int, text: bytes, now: float) -> Seen:
+        """Update what this watcher has seen of `rank` from its latest beat. A beat that does not read as one is no
+        beat (said once a rank): the rank goes silent, and is reported so past the threshold."""
         seen = self.beats[rank]
-        if beat["counter"] != seen.counter:
-            seen.counter, seen.seen, seen.host, seen.steps = beat["counter"], now, beat["host"], beat["steps"]
-            seen.forward_s = beat["forward"] if beat["forward"] is not None else float("nan")
-            seen.counts = beat["counts"]
-        if beat["marks"] != seen.marks:
-            seen.step, seen.phase, seen.marks, seen.moved = beat["step"], beat["phase"], beat["marks"], now
+        try:
+            beat = read_beat(text, where=f"rank {rank}'s beat in the heartbeat store")
+        except RecordError as err:
+            if rank not in self.unreadable:
+                self.unreadable.add(rank)
+                log.warning("Heartbeat of rank %d left out a beat: %s", self.rank, err)
+            return seen
+        if beat.counter != seen.counter:
+            seen.counter, seen.seen, seen.host, seen.steps = beat.counter, now, beat.host, beat.steps
+            seen.forward_s = beat.forward if beat.forward is not None else float("nan")
+            seen.counts = beat.counts
+        if beat.marks != seen.marks:
+            seen.step, seen.phase, seen.marks, seen.moved = beat.step, beat.phase, beat.marks, now
         return seen
 
     def timing_due(self, now: float) -> bool:
@@ -259,7 +267,7 @@ class Heartbeat:
         ranks = [RankTiming(r, b.host, b.forward_s, b.steps) for r, b in self.beats.items()]
         write_json(timing_path(self.paths), [t.to_json() for t in ranks])
 
-    def report(self, rank: int | None, beat: Beat, seconds: float, **given: Any) -> HangReport:
+    def report(self, rank: int | None, beat: Seen, seconds: float, **given: Any) -> HangReport:
         """The verdict on `rank` (None: nobody), a stopped one unless `given` says alive; `given` may add the evidence
         and the limit passed with its threshold (by default the hang threshold)."""
         return HangReport(

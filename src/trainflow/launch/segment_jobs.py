@@ -28,7 +28,6 @@ from submitit.helpers import Checkpointable
 from trainflow.checkpoint.folders import list_steps
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
-from trainflow.journal import Journal
 from trainflow.launch.executors import build_executor
 from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.job_end import LaunchError, wait_job
@@ -37,7 +36,7 @@ from trainflow.launch.live_job import LiveJobs
 from trainflow.launch.restart import gate_exclusions, job_run
 from trainflow.launch.slurm_nodes import node_states, on_probation
 from trainflow.launch.supervisor import Supervised, Supervisor, submit_supervisor
-from trainflow.resilience.ledger import JobOutcome, JobRun, over_cap
+from trainflow.resilience.ledger import JobOutcome, JobRun, jobs_ledger, over_cap
 from trainflow.resilience.verdict import JobFailure
 
 log = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ def run_jobs(
     over from earlier segments and reruns (resilience.ledger.standing). With cluster.allocation.spare_nodes the job is
     a launch.supervisor, which restarts inside its allocation first and hands back what it does not. `excused`: the
     hosts the ledger's jobs blame that later jobs may use again."""
-    a, r, ledger = cfg.cluster.allocation, cfg.resilience, Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    a, r, ledger = cfg.cluster.allocation, cfg.resilience, jobs_ledger(cfg.io.checkpoints)
     failures: list[JobFailure] = []
     live, left = LiveJobs(cfg), None
     if attached := live.attach():
@@ -145,7 +144,7 @@ def judged(
 ) -> JobFailure:
     """Judge a failed job (`ran`, its ledger record; `failures`, the segment's before it), record its verdict in the
     ledger, and return the failure where a new job follows; else one LaunchError line saying why not."""
-    ledger = Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun)
+    ledger = jobs_ledger(cfg.io.checkpoints)
     history = [*ledger.read(), ran]  # its newest checkpoint: whether it made progress
     verdict = judgement(cfg, job, failure, failures, history)
     if verdict.restart and failure.kind == JobOutcome.HANG and failure.rank is None:

@@ -13,9 +13,7 @@ import shlex
 import subprocess
 import time
 
-from trainflow.config.run_folder import RunFolder
-from trainflow.journal import Journal
-from trainflow.resilience.ledger import HostEvent, JobRun, standing
+from trainflow.resilience.ledger import JobRun, hosts_ledger, standing
 from trainflow.resilience.probation import NodeState, NodeStates, SlurmNodesError, parse_nodes, review
 
 log = logging.getLogger(__name__)
@@ -54,7 +52,7 @@ def node_states(executor: str) -> NodeStates:
 def on_probation(checkpoints: str, jobs: list[JobRun], nodes: NodeStates) -> frozenset[str]:
     """The hosts the run's jobs ledger `jobs` still leaves out, once the ones Slurm shows repaired have returned (each
     hold seen and each return a line of the hosts ledger beside the checkpoints)."""
-    ledger = Journal(RunFolder.hosts_log(checkpoints), HostEvent)
+    ledger = hosts_ledger(checkpoints)
     events = ledger.read()
     try:
         new = review(jobs, events, nodes, time.time())

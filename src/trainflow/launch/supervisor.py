@@ -33,7 +33,6 @@ import submitit
 from submitit.helpers import Checkpointable
 
 from trainflow.config import TrainflowConfig
-from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.launch.gate_job import checked
 from trainflow.launch.job_end import LaunchError
@@ -42,7 +41,7 @@ from trainflow.launch.restart import first_step_at, job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
 from trainflow.launch.steps import LocalSteps, SrunSteps, Steps
 from trainflow.launch.task import configure_logging
-from trainflow.resilience.ledger import NO_FAILURE, FaultClass, JobOutcome, JobRun
+from trainflow.resilience.ledger import NO_FAILURE, FaultClass, JobOutcome, JobRun, jobs_ledger
 from trainflow.resilience.verdict import JobFailure, Verdict
 
 log = logging.getLogger(__name__)
@@ -87,7 +86,7 @@ class Supervisor:
         signal.signal(signal.SIGUSR2, self.leave_to_ranks)
         a, world = self.cfg.cluster.allocation, self.cfg.parallel.world_size
         steps: Steps = LocalSteps(a, world) if a.executor == "local" else SrunSteps(a, world)
-        ledger, base = Journal(RunFolder.jobs_log(self.cfg.io.checkpoints), JobRun), Path(self.cfg.io.submitit)
+        ledger, base = jobs_ledger(self.cfg.io.checkpoints), Path(self.cfg.io.submitit)
         job_id, failures, failed_at = submitit.JobEnvironment().job_id, [], None
         # A requeued job's steps follow its earlier ones (each in its own folder), without the hosts they left out,
         # and the first is queued from the requeue (the earlier step's end).

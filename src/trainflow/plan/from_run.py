@@ -13,8 +13,8 @@ The campaign's timeline (plan.failures.Timeline) takes
   start-up and load up to its first step;
 - the job starts: every planned job's queue, start-up, load and shutdown, the gaps inside jobs, and the saves beyond
   the interval's (each segment's last).
-The failures: the rate the run met (its failed jobs over the time it was at risk, trainflow.train.arrivals), and the
-injected fault.mtbf_s, each simulated over TRIALS seeded campaigns with its 5-95 % band. Planned seconds by term are
+The failures: the rate the run met (its failed jobs over the time it was at risk, trainflow.resilience.arrivals), and
+the injected fault.mtbf_s, each simulated over TRIALS seeded campaigns with its 5-95 % band. Planned seconds by term are
 the simulated wall time split as the closed form's terms split it: the failures expected x D and x R, the checkpoints
 and evaluations of the work, the job starts, and lost work the rest.
 """
@@ -64,7 +64,7 @@ class RunTerms(Record):
     hangs: int
     """Of them, those the heartbeat found hung."""
     step_s: float
-    """The kept steps' mean, with their bookkeeping (train.goodput's productive term per step)."""
+    """The kept steps' mean, with their bookkeeping (resilience.goodput's productive term per step)."""
     eval_share: float
     interval_steps: int
     blocking_s: float

@@ -12,9 +12,9 @@ from statistics import median
 
 from trainflow.plan.from_run import TERMS, RunPlan, mtbf
 from trainflow.report.sections import relative, table
+from trainflow.resilience.goodput import TERMS as MEASURED
 from trainflow.resilience.ledger import NO_FAILURE
 from trainflow.resilience.timing import stragglers
-from trainflow.train.goodput import TERMS as MEASURED
 from trainflow.train.summary import SegmentSummary
 
 SLOWEST = 16
@@ -40,7 +40,7 @@ def goodput_section(
         "## Goodput",
         "",
         "Each segment's wall time, from its first job's submission to its last job's end, in seconds by where it "
-        "went (train.goodput); goodput is the productive steps' share.",
+        "went (resilience.goodput); goodput is the productive steps' share.",
         "",
         table(rows, ["segment", "wall s", "goodput", "jobs", *MEASURED, "unaccounted"]),
         "",

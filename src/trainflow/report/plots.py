@@ -18,7 +18,7 @@ from trainflow.atomic import atomic_path  # noqa: E402
 from trainflow.campaign.records import StepChange  # noqa: E402
 from trainflow.energy.phases import power_series, trace_host  # noqa: E402
 from trainflow.energy.report import SegmentEnergy  # noqa: E402
-from trainflow.train.goodput import TERMS  # noqa: E402
+from trainflow.resilience.goodput import TERMS  # noqa: E402
 from trainflow.train.step_log import EvalRecord, StepRecord  # noqa: E402
 from trainflow.train.summary import SegmentSummary  # noqa: E402
 
@@ -96,7 +96,7 @@ def plot_power(segments: Sequence[SegmentEnergy], cpu_watts_per_core: float, out
 
 
 def plot_goodput(segments: Sequence[SegmentSummary], out: Path) -> None:
-    """One stacked bar per segment: its wall time by term (train.goodput), productive steps at the bottom."""
+    """One stacked bar per segment: its wall time by term (resilience.goodput), productive steps at the bottom."""
     fig, ax = figure("Where the wall time went", "segment", "seconds")
     measured = [s for s in segments if s.goodput is not None]
     bottom = [0.0] * len(measured)

@@ -10,4 +10,6 @@ only wire them. Nothing here imports torch.
 - hang: a hung job's report, and the evidence that names the rank the others wait for, or nobody;
 - evidence: what a failed job's host says of its own GPUs (kernel log Xids, NVML, Slurm), parsed strictly;
 - verdict: a failed job's facts, its class, whether a new job may fix it, and which hosts it leaves out.
+- goodput: where a segment's wall time went, by term, from the jobs ledger and rank 0's spans (spans.jsonl);
+- arrivals: the failure drill's seeded Poisson process on the campaign's clock, and its ledger (faults.jsonl).
 """

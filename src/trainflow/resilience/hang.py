@@ -1,6 +1,7 @@
 """A hung job's report (written by the heartbeat's detecting rank beside the job's logs, read by the failure's
-analysis), and the evidence it blames from: every rank's count of the collectives it has entered on each of its
-process groups, published with its heartbeat (launch.heartbeat, launch.hang.collective_counts).
+analysis), the beat each rank publishes in the job's heartbeat store (launch.heartbeat), and the evidence the report
+blames from: every rank's count of the collectives it has entered on each of its process groups, published with its
+beat (launch.hang.collective_counts).
 
     python -c "from trainflow.resilience.hang import culprits; print(culprits({0: {'1': 7}, 1: {'1': 6}}))"
 
@@ -14,9 +15,13 @@ symmetric stall: a failed link or switch), the evidence names nobody, and no hos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
-from trainflow.records import Record, fields_added
+from trainflow.records import Record, RecordError, fields_added
+
+BEAT_BYTES = 1 << 16
+"""More than any beat holds (a rank belongs to a few process groups): a bigger one is not read."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,42 @@ class HangReport(Record):
             f"rank {self.rank} on host {self.host} {what} for {self.seconds:.0f} s (its last beat: step {self.step}, "
             f"{self.phase}), {past}: {why}); {waited}"
         )
+
+
+@dataclass(frozen=True)
+class Beat(Record):
+    """One rank's beat in the job's heartbeat store (launch.heartbeat). The defaults are the beat rank 0 seeds for
+    every rank: one that never publishes stays at it. Any process that reaches the store's port can write to it, so a
+    watcher reads a beat with read_beat, which trusts nothing in it."""
+
+    counter: int = -1
+    """One more each beat: a counter that stops means the process stopped."""
+    step: int = -1
+    phase: str = "start"
+    """What the rank's main thread last reported doing (data, compute, eval, save, load; start before any)."""
+    marks: int = 0
+    """How many progress markers its main thread had given."""
+    host: str = "?"
+    forward: float | None = None
+    """The rank's median forward seconds over its last steps (train.clock); None before its first."""
+    steps: int = 0
+    """The steps it has finished in this job."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Its entered collectives per process group (culprits reads them)."""
+
+    def text(self) -> str:
+        return json.dumps(self.to_json())
+
+
+def read_beat(text: bytes | str, *, where: str) -> Beat:
+    """The beat a store value holds; one RecordError naming `where` for anything else (too big, no JSON, no beat)."""
+    if len(text) > BEAT_BYTES:
+        raise RecordError(f"{where} holds {len(text)} bytes, more than a beat's {BEAT_BYTES}; it was not read")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise RecordError(f"{where} is not JSON ({type(err).__name__}); it was not read") from None
+    return Beat.from_json(data, where=where)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,11 @@ RunFolder.hosts_log) of what Slurm did with a blamed host since (resilience.prob
 both, read at every segment start and rerun, so that excluded hosts and the restart budget outlive a segment and a
 repaired host comes back.
 
-    python -c "from trainflow.resilience.ledger import standing; print(standing([]))"
+    python -c "from trainflow.resilience.ledger import jobs_ledger, standing; \
+        print(standing(jobs_ledger('runs/default/capacity/checkpoints/<series>').read()))"
+
+Both are opened here alone (jobs_ledger, hosts_ledger), for every read and every append, in launch/, the stage and
+trainflow.status alike.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
+from trainflow.journal import Journal
 from trainflow.records import Record, fields_added
 
 
@@ -127,6 +133,16 @@ class HostEvent(Record):
     """Slurm's state, reason and times, in one line."""
     blamed_by: str
     """The blame it answers: "job <id>", the job whose failure left the host out."""
+
+
+def jobs_ledger(checkpoints: str | Path) -> Journal[JobRun]:
+    """The run's jobs ledger beside the checkpoint folder `checkpoints` (RunFolder.jobs_log)."""
+    return Journal(RunFolder.jobs_log(str(checkpoints)), JobRun)
+
+
+def hosts_ledger(checkpoints: str | Path) -> Journal[HostEvent]:
+    """The run's hosts ledger beside the checkpoint folder `checkpoints` (RunFolder.hosts_log)."""
+    return Journal(RunFolder.hosts_log(str(checkpoints)), HostEvent)
 
 
 @dataclass(frozen=True)

@@ -36,15 +36,14 @@ from trainflow.journal import Journal
 from trainflow.launch import distributed_task
 from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.segment_jobs import run_jobs
-from trainflow.resilience.ledger import JobRun
+from trainflow.resilience.arrivals import drilled_hosts, start_clock
+from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
+from trainflow.resilience.ledger import jobs_ledger
 from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.adopt import adopt_legacy
-from trainflow.train.arrivals import drilled_hosts, start_clock
-from trainflow.train.goodput import measure_goodput, segment_jobs
 from trainflow.train.kept import keep_segment, lineage_of, restore_segment
 from trainflow.train.run_terms import write_terms
-from trainflow.train.step_log import Span
 from trainflow.train.summary import RankEnergy, RankResult
 from trainflow.train.trainer import Trainer
 
@@ -103,9 +102,9 @@ class TrainSegment(submitit.helpers.Checkpointable):
 
 def drill(cfg: TrainflowConfig) -> dict:
     """Where fault.mtbf_s injects failures at a rate: the campaign's clock started before its first job
-    (train.arrivals), and run_jobs' `excused`, which lets later jobs use again the hosts only the drill's failures were
-    blamed on (train.arrivals.drilled_hosts). Nothing otherwise: a campaign without a drill reads no faults.jsonl, so
-    no file in the run folder can excuse a host a real failure blamed."""
+    (resilience.arrivals), and run_jobs' `excused`, which lets later jobs use again the hosts only the drill's failures
+    were blamed on (resilience.arrivals.drilled_hosts). Nothing otherwise: a campaign without a drill reads no
+    faults.jsonl, so no file in the run folder can excuse a host a real failure blamed."""
     if not cfg.fault.mtbf_s:
         return {}
     ledger = Path(RunFolder.faults_log(cfg.io.checkpoints))
@@ -137,7 +136,7 @@ def run(cfg: TrainflowConfig) -> StageFigures | None:
     windows = [r.energy.node for r in results if r.energy.node]
     for action in actions_taken(windows):
         log.info("Energy: %s", action)
-    jobs = segment_jobs(Journal(RunFolder.jobs_log(cfg.io.checkpoints), JobRun).read(), cfg.segment)
+    jobs = segment_jobs(jobs_ledger(cfg.io.checkpoints).read(), cfg.segment)
     goodput = measure_goodput(jobs, Journal(RunFolder.spans_log(cfg.io.checkpoints), Span).read())
     log.info(
         "Goodput of segment %d: %.1f %% of %.1f s over %d job(s)",

@@ -1,12 +1,12 @@
 """Reading a campaign's run folder into one CampaignStatus, torch-free and read-only: what train_segment's rank 0
 appends (steps.jsonl, spans.jsonl, jobs.jsonl, hosts.jsonl, beside the checkpoints), the segments' summaries, the
 checkpoints' manifests, verify.json and nccl-exclude.txt. The files may be hostile: anything that does not read as the
-record it should be is one StatusError naming the file and line.
+record it should be is one error line naming the file and line (a StatusError, or the records' RecordError: the
+logs are read as trainflow.journal reads them, the jobs and hosts ledgers through resilience.ledger).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from statistics import median
-from typing import TypeVar
 
 from trainflow.campaign.records import StepChange
 from trainflow.checkpoint.folders import list_steps, step_dir
@@ -22,15 +21,23 @@ from trainflow.checkpoint.manifest import ChecksumError, check_complete, read_ma
 from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
+from trainflow.journal import Journal
 from trainflow.launch.restart import gate_exclusions
-from trainflow.records import JOURNAL_BYTES, Record, read_file, read_record
-from trainflow.resilience.ledger import NO_FAILURE, HostEvent, JobRun, checked_hosts, standing
-from trainflow.train.goodput import measure_goodput, segment_jobs
+from trainflow.records import Record, read_record
+from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
+from trainflow.resilience.ledger import (
+    NO_FAILURE,
+    HostEvent,
+    JobRun,
+    checked_hosts,
+    hosts_ledger,
+    jobs_ledger,
+    standing,
+)
 from trainflow.train.run_record import RunRecord
-from trainflow.train.step_log import Span, StepRecord
+from trainflow.train.step_log import StepRecord
 from trainflow.train.summary import SegmentSummary
 
-R = TypeVar("R", bound=Record)
 RECENT = 20
 """The step records the step time and throughput are the median of: the newest, not the warm-up."""
 MAX_STEPS = 2**53
@@ -115,10 +122,11 @@ def read_status(
     record = newest_record(root)
     run = RunFolder(str(root), "", "", record.series)
     ckpts = Path(checkpoints) if checkpoints else inside(root, record.checkpoints)
-    steps = read_log(Path(RunFolder.steps_log(str(ckpts))), StepRecord)
-    spans = read_log(Path(RunFolder.spans_log(str(ckpts))), Span)
-    jobs = read_log(Path(RunFolder.jobs_log(str(ckpts))), JobRun)
-    changes = read_log(Path(RunFolder.changes_log(str(ckpts))), StepChange)
+    steps = Journal(RunFolder.steps_log(str(ckpts)), StepRecord).read(live=True)
+    spans = Journal(RunFolder.spans_log(str(ckpts)), Span).read(live=True)
+    ledger = jobs_ledger(ckpts)
+    jobs = ledger.read(live=True)
+    changes = Journal(RunFolder.changes_log(str(ckpts)), StepChange).read(live=True)
     if odd := next((r for r in steps if not 0 <= r.step < record.total_steps), None):
         last = record.total_steps - 1
         raise StatusError(
@@ -133,10 +141,10 @@ def read_status(
     goodput = productive / wall if wall > 0 else None
     remaining = record.total_steps - (step := max((r.step + 1 for r in steps), default=0))
     eta = remaining * step_s if step_s is not None and state is not State.FINISHED else None
-    returned = standing(jobs, read_log(Path(RunFolder.hosts_log(str(ckpts))), HostEvent)).returned
+    returned = standing(jobs, hosts_ledger(ckpts).read(live=True)).returned
     excluded = set(gate_exclusions(run.nccl_exclude))
     if jobs:
-        excluded |= checked_hosts(jobs[-1].exclude, RunFolder.jobs_log(str(ckpts))) - set(returned)
+        excluded |= checked_hosts(jobs[-1].exclude, str(ledger.path)) - set(returned)
     return CampaignStatus(
         run=record.run,
         series=record.series,
@@ -205,25 +213,6 @@ def inside(root: Path, path: str) -> Path:
             "--checkpoints DIR if they lie there on purpose"
         )
     return resolved
-
-
-def read_log(path: Path, kind: type[R]) -> list[R]:
-    """The records of a JSON-lines log; a last line without its newline is one rank 0 is still appending: left out."""
-    try:
-        text = read_file(path, fix="it was altered: move it away", limit=JOURNAL_BYTES)
-    except FileNotFoundError:
-        return []
-    *lines, _partial = text.split("\n")
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except (ValueError, RecursionError) as err:
-            raise StatusError(f"{path}:{n} is not a JSON line ({type(err).__name__}); the file was altered") from None
-        records.append(kind.from_json(data, where=f"{path}:{n}"))
-    return records
 
 
 def read_summaries(run: RunFolder, segments: int) -> dict[int, SegmentSummary]:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainflow.config import FaultConfig
-from trainflow.train.arrivals import ArrivalKind, Arrivals
+from trainflow.resilience.arrivals import ArrivalKind, Arrivals
 
 log = logging.getLogger(__name__)
 NO_SIGNAL = ("STALL", "WEDGE", "CUDA")
@@ -71,7 +71,7 @@ def maybe_inject_fault(fault: FaultConfig, step: int, *, during_save: bool, atte
 
 def maybe_arrive(arrivals: Arrivals | None, step: int) -> None:
     """Failures at a rate (fault.mtbf_s): the arrival due to this rank at this step boundary, if any, strikes as the
-    KILL or STALL drill does (trainflow.train.arrivals)."""
+    KILL or STALL drill does (trainflow.resilience.arrivals)."""
     arrival = arrivals.due(step) if arrivals is not None else None
     if arrival is None:
         return

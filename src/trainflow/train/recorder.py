@@ -27,12 +27,13 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.host import hostname
 from trainflow.journal import Journal
 from trainflow.progress import Progress
+from trainflow.resilience.goodput import Span
 from trainflow.resilience.timing import RankTiming
 from trainflow.train.guard import GuardEvent
 from trainflow.train.profile import StepProfiler
 from trainflow.train.run_record import RunRecord
 from trainflow.train.run_trackers import mlflow_tracker, wandb_tracker
-from trainflow.train.step_log import EvalRecord, Span, StepRecord
+from trainflow.train.step_log import EvalRecord, StepRecord
 from trainflow.train.summary import ProfileSummary
 from trainflow.train.trackers import Tracker
 

@@ -1,13 +1,13 @@
-"""A campaign's measured terms (plan.from_run.RunTerms), from its segments' goodput (train.goodput: the jobs ledger
-and spans.jsonl): what the plan from the run's own terms is made of. train_segment writes them after every segment
-(terms.json, beside the segments' summaries), so `python -m trainflow.plan --from-run` and the report read them.
+"""A campaign's measured terms (plan.from_run.RunTerms), from its segments' goodput (resilience.goodput: the jobs
+ledger and spans.jsonl): what the plan from the run's own terms is made of. train_segment writes them after every
+segment (terms.json, beside the segments' summaries), so `python -m trainflow.plan --from-run` and the report read them.
 
     python -m trainflow.plan --from-run runs/default
 
 A job after a failed one is a restart: its gap since the failure and its queue are the restart's wait, its start-up
 and load up to its first step or evaluation its held time. Everything else that is neither a step, an evaluation, a
 save, work redone nor a failure's detection is the planned job starts' (queue, start-up, load, shutdown, the gaps
-inside a job, and what no term of train.goodput holds), so the terms add up to the wall time.
+inside a job, and what no term of resilience.goodput holds), so the terms add up to the wall time.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.plan.from_run import RunTerms
 from trainflow.records import read_record
+from trainflow.resilience.goodput import Span
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
-from trainflow.train.step_log import Span
 from trainflow.train.summary import SegmentSummary
 
 WORK = ("step", "skipped", "eval")

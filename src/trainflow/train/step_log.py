@@ -6,7 +6,8 @@ segment reports its whole range.
 
 One JSON line per training step, evaluation and loss-guard event, appended by rank 0. On resume from step s, the
 records of the steps this segment will redo are dropped first: they belong to work the checkpoint does not contain.
-Records of other segments stay. The time spans (spans.jsonl) are never dropped: they are what the redone work cost.
+Records of other segments stay. The time spans (spans.jsonl, resilience.goodput.Span) are never dropped: they are
+what the redone work cost.
 """
 
 from __future__ import annotations
@@ -60,17 +61,3 @@ class EvalRecord(Record):
     """The sources' validation losses weighted as data.sources weighs them (the one source's, without a mixture)."""
     sources: dict[str, float] = field(default_factory=dict)
     """Each source's validation loss, by name (data.sources; `corpus` for a plain data.corpus)."""
-
-
-@dataclass(frozen=True)
-class Span(Record):
-    """A stretch of a training job's wall time on rank 0 (the measured goodput's ledger, spans.jsonl): never dropped,
-    so work a failure or rollback made the segment redo stays on record as redone."""
-
-    segment: int
-    kind: str
-    """step, skipped (a step the guard did not apply), eval, save (the time the step loop was blocked) or load."""
-    step: int
-    started: float
-    """Wall-clock time (time.time())."""
-    seconds: float

@@ -21,9 +21,9 @@ from trainflow.config.layout import ParallelDims
 from trainflow.data.mixture import SourceShare
 from trainflow.energy.node import NodeReading
 from trainflow.records import Record
+from trainflow.resilience.goodput import Goodput
 from trainflow.resilience.timing import RankTiming
 from trainflow.stack import NodeStack
-from trainflow.train.goodput import Goodput
 from trainflow.train.guard import GuardEvent, window_ranges
 from trainflow.train.step_log import EvalRecord, StepRecord
 
@@ -144,7 +144,7 @@ class SegmentSummary(Record):
     ranks: list[RankTiming] = field(default_factory=list)
     """Every rank's own compute time (on rank 0's summary; the others gather none)."""
     goodput: Goodput | None = None
-    """Set by the stage: where the segment's wall time went, over every job it took (train.goodput)."""
+    """Set by the stage: where the segment's wall time went, over every job it took (resilience.goodput)."""
     slurm_job_id: str | None = None
     """Set by the stage: the job's, from its ranks' results."""
     mixture: list[SourceShare] = field(default_factory=list)

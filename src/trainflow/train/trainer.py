@@ -38,7 +38,7 @@ from trainflow.data.sampler import TokenSampler
 from trainflow.fp8 import backend_reason
 from trainflow.parallel import Parallelized
 from trainflow.parallel.mesh import build_mesh
-from trainflow.train.arrivals import Arrivals
+from trainflow.resilience.arrivals import Arrivals
 from trainflow.train.build import build_model
 from trainflow.train.checkpointing import SegmentCheckpoints
 from trainflow.train.clock import ForwardClock

@@ -41,7 +41,7 @@ from trainflow.resilience.ledger import JobRun
 
 IMPORTED = time.time()
 """When the rank's process loaded the job's code (unpickling the job imports the trainer, which imports this): a
-restart's ranks are at risk from here, about where its task marker ends the queue (train.goodput)."""
+restart's ranks are at risk from here, about where its task marker ends the queue (resilience.goodput)."""
 
 
 class ArrivalKind(StrEnum):

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from trainflow.records import Record
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun
-from trainflow.train.step_log import Span
 
 TERMS = (
     "productive",
@@ -42,6 +41,20 @@ TERMS = (
     "restart",
     "other",
 )
+
+
+@dataclass(frozen=True)
+class Span(Record):
+    """A stretch of a training job's wall time on rank 0 (the measured goodput's ledger, spans.jsonl): never dropped,
+    so work a failure or rollback made the segment redo stays on record as redone."""
+
+    segment: int
+    kind: str
+    """step, skipped (a step the guard did not apply), eval, save (the time the step loop was blocked) or load."""
+    step: int
+    started: float
+    """Wall-clock time (time.time())."""
+    seconds: float
 
 
 @dataclass(frozen=True)
