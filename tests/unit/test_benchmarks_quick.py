@@ -8,8 +8,10 @@ benchmarks.md keeps those, each beside its command). Their seconds on this 2-cor
 2026-12-04: tokenize_shards 17, pipeline_bubble 17, overhead 14, hf_import 12, cp_memory 12, checkpoint 11, dp_memory
 11, grad_buckets 9, activation_memory 6, stage 3 and the GPU ones' one line 2-3 each, 115 s in the default suite. A
 spawned process's start and exit (torch's import, ~3 s of CPU) is most of a multi-rank one's seconds, so those quick
-paths run fewer ranks or fewer worlds of them. The three in SLOW cannot come near 10 s without losing their point
-(their seconds and where they go beside each) and are marked slow; `-m slow` runs them.
+paths run fewer ranks or fewer worlds of them (checkpoint_load: 15-19 s at a load of 3-4, 2026-12-05, 20 s of CPU,
+most of it its 4 ranks' starts, since it saves in its load world, where a world per save took 50-60 s). The two in
+SLOW cannot come near 10 s without losing their point (their seconds and where they go beside each) and are marked
+slow; `-m slow` runs them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from tests.conftest import REPO
 BENCHMARKS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py") if not p.name.startswith("_"))
 GPU = {"fp8_gemm.py", "gpu_step.py"}  # need CUDA; elsewhere one line and exit 0
 SLOW = {  # --quick's seconds here and what they go to: none can come near 10 s without losing its point
-    "checkpoint_load.py": "50 s: 12 processes import torch (a world per save at dp1, dp2 and dp4, 4 ranks to load)",
     "plan_vs_measured.py": "36 s: two spawned 2-rank probes, then 2 ranks training through the real launcher",
     "compile.py": "20 s: a cold inductor build of a block's forward and backward, 13 C++ kernels of ~1 s of g++ each",
 }

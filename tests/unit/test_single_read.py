@@ -1,18 +1,23 @@
-"""The checkpoint read once per job start (checkpoint.single_read): who reads which file, where a received tensor's
-bytes land (checkpoint.landing), and on 2 gloo ranks that a load reads each byte of the checkpoint once between them,
-loads what one rank would (into destinations of the saved layout and of another dtype) through the host's memory and
-over gloo alike, and that a damaged file is caught by the rank that read it and refused on both in one line."""
+"""The checkpoint read once per job start (checkpoint.single_read): who reads which file, that a rank's plan holds its
+own shares only (at the seed's 4096 ranks and 8192 files), how the exchange cuts its broadcasts, where a received
+tensor's bytes land (checkpoint.landing), and on 2 gloo ranks that a load reads each byte of the checkpoint once
+between them, loads what one rank would (into destinations of the saved layout and of another dtype) through the
+host's memory and over gloo alike, holds no more than a round of the exchange at a time, and that a damaged file is
+caught by the rank that read it and refused on both in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import pickle
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -20,10 +25,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tests.support import blank_like, flat, free_port, sample_state
 from trainflow.checkpoint import single_read
+from trainflow.checkpoint.broadcast_rounds import Piece, pieces
 from trainflow.checkpoint.landing import land
+from trainflow.checkpoint.load_plan import RankShares, rank_plans, schedule
 from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError, step_dir
 from trainflow.checkpoint.manifest import METADATA, read_manifest
-from trainflow.checkpoint.single_read import schedule
+from trainflow.checkpoint.reader import ExactLoadPlanner
+from trainflow.checkpoint.single_read import SingleReader
 from trainflow.checkpoint.tensor_record import describe
 
 
@@ -42,6 +50,38 @@ def test_a_file_only_its_rank_needs_is_read_by_it_and_one_nobody_needs_is_still_
     shares = {s.name: s for s in schedule(files, {"__0_0.distcp": {0}, "__1_0.distcp": {1}}, 2)}
     assert (shares["__0_0.distcp"].reader, shares["__1_0.distcp"].reader) == (0, 1)
     assert all(s.receivers == () for s in shares.values()) and "__1_1.distcp" in shares
+
+
+def seed_plans(ranks: int, dp: int = 8) -> list[RankShares]:
+    """Each rank's plan where every rank saved 2 files of ~1 MB, which the `dp` ranks of its dp group read."""
+    files = {f"__{r}_{i}.distcp": (1 << 20) + r for r in range(ranks) for i in range(2)}
+    needs = {f"__{r}_{i}.distcp": set(range(r - r % dp, r - r % dp + dp)) for r in range(ranks) for i in range(2)}
+    return rank_plans(files, needs, ranks)
+
+
+def test_a_ranks_plan_holds_its_own_shares_whatever_the_world_size():
+    """The whole schedule in every plan was 1.9 MB a plan at the seed's 4096 ranks and 8192 files."""
+    small, seed = seed_plans(64), seed_plans(4096)
+    size = {n: max(len(pickle.dumps(p)) for p in plans) for n, plans in ((64, small), (4096, seed))}
+    assert size[4096] <= 1.25 * size[64] and size[4096] < 2048, size  # longer names only: __4095_1 beside __63_1
+    assert sorted(s.name for p in seed for s in p.reads) == sorted(
+        f"__{r}_{i}.distcp" for r in range(4096) for i in (0, 1)
+    )
+    for rank in (0, 4095):  # the rank reads or receives each file of its dp group, from the rank that reads it
+        mine = {s.name for s in seed[rank].reads} | {s.name for s in seed[rank].incoming}
+        assert mine == {f"__{r}_{i}.distcp" for r in range(rank - rank % 8, rank - rank % 8 + 8) for i in (0, 1)}
+        for x in seed[rank].incoming:
+            assert [rank in s.receivers for s in seed[x.reader].reads if s.name == x.name] == [True]
+
+
+def test_a_files_asked_ranges_go_merged_and_cut_at_a_round():
+    asked = [{}, {"f": [(0, 10), (10, 5)]}, {"f": [(2, 6), (100, 30)], "g": []}]
+    assert pieces({"f": 0, "g": 2}, asked, 16) == [
+        Piece("f", 0, 10, (0, 1, 2)),
+        Piece("f", 10, 5, (0, 1, 2)),
+        Piece("f", 100, 16, (0, 1, 2)),
+        Piece("f", 116, 14, (0, 1, 2)),
+    ]
 
 
 def landing_of(saved: torch.Tensor, target: torch.Tensor):
@@ -139,6 +179,44 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
     assert outs[reader]["memory"]["bytes_read"] >= manifest.files[victim.name].bytes
     assert "manifest says" in outs[0]["error"] and "the file is corrupt" in outs[0]["error"]
     assert outs[0]["newest"] == outs[1]["newest"] == 3
+
+
+ROUND = 48 << 10
+"""A round of 48 KB in the test below: two of its 18 KB records (a 64 x 64 float32 tensor and its zip); each rank
+receives four."""
+
+
+def rounds_main(rank: int, world: int, port: int, folder: str) -> None:
+    """Over gloo, into destinations of the saved dtype (in place) and of float64 (through each record's buffer)."""
+    g = torch.Generator().manual_seed(0)
+    state = {"model": {f"w{i}": torch.randn(64, 64, generator=g) for i in range(8)}, "step": torch.tensor(7)}
+    manager, out = saved(rank, world, port, folder, state), {}
+    for dtype in (torch.float32, torch.float64):
+        into = {"model": {k: torch.zeros(64, 64, dtype=dtype) for k in state["model"]}, "step": torch.tensor(0)}
+        folder_3 = step_dir(Path(folder), 3)
+        reader = SingleReader(
+            folder_3, manifest=read_manifest(folder_3), thread_count=2, host_memory=False, round_bytes=ROUND
+        )
+        dcp.load(into, storage_reader=reader, planner=ExactLoadPlanner())
+        equal = all(torch.equal(into["model"][k], v.to(dtype)) for k, v in state["model"].items())
+        out[str(dtype)] = dataclasses.asdict(reader.tally) | {"equal": equal}
+    finished(manager, folder, rank, out)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo over TCP on this host")
+def test_the_exchange_holds_at_most_a_round_and_counts_what_it_moves(tmp_path):
+    mp.spawn(rounds_main, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for kind in ("torch.float32", "torch.float64"):
+        assert all(out[kind]["equal"] for out in outs)
+        sent, received = [out[kind]["bytes_sent"] for out in outs], [out[kind]["bytes_received"] for out in outs]
+        assert sent == received[::-1] and min(sent) > 0  # what one broadcast the other received, no more
+    # In place: each tensor's bytes straight into its destination, nothing held beside them.
+    assert all(out["torch.float32"]["peak_exchange_bytes"] == 0 for out in outs)
+    # Through each record's buffer: at most a round's worth held at once, over several rounds.
+    for out in outs:
+        assert 0 < out["torch.float64"]["peak_exchange_bytes"] <= ROUND and out["torch.float64"]["rounds"] >= 2
+        assert out["torch.float64"]["bytes_received"] > ROUND  # more than a round moved
 
 
 def mixed_main(rank: int, world: int, port: int, folder: str) -> None:

@@ -9,7 +9,8 @@ file's size per rank, whose fresh memory this VM's host backs slowly (see benchm
 copy from that buffer into the state. The rank that read the file describes its records (checkpoint.tensor_record,
 shared with every rank), and each receiving rank chooses per item, from that description and its own destination,
 which bytes of the file it asks for: the data of a tensor it reads in place, the whole record otherwise, nothing
-for a small record, whose bytes came with the description.
+for a small record, whose bytes came with the description. The bytes come by broadcast, in rounds
+(checkpoint.broadcast_rounds).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class HeldRange(HeldFile):
 @dataclass
 class Landing:
     """One item of this rank's plan whose file another rank read: the file's bytes [start, start + nbytes) it asks
-    for (nbytes 0: none travel) and `into`, the uint8 tensor they land in."""
+    for (nbytes 0: none travel) and `into`, the uint8 tensor they land in (None until its bytes come: a record's
+    buffer is made by checkpoint.broadcast_rounds in the round its first bytes arrive)."""
 
     item: ReadItem
     info: _StorageInfo
@@ -65,12 +67,11 @@ class Landing:
 def land(item: ReadItem, info: _StorageInfo, saved: SavedTensor | None, target: torch.Tensor, *, device: torch.device):
     """Where `item` of the record `info` (described as `saved`, None where it could not be) lands on this rank,
     whose destination is `target`: in it where the record's tensor is the whole of it and the bytes travel on the
-    CPU (gloo), else the whole record in a buffer on `device`, where the exchange runs."""
+    CPU (gloo), else the whole record in a buffer on `device`, where the exchange runs, made when its bytes come."""
     if saved is not None and saved.record is not None:
         return Landing(item, info, target, info.offset, 0, None, small=saved.record)
     whole = saved is not None and tuple(item.lengths) == saved.shape and not any(item.storage_offsets)
     if whole and device.type == "cpu" and saved.fills(target):
         into = target.reshape(-1).view(torch.uint8)
         return Landing(item, info, target, info.offset + saved.data_offset, saved.data_bytes, into, in_place=True)
-    buffer = torch.empty(info.length, dtype=torch.uint8, device=device)
-    return Landing(item, info, target, info.offset, info.length, buffer)
+    return Landing(item, info, target, info.offset, info.length, None)

@@ -30,13 +30,15 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainflow.checkpoint.async_saves import AsyncSaves
+from trainflow.checkpoint.broadcast_rounds import BroadcastGroups
+from trainflow.checkpoint.checked_read import CorruptFileError
 from trainflow.checkpoint.commit import Committer
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.interval import SaveDone
 from trainflow.checkpoint.manifest import NO_PROVENANCE, ChecksumError, Provenance, check_complete, read_manifest
 from trainflow.checkpoint.reader import ExactLoadPlanner
 from trainflow.checkpoint.saves import SaveMode, SyncSaves, tensor_bytes
-from trainflow.checkpoint.single_read import CorruptFileError, SingleReader
+from trainflow.checkpoint.single_read import SingleReader
 from trainflow.checkpoint.writer import CheckpointWriteError
 from trainflow.records import NewerFormatError, Record
 
@@ -57,8 +59,9 @@ CPU = torch.device("cpu")
 @dataclass(frozen=True)
 class LoadDone(Record):
     """What a load read (CheckpointManager.load): the bytes this rank and all ranks read from the checkpoint's
-    files, beside the checkpoint's own size (its manifest's files), and the bytes of the files this rank had from
-    other ranks' reads: mapped from a reader's memory on its host, received over the group."""
+    files, beside the checkpoint's own size (its manifest's files), the bytes of the files this rank had from
+    other ranks' reads (mapped from a reader's memory on its host, received over the group) and those it broadcast
+    of its own reads (checkpoint.single_read's LoadTally)."""
 
     step: int
     seconds: float
@@ -67,6 +70,7 @@ class LoadDone(Record):
     checkpoint_bytes: int
     bytes_mapped: int
     bytes_received: int
+    bytes_sent: int
 
 
 class CheckpointManager:
@@ -90,6 +94,8 @@ class CheckpointManager:
         """Where the small tensors of the saves' and loads' own collectives live (NCCL takes device tensors only)."""
         self.host_memory = True
         """Whether a load's ranks of one host exchange through memory (checkpoint.host_shared), else over the group."""
+        self.broadcast_groups = BroadcastGroups(None)
+        """The process groups a load's broadcasts make (checkpoint.broadcast_rounds), kept for the next load."""
         self.mode = SaveMode(mode)
         self.saves = (
             AsyncSaves(
@@ -181,6 +187,7 @@ class CheckpointManager:
             thread_count=self.io_threads,
             device=self.collectives,
             host_memory=self.host_memory,
+            groups=self.broadcast_groups,
         )
         try:
             dcp.load(state, storage_reader=reader, planner=ExactLoadPlanner())
@@ -196,22 +203,24 @@ class CheckpointManager:
                 "the folder's stripe count "
                 "(lfs getstripe -c, seed: >= 4)"
             ) from err
-        total = torch.tensor(reader.bytes_read, dtype=torch.int64, device=self.collectives)
+        tally = reader.tally
+        total = torch.tensor(tally.bytes_read, dtype=torch.int64, device=self.collectives)
         dist.all_reduce(total)
         done = LoadDone(
             step,
             time.perf_counter() - start,
-            reader.bytes_read,
+            tally.bytes_read,
             int(total),
             manifest.nbytes,
-            reader.bytes_mapped,
-            reader.bytes_received,
+            tally.bytes_mapped,
+            tally.bytes_received,
+            tally.bytes_sent,
         )
         log.info(
             "Loaded checkpoint step %d in %.2f s: this rank read %d bytes of its files, all %d ranks %d bytes (%.2f x "
-            "the checkpoint's %d); it mapped %d bytes from its host's readers and received %d",
+            "the checkpoint's %d); it mapped %d bytes from its host's readers, received %d and sent %d",
             *(step, done.seconds, done.bytes_read, dist.get_world_size(), done.bytes_read_all),
             *(done.bytes_read_all / max(done.checkpoint_bytes, 1), done.checkpoint_bytes),
-            *(done.bytes_mapped, done.bytes_received),
+            *(done.bytes_mapped, done.bytes_received, done.bytes_sent),
         )
         return done
