@@ -4,14 +4,14 @@ became typed records): a CPU benchmark prints its one JSON object, a GPU one (no
     .venv/bin/python -m pytest tests/unit/test_benchmarks_quick.py -q
 
 The quick paths are the benchmarks' own, sized to run in seconds: their figures are not the benchmarks' (docs/
-benchmarks.md keeps those, each beside its command). Their seconds on this 2-core machine at a load of 2.5-3,
-2026-12-04: tokenize_shards 17, pipeline_bubble 17, overhead 14, hf_import 12, cp_memory 12, checkpoint 11, dp_memory
-11, grad_buckets 9, activation_memory 6, stage 3 and the GPU ones' one line 2-3 each, 115 s in the default suite. A
-spawned process's start and exit (torch's import, ~3 s of CPU) is most of a multi-rank one's seconds, so those quick
-paths run fewer ranks or fewer worlds of them (checkpoint_load: 15-19 s at a load of 3-4, 2026-12-05, 20 s of CPU,
-most of it its 4 ranks' starts, since it saves in its load world, where a world per save took 50-60 s). The two in
-SLOW cannot come near 10 s without losing their point (their seconds and where they go beside each) and are marked
-slow; `-m slow` runs them.
+benchmarks.md keeps those, each beside its command), and every one runs in the default suite. Their seconds on this
+2-core machine at a load of 2.5-4, 2026-12-04/05: plan_vs_measured 36 (two spawned 2-rank probes, then 2 ranks
+training through the real launcher), compile 20 (a cold inductor build of a block's forward and backward: 13 C++
+kernels of ~1 s of g++ each), checkpoint_load 15-19 (its 4 ranks' starts; it saves in its load world, where a world
+per save took 50-60 s), overhead 14, pipeline_bubble 12 (m=4 only), hf_import 12, cp_memory 12, checkpoint 11,
+dp_memory 11, tokenize_shards 11 (2 MB of text), grad_buckets 9, activation_memory 6, stage 3 and the GPU ones' one
+line 2-3 each. A spawned process's start and exit (torch's import, ~3 s of CPU) is most of a multi-rank one's
+seconds, so those quick paths run fewer ranks or fewer worlds of them.
 """
 
 from __future__ import annotations
@@ -28,17 +28,13 @@ from tests.conftest import REPO
 
 BENCHMARKS = sorted(p.name for p in (REPO / "benchmarks").glob("*.py") if not p.name.startswith("_"))
 GPU = {"fp8_gemm.py", "gpu_step.py"}  # need CUDA; elsewhere one line and exit 0
-SLOW = {  # --quick's seconds here and what they go to: none can come near 10 s without losing its point
-    "plan_vs_measured.py": "36 s: two spawned 2-rank probes, then 2 ranks training through the real launcher",
-    "compile.py": "20 s: a cold inductor build of a block's forward and backward, 13 C++ kernels of ~1 s of g++ each",
-}
 
 
 def test_every_benchmark_is_listed():
-    assert len(BENCHMARKS) >= 15 and GPU | set(SLOW) <= set(BENCHMARKS), BENCHMARKS
+    assert len(BENCHMARKS) >= 15 and GPU <= set(BENCHMARKS), BENCHMARKS
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in BENCHMARKS])
+@pytest.mark.parametrize("name", BENCHMARKS)
 def test_the_quick_path_runs(name, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *sys.path]), "TMPDIR": str(tmp_path)}
     done = subprocess.run(
