@@ -129,3 +129,30 @@ def test_the_command_prints_the_goodput_section_and_its_json(capsys):
     assert main(["--json", *SEED]) == 0
     carried = json.loads(capsys.readouterr().out)["goodput"]
     assert GoodputPlan.from_json(carried) == goodput(*SEED) and carried["goal"] == GOAL
+
+
+def test_every_input_of_the_seeds_goodput_says_whether_a_run_at_scale_measured_it(capsys):
+    main(["experiment=llama70b_alps"])
+    table = capsys.readouterr().out
+    shown = table[table.index("Goodput inputs") :].split("\n\n")[0].splitlines()[1:]
+    labels = {line.split()[0]: line for line in shown}
+    assert set(labels) == {
+        "mtbf_hours", "hang_share", "requeue_wait_s", "startup_s", "hot_restart_s", "storage_write_gbps",
+        "checkpoint_read_gbps", "host_copy_gbps",
+    }  # fmt: skip
+    at_scale = {name for name, line in labels.items() if "measured at scale: the seed's 4096-GH200" in line}
+    assert at_scale == {"mtbf_hours", "storage_write_gbps"}
+    assert all(line.endswith("not measured at scale") for name, line in labels.items() if name not in at_scale)
+    assert "24.9 s" in labels["hot_restart_s"]  # 2 ranks on 3 emulated nodes: not a 4096-rank restart
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+cluster.measured.startup_time=x", "cluster.measured has 'startup_time', no input of the goodput plan"),
+        ("+cluster.measured.startup_s='run a\trun b'", "cluster.measured.startup_s must say where it was measured"),
+    ],
+)
+def test_a_measured_label_that_is_no_input_or_no_line_is_refused(override, message):
+    with pytest.raises(Exception, match=message):
+        compose("train_segment", ["experiment=llama70b_alps", override])

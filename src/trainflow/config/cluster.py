@@ -172,6 +172,20 @@ class GateConfig:
     """Lustre stripe count the checkpoint folder needs (seed: >= 4), read with `lfs getstripe -c` where lfs exists."""
 
 
+GOODPUT_INPUTS = {
+    "mtbf_hours": "h",
+    "hang_share": "",
+    "requeue_wait_s": "s",
+    "startup_s": "s",
+    "hot_restart_s": "s",
+    "storage_write_gbps": "GB/s",
+    "checkpoint_read_gbps": "GB/s",
+    "host_copy_gbps": "GB/s",
+}
+"""The cluster.hardware values the goodput plan rests on (trainflow.plan.goodput), with their units: each is printed
+"measured at scale" where cluster.measured says where, else "not measured at scale"."""
+
+
 @dataclass
 class ClusterConfig:
     name: str = MISSING
@@ -179,3 +193,7 @@ class ClusterConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    measured: dict[str, str] = field(default_factory=dict)
+    """Which goodput inputs (GOODPUT_INPUTS, cluster.hardware.<name>) a run at the campaign's own scale measured, each
+    with where ("run alps-70b, 2026-11-02, 4096 ranks: sacct Start - Submit"). The plan prints every other input "not
+    measured at scale": a figure from a drill of 2 ranks, a datasheet or an estimate is a guess at 4096."""

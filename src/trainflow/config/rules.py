@@ -6,7 +6,7 @@ each broken rule is one message naming every value it involves and the fix.
 
 from __future__ import annotations
 
-from trainflow.config.cluster import GATE_PATTERNS, VERSION_COMPONENTS, ClusterConfig, GateConfig
+from trainflow.config.cluster import GATE_PATTERNS, GOODPUT_INPUTS, VERSION_COMPONENTS, ClusterConfig, GateConfig
 from trainflow.config.energy import EnergyConfig
 from trainflow.config.faults import fault_errors
 from trainflow.config.observe import observe_errors
@@ -67,6 +67,17 @@ def table_errors(cluster: ClusterConfig) -> list[str]:
         f"cluster.gate.busbw_gbps.{name}({gbps}) must be a number >= 0"
         for name, gbps in g.busbw_gbps.items()
         if not (isinstance(gbps, int | float) and gbps >= 0)
+    ]
+    errors += [
+        f"cluster.measured has {name!r}, no input of the goodput plan: use {', '.join(GOODPUT_INPUTS)}"
+        for name in cluster.measured
+        if name not in GOODPUT_INPUTS
+    ]
+    errors += [
+        f"cluster.measured.{name} must say where it was measured in one line of printable text (at most 200 "
+        "characters), such as 'run alps-70b, 2026-11-02, 4096 ranks'"
+        for name, where in cluster.measured.items()
+        if not (isinstance(where, str) and 0 < len(where) <= 200 and where.isprintable())
     ]
     errors += [
         f"cluster.gate.versions_allowed has {name!r}, which validate_nccl does not read: use "

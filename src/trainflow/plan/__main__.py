@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainflowError as err:
         print(f"trainflow.plan: {err}", file=sys.stderr)
         return 1
-    sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if args.json else render(plan))
+    sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if args.json else render(plan, cfg.cluster.measured))
     local = local_world_errors(cfg)  # the plan counts tensors; a local world's processes need this machine too
     verdict = (local[0] if local else None) or plan.overflow or (plan.goodput and plan.goodput.cannot_finish)
     if verdict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from trainflow.config.cluster import GOODPUT_INPUTS
 from trainflow.plan.build import Plan
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.goodput import GoodputPlan, Method
@@ -38,7 +39,9 @@ def rows(title: str, pairs: list[tuple[str, str]]) -> list[str]:
     return [title, *(f"  {k:<{width}}  {v}" for k, v in pairs), ""]
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, measured: dict[str, str] | None = None) -> str:
+    """The plan as the table `python -m trainflow.plan` prints; `measured`: cluster.measured, which goodput inputs a
+    run at scale measured, and where."""
     su, d, mem, step, camp = plan.setup, plan.setup.layout, plan.memory, plan.step, plan.campaign
     schedule, cp = d.schedule if d.pp_enabled else "no pipeline", f"cp{d.cp} x " if d.cp > 1 else ""
     lines = [
@@ -81,8 +84,18 @@ def render(plan: Plan) -> str:
             ("tokens per joule", f"{camp.tokens_per_joule:.3g}"),
         ],
     )
-    lines += goodput_lines(plan.goodput) + remedy_lines(plan.remedies) + seed_lines(plan.seed)
+    lines += goodput_lines(plan.goodput) + input_lines(plan.hardware, measured or {})
+    lines += remedy_lines(plan.remedies) + seed_lines(plan.seed)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def input_lines(hardware: dict[str, float | str], measured: dict[str, str]) -> list[str]:
+    """Each input of the goodput plan, its value and whether a run at the campaign's scale measured it."""
+    lines = ["Goodput inputs (cluster.hardware; cluster.measured says which a run at scale measured)"]
+    for name, unit in GOODPUT_INPUTS.items():
+        where = f"measured at scale: {measured[name]}" if name in measured else "not measured at scale"
+        lines.append(f"  {name:<22} {hardware[name]:>10g} {unit:<5} {where}")
+    return [*lines, ""]
 
 
 def seconds(s: float) -> str:
