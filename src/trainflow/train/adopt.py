@@ -41,6 +41,7 @@ def legacy_series(cfg: TrainflowConfig) -> str:
     tree = {s: section(cfg, s) for s in LEGACY_READS}
     train = tree["train"]
     del train["branch_from"]  # added since: at its default it changed nothing
+    del tree["cluster"]["measured"]  # added since: the planner's labels of its inputs, which training never reads
     if train["compile"] is None:  # was a bool, False by default: null (on only for fp8 on GPUs) reads as it did
         train["compile"] = cfg.train.compiled(cfg.cluster.runtime.device)
     return tree_hash(tree)
