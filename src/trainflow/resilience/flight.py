@@ -58,7 +58,8 @@ class Stuck:
     sizes: str
     waiting: tuple[int, ...]
     behind: dict[int, int]
-    """Rank -> the newest sequence number it issued in the group (0: none the recorder still holds)."""
+    """Rank -> the newest sequence number it issued in the group (a member whose recorder holds none of the group's
+    collectives is not compared: its dump cannot tell it from a rank outside the group)."""
     not_started: tuple[int, ...] = ()
     unread: tuple[str, ...] = ()
 
@@ -137,8 +138,9 @@ def stuck(read: tuple[dict[int, list[Entry]], list[str]]) -> Stuck | None:
     newest: dict[str, dict[int, Entry]] = {}
     for rank, entries in dumps.items():
         for e in entries:
-            if e.seq >= newest.setdefault(e.group, {}).get(rank, Entry(e.group, -1, "", "", "")).seq:
-                newest[e.group][rank] = e
+            last = newest.setdefault(e.group, {})
+            if rank not in last or e.seq >= last[rank].seq:
+                last[rank] = e
     candidates = []
     for group, last in newest.items():
         top = max(e.seq for e in last.values())
