@@ -87,8 +87,9 @@ def test_every_stage_ran_as_a_slurm_job(campaign):
     light = {rule: job for job, rule in PLUGIN_JOB.findall(rerun.output)}
     assert set(light) | {rule for _, rule in PLUGIN_JOB.findall(failed.output)} == LIGHT  # build_kernels: the first
     submitit = {}
-    for log in ("validate_nccl/validate_nccl.log", "train_segment/segment-0.log", "train_segment/segment-1.log"):
-        (submitit[log],) = SUBMITIT_JOB.findall((run / "logs" / log).read_text())
+    segment_logs = sorted((run / "logs/train_segment").glob("*/segment-*.log"))  # logs/train_segment/<series>/
+    for log in [run / "logs/validate_nccl/validate_nccl.log", *segment_logs]:
+        (submitit[log],) = SUBMITIT_JOB.findall(log.read_text())
     jobs = [*light.values(), *submitit.values()]
     assert len(set(jobs)) == len(jobs) == len(light) + 3
     assert set(final_states(jobs).values()) == {"COMPLETED"}

@@ -92,7 +92,7 @@ def test_a_killed_driver_is_reattached_to_its_job_on_the_rerun(tmp_path, tokens)
     if Path(f"/proc/{orphan}").exists():
         os.kill(orphan, signal.SIGKILL)
         pytest.fail(f"the first stage (process {orphan}) did not stand down once the rerun had its job")
-    log = (tmp_path / "runs/default/logs/train_segment/segment-0.log").read_text()
+    log = next((tmp_path / "runs/default/logs/train_segment").glob("*/segment-0.log")).read_text()
     assert "Re-attached to local job" in log
     jobs = jobs_ledger(cfg.io.checkpoints).read()
     assert [(j.segment, j.outcome) for j in jobs] == [(0, "completed")]  # one job trained the segment

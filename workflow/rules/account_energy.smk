@@ -8,7 +8,7 @@ rule account_energy:
     log:
         RUN.log("account_energy"),
     params:
-        config_hash=rule_hash("account_energy"),
+        config_hash=rule_hash("account_energy", LAST),
         io=lambda w, input, output: stage_command(
             run_metrics=list(input.metrics),
             segment_reports=list(input.segments),
@@ -20,4 +20,4 @@ rule account_energy:
         runtime=10,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {AFTER} {params.io} > {log:q} 2>&1"

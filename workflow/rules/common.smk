@@ -1,6 +1,7 @@
 # Shared by every rule: validate the Snakemake config, compose the Hydra config once (to learn the DAG's shape and
 # the outputs' paths), and build each stage's command line. Rules take their outputs' paths from RUN
 # (trainflow.config.run_folder) and their inputs from the rules that produce them (rules.<producer>.output.<name>).
+import dataclasses
 import shlex
 import sys
 
@@ -13,7 +14,7 @@ from trainflow.config import ConfigError, stage_hash
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import shard_plan
 from trainflow.data.record import DataError, record_path
-from trainflow.config.overrides import check_workflow_config, compose_workflow, hydra_quote
+from trainflow.config.overrides import check_workflow_config, compose_phases, compose_workflow, hydra_quote
 from trainflow.config.rules import spike_warning
 from trainflow.preflight import preflight
 from trainflow.records import RecordError
@@ -22,6 +23,7 @@ from trainflow.train.adopt import check_legacy
 try:
     config.update(check_workflow_config(config))  # as text, in one line, before the schema below would dump itself
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
+    PHASES = compose_phases(CFG, OVERRIDES)  # each phase's config by its series (config.phases); one without phases
     preflight(CFG)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
     check_campaign(CFG)  # the same model as the campaign in the run folder, its series' seed, a branch's checkpoint
     check_legacy(CFG)  # series of a trainflow before campaign records: the config's is adopted, or refused
@@ -37,7 +39,10 @@ if warning := spike_warning(CFG):
 PYTHON = shlex.quote(sys.executable)
 HYDRA_ARGS = shlex.join(OVERRIDES)
 RUN = RunFolder.of(CFG)
-SEGMENTS = range(CFG.train.segments)
+TRAIN = dataclasses.replace(RUN, series="{series}")  # a training segment's paths, its phase's series a wildcard
+SERIES = list(PHASES)  # in the phases' order
+LAST = PHASES[SERIES[-1]]  # the last phase's config: what the stages after training read
+AFTER = f"phase={LAST.phase}" if LAST.phase else ""  # their phase= override
 try:  # every source's groups of input files (data.sources; a plain data.corpus is one), numbered across them
     SHARD_FILES = [files for _, files in shard_plan(CFG.data)]
 except DataError as err:
@@ -64,14 +69,35 @@ def shard_tokenizer(wildcards):
 
 
 def previous_segment(wildcards):
-    """Segment i starts from segment i-1's last checkpoint. Ancient: a rerun of a completed segment (which restores
-    its outputs, trainflow.train.kept) does not make the ones after it stale."""
-    segment = int(wildcards.segment)
-    return ancient(expand(rules.train_segment.output.report, segment=segment - 1)) if segment > 0 else []
+    """Segment i starts from segment i-1's last checkpoint, a later phase's segment 0 from its parent phase's last
+    segment. Ancient: a rerun of a completed segment (which restores its outputs, trainflow.train.kept) does not make
+    the ones after it stale."""
+    segment, at = int(wildcards.segment), SERIES.index(wildcards.series)
+    if segment > 0:
+        return ancient(TRAIN.segment_report(segment - 1).format(series=wildcards.series))
+    if at > 0:
+        parent = SERIES[at - 1]
+        return ancient(TRAIN.segment_report(PHASES[parent].train.segments - 1).format(series=parent))
+    return []
+
+
+def phase_segments():
+    """Every phase's (series, segment), in order."""
+    return [(series, i) for series, cfg in PHASES.items() for i in range(cfg.train.segments)]
 
 
 def segment_reports(wildcards):
-    return expand(rules.train_segment.output.report, segment=SEGMENTS)
+    return [TRAIN.segment_report(i).format(series=series) for series, i in phase_segments()]
+
+
+def segment_metrics(wildcards):
+    return [TRAIN.job_metrics("train_segment", segment=i).format(series=series) for series, i in phase_segments()]
+
+
+def phase_of(wildcards):
+    """The phase= override of a training segment's series ('' without phases)."""
+    name = PHASES[wildcards.series].phase
+    return f"phase={name}" if name else ""
 
 
 def run_metrics(wildcards):
@@ -83,15 +109,15 @@ def run_metrics(wildcards):
         rules.stage_data.output.metrics,
         rules.build_kernels.output.metrics,
         rules.validate_nccl.output.metrics,
-        *expand(rules.train_segment.output.metrics, segment=SEGMENTS),
+        *segment_metrics(wildcards),
         rules.verify_checkpoint.output.metrics,
     ]
 
 
-def rule_hash(stage):
-    """The rule's params: the hash of what the stage reads (trainflow.config.stages), so a change there reruns it
-    and what follows."""
-    return stage_hash(CFG, stage)
+def rule_hash(stage, cfg=None):
+    """The rule's params: the hash of what the stage reads (trainflow.config.stages) in `cfg` (the first phase's
+    unless given), so a change there reruns it and what follows."""
+    return stage_hash(cfg or CFG, stage)
 
 
 def stage_command(**io):

@@ -13,14 +13,14 @@ rule report:
     log:
         RUN.log("report"),
     params:
-        config_hash=rule_hash("report"),
+        config_hash=rule_hash("report", LAST),
         io=lambda w, input, output: stage_command(
             segment_reports=list(input.segments),
             nccl_report=input.nccl,
             verify_report=input.verify,
             energy_report=input.energy,
             run_metrics=list(input.metrics),
-            checkpoints=RUN.checkpoints,
+            checkpoints=RunFolder.of(LAST).checkpoints,
             report=output.report,
             plots=list(output.plots),
             job_metrics=output.metrics,
@@ -30,4 +30,4 @@ rule report:
         runtime=10,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {AFTER} {params.io} > {log:q} 2>&1"

@@ -12,21 +12,23 @@ rule train_segment:
         nccl=ancient(rules.validate_nccl.output.report),
         previous=previous_segment,
     output:
-        report=RUN.segment_report("{segment}"),
-        metrics=RUN.job_metrics("train_segment", segment="{segment}"),
+        report=TRAIN.segment_report("{segment}"),
+        metrics=TRAIN.job_metrics("train_segment", segment="{segment}"),
     log:
-        RUN.log("train_segment", "segment-{segment}"),
+        RUN.log("train_segment", "{series}/segment-{segment}"),
     wildcard_constraints:
         segment=r"\d+",
+        series="|".join(SERIES),
     params:
-        config_hash=rule_hash("train_segment"),
+        config_hash=lambda w: rule_hash("train_segment", PHASES[w.series]),
+        phase=phase_of,
         io=lambda w, input, output: stage_command(
             staged_tokens=input.tokens,
-            checkpoints=RUN.checkpoints,
+            checkpoints=RunFolder.of(PHASES[w.series]).checkpoints,
             kernel_cache=RUN.kernel_cache,
             segment_report=output.report,
             job_metrics=output.metrics,
             submitit=RUN.submitit("train_segment"),
         ),
     shell:
-        "{PYTHON} -m trainflow.stages.train_segment {HYDRA_ARGS} segment={wildcards.segment} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.train_segment {HYDRA_ARGS} {params.phase} segment={wildcards.segment} {params.io} > {log:q} 2>&1"

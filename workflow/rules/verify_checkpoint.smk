@@ -7,13 +7,13 @@ rule verify_checkpoint:
     log:
         RUN.log("verify_checkpoint"),
     params:
-        config_hash=rule_hash("verify_checkpoint"),
+        config_hash=rule_hash("verify_checkpoint", LAST),
         io=lambda w, output: stage_command(
-            checkpoints=RUN.checkpoints, verify_report=output.report, job_metrics=output.metrics
+            checkpoints=RunFolder.of(LAST).checkpoints, verify_report=output.report, job_metrics=output.metrics
         ),
     resources:
         mem_mb=1000,
         runtime=60,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {AFTER} {params.io} > {log:q} 2>&1"

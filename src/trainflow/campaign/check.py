@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 
 from trainflow.atomic import write_json
+from trainflow.campaign.phases import start_point
 from trainflow.campaign.records import CampaignRecord, Parent, SeriesRecord
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, check_complete, read_manifest
 from trainflow.code_version import CodeVersion
-from trainflow.config.identity import SEED, branch_point, identity, series_key
+from trainflow.config.identity import SEED, identity, series_key
+from trainflow.config.phases import CARRIED, phase_index
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
@@ -34,6 +36,8 @@ def check_campaign(cfg: TrainflowConfig) -> None:
     if Path(run.campaign_record).exists():
         campaign = read_record(CampaignRecord, run.campaign_record, rerun=WRITTEN_BY)
         mine, theirs = identity(cfg), campaign.identity
+        if phase_index(cfg) > 0:  # a later phase may change what checkpoints carry (rotary scaling)
+            mine, theirs = ({k: v for k, v in d.items() if k not in CARRIED} for d in (mine, theirs))
         differ = sorted((key not in mine or key not in theirs, key) for key in {*mine, *theirs})  # both sides' first
         for _, key in differ:
             if mine.get(key) != theirs.get(key):
@@ -42,7 +46,7 @@ def check_campaign(cfg: TrainflowConfig) -> None:
                     f"({run.campaign_record}): its checkpoints are another model's; to train this one start a new "
                     f"campaign with run=<new name> (a branch, train.branch_from, keeps the model)"
                 )
-    point = branch_point(cfg)
+    point = start_point(cfg)
     if point is not None:
         check_branch_point(run, *point)
     check_format(run.checkpoints)
@@ -100,6 +104,7 @@ def start_series(cfg: TrainflowConfig) -> None:
         write_json(run.campaign_record, record.to_json())
     series = RunFolder.series_record(run.checkpoints)
     if not Path(series).exists():
-        point = branch_point(cfg)
+        point = start_point(cfg)
         parent = Parent(*point) if point else None
-        write_json(series, SeriesRecord(run.series, cfg.train.seed, parent, time.time()).to_json())
+        record = SeriesRecord(run.series, cfg.train.seed, parent, time.time(), phase=cfg.phase)
+        write_json(series, record.to_json())

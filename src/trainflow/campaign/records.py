@@ -8,11 +8,13 @@ them when it builds the DAG, trainflow.status and the report afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from trainflow.code_version import CodeVersion
 from trainflow.config.identity import Change
-from trainflow.records import Record
+from trainflow.records import Record, fields_added
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,17 @@ class Parent(Record):
 class SeriesRecord(Record):
     """checkpoints/<series>/series.json, written when the series' first segment starts."""
 
+    FORMAT: ClassVar[int] = 2
+    MIGRATIONS: ClassVar[dict[int, Callable[[dict], dict]]] = {1: fields_added}  # 2: phase
+
     series: str
     seed: int
     """The train.seed its data is drawn with: a later segment with another seed is refused (branch instead)."""
     parent: Parent | None
-    """A branch's starting checkpoint (train.branch_from); None: the main series."""
+    """A branch's starting checkpoint (train.branch_from), a later phase's its parent phase's; None: the main series."""
     started: float
+    phase: str = ""
+    """The phase it trains (config.phases); '': the first, or a campaign without phases."""
 
 
 @dataclass(frozen=True)

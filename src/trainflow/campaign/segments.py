@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainflow.campaign.phases import start_point
 from trainflow.campaign.records import Lineage
-from trainflow.config.identity import branch_point
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
@@ -50,7 +50,7 @@ def segment_span(cfg: TrainflowConfig) -> SegmentSpan:
         start, end = done[k].start_step, done[k].end_step
     else:
         if k == 0:
-            point = branch_point(cfg)
+            point = start_point(cfg)
             start = point[1] if point else 0
         elif k - 1 in done:
             start = done[k - 1].end_step

@@ -47,6 +47,20 @@ class VerifyReport(Record):
     algorithm: str
 
 
+def merged(reports: list[VerifyReport]) -> VerifyReport:
+    """The reports of several series (a campaign's phases) as one."""
+    files, nbytes, seconds = (sum(getattr(r, k) for r in reports) for k in ("files", "bytes", "seconds"))
+    return VerifyReport(
+        checkpoints=[c for r in reports for c in r.checkpoints],
+        failures=[f for r in reports for f in r.failures],
+        files=files,
+        bytes=nbytes,
+        seconds=seconds,
+        gb_per_s=nbytes / seconds / 1e9 if seconds else None,
+        algorithm=reports[0].algorithm,
+    )
+
+
 class VerifyError(TrainflowError):
     """A checkpoint series that does not verify."""
 

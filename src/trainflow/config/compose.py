@@ -8,34 +8,40 @@ from __future__ import annotations
 import dataclasses
 import logging.config
 import re
-import shlex
-from collections.abc import Iterator
-from pathlib import Path
 
 import yaml
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from trainflow.config.checks import validate
 from trainflow.config.keys import new_key, refuse_unknown_keys, unknown_key
+from trainflow.config.override_words import CONF_DIR, parse_override
 from trainflow.config.run_folder import fill_io
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
 
-# conf/ lives at the repository root; trainflow is installed editable (`pip install -e .`).
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
-
 
 def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainflowConfig:
-    """Compose a primary config with Hydra's compose API, resolve it and validate it."""
+    """Compose a primary config with Hydra's compose API (the phase it names: config.phases), resolve it and
+    validate it."""
     return to_config(compose_raw(config_name, overrides))
 
 
 def compose_raw(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """A primary config as Hydra composes it, before to_config: every error in one ConfigError line."""
+    """A primary config as Hydra composes it, with the phase it names (config.phases), before to_config: every error
+    in one ConfigError line."""
+    raw = hydra_compose_raw(config_name, overrides)
+    if raw.get("phases"):
+        from trainflow.config.phases import compose_phase
+
+        return compose_phase(config_name, overrides, raw, hydra_compose_raw)
+    if raw.get("phase"):
+        raise ConfigError(f"phase({raw.phase!r}) but the config lists no phases: leave phase= out, or list phases")
+    return raw
+
+
+def hydra_compose_raw(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """A primary config as Hydra composes it: every error in one ConfigError line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -54,61 +60,6 @@ def compose_raw(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -
 def job_logging() -> None:
     """The stages' log lines (conf/hydra/job_logging/trainflow.yaml) in a process that composes its config itself."""
     logging.config.dictConfig(yaml.safe_load((CONF_DIR / "hydra/job_logging/trainflow.yaml").read_text()))
-
-
-def parse_override(word: str, what: str = "override", *, shell: bool = True) -> Override:
-    """One Hydra override parsed, or one line naming it and the fix: most words that do not parse hold a character
-    Hydra's grammar keeps for itself (`;`, `(`, a space, a quote) in a value that wants quoting, or open a list or
-    dict they do not close. `shell`: the fix is for a shell's command line; else for the string of
-    `--config overrides="..."`, which quotes each value once (config.overrides.split)."""
-    try:
-        return OverridesParser.create().parse_override(word)
-    except HydraException as err:
-        reason = " ".join(str(err).split()).split(" expecting ")[0]  # the parser's list of tokens is noise
-    key, eq, value = word.partition("=")
-    if eq and (closers := unclosed(value)):  # quoting it would make a list a string: close it instead
-        closed = f"{key}={value}{closers}"
-        fix = f"close what its value opens, e.g. {shell_quoted(closed) if shell else closed}"
-    elif eq:
-        value = value.strip("'\"")
-        quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
-        if not shell:
-            fix = f'quote the value once inside overrides="...", e.g. {quoted}'
-        else:
-            fix = f"quote the value for Hydra, e.g. {shell_quoted(quoted)} on a shell"
-    else:
-        fix = f"give key=value, e.g. {word}=..."
-    raise ConfigError(f"{what} {word!r} does not parse ({reason}): {fix}") from None
-
-
-def shell_quoted(text: str) -> str:
-    """`text` as one word of a shell's command line, in double quotes where they keep it as it stands."""
-    return f'"{text}"' if not re.search(r'["$`\\!]', text) else shlex.quote(text)
-
-
-def unclosed(value: str) -> str:
-    """The brackets a value opens and leaves open (outside quotes), as the closers that would close them: "]}" for
-    "[{a: 1"; "" where it closes all it opens (or closes one it never opened: then it is no list to complete)."""
-    opened = []
-    for char in outside_quotes(value):
-        if char in "[{":
-            opened.append("]" if char == "[" else "}")
-        elif char in "]}":
-            if not opened or opened.pop() != char:
-                return ""
-    return "".join(reversed(opened))
-
-
-def outside_quotes(text: str) -> Iterator[str]:
-    """The characters of `text` outside '...' and "..." (the quotes themselves left out)."""
-    quote = ""
-    for char in text:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        else:
-            yield char
 
 
 def one_line(err: BaseException) -> str:

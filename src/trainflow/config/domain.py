@@ -63,6 +63,11 @@ def checked(default: Any = MISSING, *, factory: Any = None, **domain: Any) -> An
 # Strings that reach a command line or an sbatch script: no whitespace, quotes or shell syntax.
 SLURM_WORD = r"[\w.,:@%+=&|!*()\[\]-]*"
 RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+PHASE_NAME = r"[a-z][a-z0-9_]{0,31}"
+"""A phase's name (config.phases): part of its checkpoint series' folder name."""
+SERIES = rf"[0-9a-f]{{12}}(?:-(?:b[0-9]+|{PHASE_NAME}-[0-9a-f]{{8}}))*"
+"""A checkpoint series' name (config.identity): the main series' key, then a branch's -b<step> or a later phase's
+-<phase>-<digest>."""
 # A container image, an EDF or a program inside a container as srun's line takes them (trainflow.launch.container):
 # letters, digits and ._/+@- only; no spaces, quotes, `$` or `~` (expand variables before giving one). A bind mount
 # adds Apptainer's src[:dst[:ro|rw]].

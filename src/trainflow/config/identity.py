@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from trainflow.config.domain import SERIES
 from trainflow.config.schema import ModelConfig, TrainflowConfig
 from trainflow.errors import ConfigError
 from trainflow.records import Record
@@ -35,10 +36,11 @@ the same weights)."""
 BPE_READS = ("corpus", "text_field", "bad_lines", "max_bytes", "bpe_sample_bytes", "shards", "sources")
 """What prepare_data's tokenizer job trains a BPE from (data.tokenizer=bpe): another sample is another vocabulary."""
 SEED = "train.seed"
-NOT_SETTINGS = ("run", "stage", "job", "segment", "io", "storage")
-"""What a segment's settings leave out: where the run is and which job this is, not how it trains."""
-BRANCH = re.compile(r"(?:(?P<series>[0-9a-f]{12}(?:-b[0-9]+)*)@)?(?P<step>[0-9]+)")
-"""train.branch_from: STEP (from the campaign's main series) or SERIES@STEP (from a branch of it)."""
+NOT_SETTINGS = ("run", "stage", "job", "segment", "io", "storage", "phases", "phase")
+"""What a segment's settings leave out: where the run is and which job this is, not how it trains (a phase's overrides
+are in the settings they set; its series is named by them: config.phases)."""
+BRANCH = re.compile(rf"(?:(?P<series>{SERIES})@)?(?P<step>[0-9]+)")
+"""train.branch_from: STEP (from the campaign's main series) or SERIES@STEP (from a branch or phase of it)."""
 
 
 def as_dict(node: Any) -> Any:
@@ -95,8 +97,17 @@ def branch_point(cfg: TrainflowConfig) -> tuple[str, int] | None:
 
 
 def series_name(cfg: TrainflowConfig) -> str:
-    """The checkpoint series the config trains: the main series (series_key), or a branch of it named by its parent and
-    step (<parent>-b<step>), so every branch of a branch reads back to the main series."""
+    """The checkpoint series the config trains: its phase's (config.phases: set by compose) after the first, else
+    plain_series_name."""
+    names = [p.name for p in cfg.phases]
+    if cfg.phase in names[1:]:
+        return cfg.phases[names.index(cfg.phase)].series
+    return plain_series_name(cfg)
+
+
+def plain_series_name(cfg: TrainflowConfig) -> str:
+    """The main series (series_key), or a branch of it named by its parent and step (<parent>-b<step>), so every
+    branch of a branch reads back to the main series."""
     point = branch_point(cfg)
     return series_key(cfg) if point is None else f"{point[0]}-b{point[1]}"
 

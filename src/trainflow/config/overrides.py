@@ -18,13 +18,12 @@ import shlex
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from trainflow.config.compose import CONF_DIR, compose, outside_quotes, parse_override
+from trainflow.config.compose import compose
 from trainflow.config.domain import RUN_NAME
+from trainflow.config.identity import series_name
+from trainflow.config.override_words import check, outside_quotes
 from trainflow.config.schema import TrainflowConfig
 from trainflow.errors import ConfigError
-
-GROUPS = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir())
-OPTION = r"[A-Za-z0-9_-]+"
 
 
 def split(text: str, source: str) -> list[str]:
@@ -148,27 +147,6 @@ def parses(word: str) -> bool:
         return False
 
 
-def check(word: str, source: str) -> None:
-    """Refuse one override that does not parse or may do more than set a value; one line naming it."""
-    refuse = f"{source} override {word!r}"
-    if re.search(r"[\x00-\x1f\x7f]", word):
-        raise ConfigError(f"{refuse} holds a control character; give one-line values")
-    if word.startswith("-"):
-        raise ConfigError(f"{refuse} is a command-line flag; give key=value overrides only")
-    override = parse_override(word, f"{source} override", shell=False)
-    key = override.key_or_group
-    if re.match(r"hydra\b", key):
-        raise ConfigError(f"{refuse} changes Hydra itself; trainflow's stages take settings under their own keys")
-    if override.is_sweep_override():
-        raise ConfigError(f"{refuse} is a sweep; run one workflow per value instead")
-    if override.package is not None:
-        raise ConfigError(f"{refuse} moves a config package ('@'); set the keys themselves")
-    if key in GROUPS and not (override.is_delete() or re.fullmatch(OPTION, str(override.value()))):
-        raise ConfigError(f"{refuse} must name a preset in conf/{key}/ by its name alone")
-    if re.fullmatch(r"cluster\.allocation\.setup(\..*)?", key):
-        raise ConfigError(f"{refuse} sets shell lines of the sbatch script; put them in a conf/cluster/ preset")
-
-
 WORKFLOW_KEYS = ("run", "site", "overrides")
 """workflow/config.yaml's keys, the only ones `snakemake --config` takes."""
 
@@ -223,6 +201,15 @@ def compose_workflow(run: str, site: str, overrides: str) -> tuple[TrainflowConf
     overrides every stage is given."""
     words = checked_overrides(run, site, overrides)
     return compose("train_segment", words), words
+
+
+def compose_phases(cfg: TrainflowConfig, words: list[str]) -> dict[str, TrainflowConfig]:
+    """Each phase's config (train_segment's) by the checkpoint series it trains, in the phases' order (config.phases);
+    `cfg` alone where it lists none."""
+    if not cfg.phases:
+        return {series_name(cfg): cfg}
+    phases = (compose("train_segment", [*words, f"phase={p.name}"]) for p in cfg.phases)
+    return {series_name(c): c for c in phases}
 
 
 def hydra_quote(value: str | list[str]) -> str:

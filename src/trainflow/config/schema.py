@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from trainflow.config.cluster import ClusterConfig
-from trainflow.config.domain import RUN_NAME, checked
+from trainflow.config.domain import PHASE_NAME, RUN_NAME, SERIES, checked
 from trainflow.config.energy import EnergyConfig
 from trainflow.config.faults import FaultConfig
 from trainflow.config.observe import MlflowConfig, WandbConfig
@@ -200,7 +200,7 @@ class TrainConfig:
     campaign: the segments already completed stay as they are."""
     segment_steps: int = checked(150, ge=1)
     """Steps of each segment not yet completed: a segment starts where the one before it ended (its lineage)."""
-    branch_from: str = checked("", pattern=r"([0-9a-f]{12}(-b[0-9]+)*@)?[0-9]+|", fix="a step, or SERIES@STEP")
+    branch_from: str = checked("", pattern=rf"({SERIES}@)?[0-9]+|", fix="a step, or SERIES@STEP")
     """Train a new series (a branch) from a checkpoint of this campaign: STEP (of the main series) or SERIES@STEP (of
     a branch: its name <main>-b<step>). The branch's segments count from 0 at that step; the old series stays as it
     is, and the branch's lineage names it. Empty: the main series."""
@@ -283,6 +283,23 @@ class ObserveConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """One phase of a campaign (config.phases): its name and its overrides over the experiment. Phase k's first
+    segment starts from phase k-1's last checkpoint (or its from_step), in a checkpoint series of its own."""
+
+    name: str = checked(pattern=PHASE_NAME, fix="lower-case letters, digits and _, starting with a letter")
+    overrides: list[str] = field(default_factory=list)
+    """Hydra overrides applied to this phase only, before the command line's (which apply to every phase)."""
+    from_step: int = checked(0, ge=0)
+    """The parent phase's checkpoint this phase starts from; 0: its last (a decay phase may start from any stable
+    checkpoint of its parent)."""
+    series: str = ""
+    """Set by compose (config.phases): the checkpoint series the phase trains; a value given is replaced."""
+    segments: int = 0
+    """Set by compose: the phase's train.segments as composed; a value given is replaced."""
+
+
+@dataclass
 class TrainflowConfig:
     run: str = checked("default", pattern=RUN_NAME, fix="letters, digits, _ . - and no leading dot")
     """The run's name: its outputs go to runs/<run>/ (storage.root)."""
@@ -293,6 +310,10 @@ class TrainflowConfig:
     any that are missing when it runs alone)."""
     segment: int = checked(0, ge=0)
     """Which training segment (train_segment's job)."""
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """The campaign's phases in order (config.phases; docs/phases.md); empty: one phase, the config as it is."""
+    phase: str = checked("", pattern=f"({PHASE_NAME})?", fix="the name of one of the phases")
+    """Which phase this job runs ('': the first); its overrides are applied when the config is composed."""
     io: IOConfig = field(default_factory=IOConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -54,19 +54,24 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     stages = [
         stage_energy(here_or_model(m, a.executor), energy=e, gpus=gpus if m.stage in ALLOCATING else 0) for m in metrics
     ]
-    summaries = {s.segment: s for s in (read_record(SegmentSummary, p) for p in cfg.io.segment_reports)}
+    # Paired in order: the workflow lists every phase's segments alike in both (a segment number repeats across phases)
+    summaries = [read_record(SegmentSummary, p) for p in cfg.io.segment_reports]
     trained = [(m, row) for m, row in zip(metrics, stages) if m.stage == "train_segment"]
-    if missing := sorted(set(summaries) - {m.segment for m, _ in trained}):
-        raise StageError(f"io.run_metrics holds no train_segment metrics for segments {missing}; pass metrics-<i>.json")
+    if [m.segment for m, _ in trained] != [s.segment for s in summaries]:
+        raise StageError(
+            f"io.run_metrics holds train_segment metrics of segments {[m.segment for m, _ in trained]} but "
+            f"io.segment_reports summaries of {[s.segment for s in summaries]}: pass each segment's metrics-<i>.json "
+            "in the order of its summary"
+        )
     segments = [
         SegmentEnergy(
             segment=row.segment,
             it_j=row.it_j,
             nodes=len(m.node_windows),
             power_traces=[w.trace for w in m.node_windows],
-            phases=phase_energy(summaries[row.segment].steps, summaries[row.segment].saves, m.node_windows, row),
+            phases=phase_energy(summary.steps, summary.saves, m.node_windows, row),
         )
-        for m, row in trained
+        for (m, row), summary in zip(trained, summaries)
     ]
     report = energy_report(cfg, metrics, stages, trained, segments, summaries, gpus=gpus)
     write_json(cfg.io.energy_report, report.to_json())
@@ -88,7 +93,7 @@ def energy_report(cfg, metrics, stages, trained, segments, summaries, *, gpus: i
         else f"estimate had each of the {devices} CPU ranks driven a GPU at energy.gpu_watts={e.gpu_watts:g} W"
     )
     applied = any(w.dvfs_applied for w in windows)
-    marks = [(s.steps, s.saves) for s in summaries.values()]
+    marks = [(s.steps, s.saves) for s in summaries]
     training = facility(train_j, e)
     return EnergyReport(
         stages=stages,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from trainflow.campaign.phases import carries_scaling, start_point
 from trainflow.campaign.segments import SegmentSpan
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.hf_reader import load_hf
@@ -29,7 +30,7 @@ from trainflow.checkpoint.manifest import MANIFEST, Manifest, Provenance, read_m
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
 from trainflow.code_version import CodeVersion
 from trainflow.config import TrainflowConfig
-from trainflow.config.identity import branch_point, changes, settings
+from trainflow.config.identity import changes, settings
 from trainflow.config.run_folder import RunFolder
 from trainflow.data.stream import DataStream
 from trainflow.errors import TrainflowError
@@ -149,7 +150,7 @@ class SegmentCheckpoints:
         io.resume_from's."""
         yield self.manager, at_most, False
         threads = self.cfg.checkpoint.io_threads
-        if (point := branch_point(self.cfg)) is not None and at_most >= point[1]:
+        if (point := start_point(self.cfg)) is not None and at_most >= point[1]:
             parent = RunFolder.of(self.cfg).series_checkpoints(point[0])
             yield CheckpointManager(parent, keep=0, pinned=set(), io_threads=threads), point[1], True
         if self.cfg.io.resume_from:
@@ -161,7 +162,8 @@ class SegmentCheckpoints:
         self.on_phase("load", step)
         folder = step_dir(source.root, step)
         manifest = read_manifest(folder)  # every rank reads it: no collective to agree
-        if mismatch := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model):
+        carried = carries_scaling(self.cfg, manifest.series)  # a later phase may extend its parent's context
+        if not carried and (mismatch := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model)):
             raise ResumeError(mismatch)
         self.init_from = manifest.init_from
         state = self.state()

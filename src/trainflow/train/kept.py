@@ -13,11 +13,11 @@ import logging
 from pathlib import Path
 
 from trainflow.atomic import write_json
+from trainflow.campaign.phases import start_point
 from trainflow.campaign.records import Lineage, StepChange
 from trainflow.campaign.segments import SegmentSpan
 from trainflow.code_version import CodeVersion
 from trainflow.config import TrainflowConfig
-from trainflow.config.identity import branch_point
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.metrics import JobMetrics
 from trainflow.journal import Journal
@@ -31,7 +31,7 @@ def continued_from(cfg: TrainflowConfig, span: SegmentSpan) -> str:
     """What the segment's first step started from (campaign.records.Lineage.continued_from)."""
     if span.segment > 0:
         return f"{RunFolder.of(cfg).series}@{span.start}"
-    if (point := branch_point(cfg)) is not None:
+    if (point := start_point(cfg)) is not None:
         return f"{point[0]}@{point[1]}"
     if cfg.io.resume_from:
         return f"io.resume_from {cfg.io.resume_from}"
