@@ -1,13 +1,14 @@
 """CRC manifests: what a checkpoint directory must contain, byte for byte, and what the run recorded beside it.
 
-manifest.json = {"format": 2, "algorithm": "crc32c", "world_size": w, "file_count": n,
+manifest.json = {"format": 3, "algorithm": "crc32c", "world_size": w, "file_count": n,
                  "files": {relative path: {"bytes": n, "crc32c": c}},
                  "step": s, "series": ..., "layout": ..., "model": {...}, "guard": {...}, "stream": {...},
                  "schedule": {...}, "settings": {...}, "code": {...}, "init_from": ...} (Manifest).
 The checksum is CRC-32C (trainflow.crc). Format 1 (trainflow before formats) kept the data windows a rollback left
 out in its guard entry; format 2 keeps the data stream's position instead (data.stream), with the schedule, settings
 and code that trained it: a format-1 manifest reads with its windows in `legacy_windows`, and the trainer derives
-the position from them and the step (data.stream.migrated).
+the position from them and the step (data.stream.migrated). Format 3 adds the schedule's kind, decay_steps and
+decay_shape (optim.schedule=wsd): a format-2 schedule reads as the cosine it was.
 
 A manifest is complete or the checkpoint is invalid: the folder holds exactly the files it lists,
 `file_count` of them, `.metadata` among them, and every rank 0..world_size-1 has its DCP files
@@ -37,7 +38,7 @@ from trainflow.config.rules import model_errors
 from trainflow.config.schedule import Schedule
 from trainflow.crc import file_crc
 from trainflow.errors import TrainflowError
-from trainflow.records import NewerFormatError, Record, RecordError, read_json
+from trainflow.records import NewerFormatError, Record, RecordError, fields_added, read_json
 from trainflow.stream_position import StreamPosition
 
 MANIFEST = "manifest.json"
@@ -121,8 +122,8 @@ def legacy_guard(data: dict) -> dict:
 class Manifest(Record):
     """manifest.json. A field that is None is left out of the file (manifests before it held none)."""
 
-    FORMAT = 2
-    MIGRATIONS = {1: legacy_guard}
+    FORMAT = 3
+    MIGRATIONS = {1: legacy_guard, 2: fields_added}  # 3: schedule.kind, decay_steps, decay_shape
 
     algorithm: str
     world_size: int

@@ -11,7 +11,7 @@ from trainflow.config.energy import EnergyConfig
 from trainflow.config.faults import fault_errors
 from trainflow.config.observe import observe_errors
 from trainflow.config.resilience import resilience_errors
-from trainflow.config.schema import BYTE_VOCAB, SPIKE_WINDOW, ModelConfig, TrainflowConfig
+from trainflow.config.schema import BYTE_VOCAB, SPIKE_WINDOW, LrSchedule, ModelConfig, OptimConfig, TrainflowConfig
 from trainflow.config.shape import linear_shapes
 from trainflow.config.sources import source_errors
 
@@ -24,7 +24,7 @@ def rule_errors(cfg: TrainflowConfig) -> list[str]:
     errors = model_errors(m) + train_errors(cfg) + energy_errors(cfg.energy) + allocation_errors(cfg) + source_errors(d)
     o, timeout_s, hang_s = cfg.observe, cfg.cluster.runtime.collective_timeout_s, cfg.resilience.hang_detect_s
     errors += observe_errors(o.wandb, o.mlflow, collective_timeout_s=timeout_s, hang_detect_s=hang_s)
-    errors += resilience_errors(cfg.resilience) + fault_errors(cfg.fault)
+    errors += resilience_errors(cfg.resilience) + fault_errors(cfg.fault) + optim_errors(cfg.optim)
     if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < d.vocab_size:
@@ -93,6 +93,16 @@ def energy_errors(e: EnergyConfig) -> list[str]:
         return [
             f"energy.idle_clock_mhz({e.idle_clock_mhz}) > energy.compute_clock_mhz({e.compute_clock_mhz}): DVFS lowers "
             f"clocks while data loads; choose an idle clock in 1-{e.compute_clock_mhz} MHz"
+        ]
+    return []
+
+
+def optim_errors(o: OptimConfig) -> list[str]:
+    """A decay of its own length is wsd's: cosine's spans the whole run."""
+    if o.decay_steps and o.schedule == LrSchedule.COSINE:
+        return [
+            f"optim.decay_steps({o.decay_steps}) is set but optim.schedule is cosine, whose decay spans the whole run; "
+            "set optim.schedule=wsd for a decay over the last decay_steps steps, or optim.decay_steps=0"
         ]
     return []
 

@@ -9,6 +9,7 @@ time. A field with a domain carries it beside its type (`checked(...)`); config.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -30,6 +31,24 @@ ACTIVATION_MODES = ("keep", "recompute", "offload")
 FP8_RECIPES = ("dynamic", "delayed", "rowwise")
 """train.fp8's recipes besides none; trainflow.fp8.linear.Float8Linear implements each."""
 DP_MODES = ("replicate", "shard")
+
+
+class LrSchedule(StrEnum):
+    """optim.schedule's kinds (config.schedule.Schedule computes each)."""
+
+    COSINE = "cosine"
+    WSD = "wsd"
+
+
+class DecayShape(StrEnum):
+    """optim.decay_shape: how a wsd decay falls, over its progress p from 0 to 1."""
+
+    LINEAR = "linear"
+    SQRT = "1-sqrt"
+    """1 - sqrt(p): Hägele et al. 2024 ("Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+    Durations") report a lower final loss than a linear decay of the same length."""
+
+
 BYTE_VOCAB = 257  # 256 byte values + one end-of-document token
 SPIKE_WINDOW = 50
 """train.spike.window's default; a run of fewer steps is a test run (config.rules.spike_warning)."""
@@ -168,8 +187,17 @@ class OptimConfig:
     name: str = MISSING
     lr: float = checked(gt=0)
     min_lr_ratio: float = checked(0.1, ge=0, le=1)
-    """Cosine decay ends at lr * min_lr_ratio."""
+    """The decay ends at lr * min_lr_ratio."""
     warmup_steps: int = checked(ge=0)
+    schedule: str = checked(LrSchedule.COSINE.value, one_of=tuple(LrSchedule))
+    """The learning rate after warmup: cosine decays from lr over the whole run to its planned last step; wsd
+    (warmup-stable-decay) holds lr, then decays over the last optim.decay_steps steps before it."""
+    decay_steps: int = checked(0, ge=0)
+    """wsd only: the decay takes the last decay_steps steps before the planned last step; 0: none in this plan (lr
+    stays constant after warmup). A campaign's decay is usually a phase of its own, whose decay_steps is the phase's
+    length: it decays from whichever stable checkpoint the phase starts at."""
+    decay_shape: str = checked(DecayShape.SQRT.value, one_of=tuple(DecayShape))
+    """wsd only: linear, or 1-sqrt (lr x (1 - sqrt(progress)), mapped to end at lr x min_lr_ratio)."""
     weight_decay: float = checked(ge=0)
     beta1: float = checked(0.9, ge=0, lt=1)
     beta2: float = checked(0.95, ge=0, lt=1)

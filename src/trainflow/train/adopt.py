@@ -23,6 +23,7 @@ from trainflow.config import TrainflowConfig
 from trainflow.config.hashing import section, tree_hash
 from trainflow.config.identity import branch_point
 from trainflow.config.run_folder import RunFolder
+from trainflow.config.schema import LrSchedule
 from trainflow.energy.metrics import JobMetrics
 from trainflow.errors import ConfigError
 from trainflow.journal import Journal
@@ -42,6 +43,10 @@ def legacy_series(cfg: TrainflowConfig) -> str:
     train = tree["train"]
     del train["branch_from"]  # added since: at its default it changed nothing
     del tree["cluster"]["measured"]  # added since: the planner's labels of its inputs, which training never reads
+    optim = tree["optim"]
+    if (optim["schedule"], optim["decay_steps"]) == (LrSchedule.COSINE, 0):  # added since: cosine was its only one
+        for key in ("schedule", "decay_steps", "decay_shape"):  # (wsd names another series, as another lr does)
+            del optim[key]
     if train["compile"] is None:  # was a bool, False by default: null (on only for fp8 on GPUs) reads as it did
         train["compile"] = cfg.train.compiled(cfg.cluster.runtime.device)
     return tree_hash(tree)
