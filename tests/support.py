@@ -54,6 +54,7 @@ LAYERS = {
     "preflight": 4,
     "plan": 5,
     "export": 5,
+    "evaluate": 5,
     "resilience": 5,
     "campaign": 5,
     "train": 6,

@@ -3,7 +3,8 @@
     python -c "from trainflow.data.tokenizer import load_pretrained as p; print(p('tokenizer.json').vocab_size)"
 
 Every tokenizer gives `vocab_size`, `eot_id` (appended to every document), `bos_id` (prepended, or None),
-`encode_batch` and `to_json` (the text stored with the tokens, whose SHA-256 is the tokenizer's hash).
+`encode_batch`, `decode` (an evaluation's generated text) and `to_json` (the text stored with the tokens, whose SHA-256
+is the tokenizer's hash).
 Token ids are stored as uint16 when the vocabulary fits, uint32 otherwise (Megatron's rule).
 """
 
@@ -44,6 +45,10 @@ class ByteTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids`, the end-of-document token dropped and a UTF-8 sequence cut short replaced."""
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
     def to_json(self) -> str:
         return json.dumps({"type": "byte", "vocab_size": self.vocab_size})
 
@@ -58,6 +63,9 @@ class HfTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         # Special tokens are added here (eot_id, bos_id), not by the file's post-processor.
         return [np.asarray(e.ids) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
 
     def to_json(self) -> str:
         return self.tok.to_str()
