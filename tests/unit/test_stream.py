@@ -81,14 +81,14 @@ def test_a_format_1_position_is_the_step_times_the_batch_past_its_skipped_window
 
 
 def test_an_unchanged_schedule_is_the_plain_formula_bit_for_bit():
-    optim = compose("train_segment", ["optim.warmup_steps=5"]).optim
+    optim = compose("train_segment", ["optim.warmup_steps=5", "optim.schedule=cosine"]).optim
     schedule = Schedule.of(optim, horizon=300)
     assert all(schedule.lr_at(step) == lr_at(step, optim, 300) for step in range(320))
     assert schedule.resumed(optim, horizon=300, at=150) == schedule
 
 
 def test_a_longer_campaign_bends_the_decay_from_the_step_it_reached():
-    optim = compose("train_segment", ["optim.warmup_steps=5"]).optim
+    optim = compose("train_segment", ["optim.warmup_steps=5", "optim.schedule=cosine"]).optim
     before = Schedule.of(optim, horizon=300)
     after = before.resumed(optim, horizon=450, at=150)  # 1 segment of 150 done of 2, a third added
     assert after.lr_at(150) == before.lr_at(150)  # no jump

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainflow.config.hashing import section
 from trainflow.config.identity import identity, plain_series_name
 from trainflow.config.override_words import check
 from trainflow.config.schema import TrainflowConfig
@@ -80,6 +81,7 @@ def compose_phase(
         else:
             parent, series_before = chain[-1]
             check_carried(phase.name, names[i - 1], parent, cfg)
+            check_tokens(phase.name, names[0], chain[0][0], cfg)
             series = f"{series_before}-{phase.name}-{digest(series_before, parent, int(phase.from_step), words)}"
         chain.append((cfg, series))
     out = composed
@@ -121,6 +123,19 @@ def check_carried(name: str, parent_name: str, parent: TrainflowConfig, cfg: Tra
                 f"sequence length and {', '.join(k for k in CARRIED if k.startswith('model.rope'))}), or start a new "
                 "campaign with run=<new name>"
             )
+
+
+def check_tokens(name: str, first_name: str, first: TrainflowConfig, cfg: TrainflowConfig) -> None:
+    """One ConfigError where phase `name` reads data the campaign does not tokenise: prepare_data and stage_data run
+    once, for the first phase's data; a later phase may weigh its sources anew (an annealing mixture), not add any."""
+    mine, theirs = section(cfg, "tokens"), section(first, "tokens")
+    if mine != theirs:
+        key = next(k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k))
+        raise ConfigError(
+            f"phase {name}: data.{key}({mine.get(key)!r}) but the campaign tokenises phase {first_name}'s "
+            f"data.{key}={theirs.get(key)!r}: list every source in the experiment's data.sources and give each phase "
+            "its weights (a weight of 0 leaves a source out of a phase's batches)"
+        )
 
 
 def digest(parent_series: str, parent: TrainflowConfig, from_step: int, words: list[str]) -> str:

@@ -38,7 +38,7 @@ from trainflow.parallel import Parallelized
 from trainflow.train.faults import maybe_inject_fault
 from trainflow.train.guard import DivergenceError, GuardEvent, GuardState, LossGuard, read_guard_state
 from trainflow.train.recorder import StepRecorder
-from trainflow.train.resume import job_settings, recorded_settings, resumed_schedule, stream_position
+from trainflow.train.resume import carried_changes, job_settings, recorded_settings, resumed_schedule, stream_position
 from trainflow.train.summary import SaveRecord
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,9 @@ class SegmentCheckpoints:
         """This job's rollbacks (resilience.max_rollbacks bounds them)."""
         self.init_from: str | None = None
         """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
+        self.opened = False
+        """Whether the job loaded its series' start from a parent phase's checkpoint (the trainer then saves it as
+        the series' first checkpoint, resharded into this layout: campaign.phases)."""
         self.stream = DataStream(stream_position(None, 0, cfg, self.weights), weights=self.weights, seed=cfg.train.seed)
         self.schedule = resumed_schedule(None, cfg, horizon=self.span.horizon, step=0)
 
@@ -104,7 +107,10 @@ class SegmentCheckpoints:
         step = max(step, 0)
         self.restore(manifest, step)
         self.schedule = resumed_schedule(manifest, self.cfg, horizon=self.span.horizon, step=step)
-        self.recorder.changes(step, changes(recorded_settings(manifest), job_settings(self.cfg, self.schedule)))
+        changed = changes(recorded_settings(manifest), job_settings(self.cfg, self.schedule))
+        if self.opened and manifest is not None:
+            changed += carried_changes(manifest, self.cfg)
+        self.recorder.changes(step, changed)
         return step
 
     def restore(self, manifest: Manifest | None, step: int, skipped: list[list[int]] = ()) -> None:
@@ -163,6 +169,7 @@ class SegmentCheckpoints:
         folder = step_dir(source.root, step)
         manifest = read_manifest(folder)  # every rank reads it: no collective to agree
         carried = carries_scaling(self.cfg, manifest.series)  # a later phase may extend its parent's context
+        self.opened = carried
         if not carried and (mismatch := scaling_mismatch(folder / MANIFEST, manifest, self.cfg.model)):
             raise ResumeError(mismatch)
         self.init_from = manifest.init_from

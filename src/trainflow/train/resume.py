@@ -13,7 +13,8 @@ from typing import Any
 from trainflow.checkpoint.manifest import Manifest
 from trainflow.code_version import CodeVersion
 from trainflow.config import TrainflowConfig
-from trainflow.config.identity import settings
+from trainflow.config.identity import Change, settings
+from trainflow.config.phases import CARRIED
 from trainflow.config.schedule import Schedule
 from trainflow.data.stream import StreamPosition, migrated
 
@@ -55,3 +56,15 @@ def recorded_settings(manifest: Manifest | None) -> dict[str, Any] | None:
     code = manifest.code.as_settings() if manifest.code else {}
     schedule = {SCHEDULE: manifest.schedule.line()} if manifest.schedule else {}
     return {**manifest.settings, **code, **schedule}
+
+
+def carried_changes(manifest: Manifest, cfg: TrainflowConfig) -> list[Change]:
+    """What a later phase changed of the identity its parent's checkpoint carries into it (config.phases.CARRIED:
+    rotary scaling), as changes of the phase's lineage: the settings leave the identity out."""
+    recorded = manifest.model if isinstance(manifest.model, dict) else {}
+    keys = [k.removeprefix("model.") for k in CARRIED if k.startswith("model.")]
+    return [
+        Change(f"model.{k}", recorded[k], getattr(cfg.model, k))
+        for k in keys
+        if k in recorded and recorded[k] != getattr(cfg.model, k)
+    ]
