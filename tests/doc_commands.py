@@ -107,6 +107,7 @@ COMMANDS: dict[str, tuple[Ran | str, ...]] = {
         Ran(PLAN_JSON, '"trainflow.plan", "experiment=llama70b_alps"'),
     ),
     ".venv/bin/python -m trainflow.plan experiment=llama70b_alps train.fp8=delayed": (RUN,),
+    ".venv/bin/python -m trainflow.plan experiment=llama70b_alps_campaign": (RUN,),
     ".venv/bin/python -m trainflow.status runs/default": (Ran(STATUS, "from trainflow.status.__main__ import main"),),
     ".venv/bin/python -m trainflow.energy.estimate": (RUN, Ran(ESTIMATE, "main([])")),
     ".venv/bin/python -m trainflow.export CHECKPOINT OUT": (

@@ -2,15 +2,18 @@
 
     python -m trainflow.plan experiment=llama70b_alps train.precision=bf16 train.activations=recompute
     python -m trainflow.plan --json parallel=dp2_tp2_pp2
+    python -m trainflow.plan experiment=llama70b_alps_campaign   # every phase's plan and the campaign's total
     python -m trainflow.plan --from-run runs/default      # a finished run's goodput, planned from its own terms
 
 Takes the Hydra overrides training takes (composed as train_segment composes them) and prints the plan
 as a table, or with --json as one JSON object on stdout. A bad override is one error line and exit 1; so is a plan
 that does not fit in device memory (printed first, then the line that would stop validate_nccl), a local world this
 machine cannot hold (trainflow.preflight.local_world_errors), and a campaign that cannot finish at the configured MTBF
-(the line that says why). With --from-run it plans a run's goodput from the terms
-it measured (trainflow.plan.from_run) and prints it beside the measured one; a run folder that does not read, or
-overrides given beside it (they would change nothing), is one line and exit 1.
+(the line that says why). A config with phases (config.phases) is planned phase by phase (trainflow.plan.phases): each
+phase's plan, then the campaign's total, or with --json {"phases": [...], "total": {...}}; a phase that cannot run is
+one line naming it and exit 1; phase=<name> plans that phase alone, as a config without phases. With --from-run it
+plans a run's goodput from the terms it measured (trainflow.plan.from_run) and prints it beside the measured one; a
+run folder that does not read, or overrides given beside it (they would change nothing), is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ import sys
 
 from trainflow.config import compose
 from trainflow.errors import TrainflowError
-from trainflow.plan.build import build_plan
+from trainflow.plan.build import build_plan, refusal
 from trainflow.plan.from_run import plan_run, read_terms, render_run_plan
+from trainflow.plan.phases import chooses_phase, plan_phases, render_phases
 from trainflow.plan.table import render
-from trainflow.preflight import local_world_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,16 +47,26 @@ def main(argv: list[str] | None = None) -> int:
         return from_run(args.from_run, as_json=args.json)
     try:
         cfg = compose("train_segment", args.overrides)
+        if cfg.phases and not chooses_phase(args.overrides):
+            return phases(args.overrides, [p.name for p in cfg.phases], as_json=args.json)
         plan = build_plan(cfg)
     except TrainflowError as err:
         print(f"trainflow.plan: {err}", file=sys.stderr)
         return 1
     sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if args.json else render(plan, cfg.cluster.measured))
-    local = local_world_errors(cfg)  # the plan counts tensors; a local world's processes need this machine too
-    verdict = (local[0] if local else None) or plan.overflow or (plan.goodput and plan.goodput.cannot_finish)
-    if verdict:
+    if verdict := refusal(cfg, plan):
         print(f"trainflow.plan: {verdict}", file=sys.stderr)
         return 1
+    return 0
+
+
+def phases(overrides: list[str], names: list[str], *, as_json: bool) -> int:
+    try:
+        plan = plan_phases(overrides, names)
+    except TrainflowError as err:
+        print(f"trainflow.plan: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(plan.to_json(), indent=1) + "\n" if as_json else render_phases(plan))
     return 0
 
 

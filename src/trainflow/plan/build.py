@@ -18,6 +18,7 @@ from trainflow.plan.remedies import Remedy, remedies
 from trainflow.plan.seed import SeedComparison, is_seed_layout, seed_comparison
 from trainflow.plan.setup import PlanSetup
 from trainflow.plan.step import StepPlan
+from trainflow.preflight import local_world_errors
 from trainflow.records import Record
 
 
@@ -65,3 +66,11 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
         remedies=rows,
         seed=seed,
     )
+
+
+def refusal(cfg: TrainflowConfig, plan: Plan) -> str | None:
+    """The one line that stops cfg's run as planned: a local world this machine cannot hold (the plan counts tensors;
+    a local world's processes need this machine too), a plan that does not fit, a campaign that cannot finish; None
+    when it can run."""
+    local = local_world_errors(cfg)
+    return (local[0] if local else None) or plan.overflow or (plan.goodput and plan.goodput.cannot_finish) or None

@@ -35,7 +35,7 @@ import numpy as np
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
-from trainflow.plan.scenarios import LoadTimes, Remedies, plan_scenarios
+from trainflow.plan.scenarios import CONFIGURED, LoadTimes, Remedies, plan_scenarios
 from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
@@ -108,6 +108,11 @@ class GoodputPlan(Record):
     cannot_finish: str | None = None
     """The one line saying the configured campaign cannot finish at this MTBF, and why; None when it can."""
 
+    @property
+    def configured(self) -> GoodputScenario:
+        """The scenario of the campaign as configured."""
+        return next(s for s in self.scenarios if s.name == CONFIGURED)
+
 
 def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> GoodputPlan:
     """Every scenario's goodput for cfg's campaign."""
@@ -115,7 +120,7 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
     scenarios = [scenario(run.remedies, run.timeline, run.interval_steps) for run in times.runs]
     h, rt, jobs, loads = cfg.cluster.hardware, cfg.cluster.runtime, times.jobs, times.loads
     mtbf_s = h.mtbf_hours * 3600
-    configured = next(s for s in scenarios if s.name == "as configured")
+    configured = next(s for s in scenarios if s.name == CONFIGURED)
     notes = [
         f"detection with trainflow's: a dead rank {times.dead_s:.0f} s, a hung one {times.hung_s:.0f} s, hang_share "
         f"{h.hang_share:.0%}; without: the collective timeout, {rt.collective_timeout_s} s",

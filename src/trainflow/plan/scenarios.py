@@ -74,9 +74,11 @@ class Remedies:
         return campaign.asynchronous.interval_steps if self.uses_async(cfg, campaign) else campaign.interval_steps
 
 
+CONFIGURED = "as configured"
+"""The scenario of the campaign as its config runs it."""
 SCENARIOS = (
     Remedies("baseline (sync, timeout)", False, False, False, False),
-    Remedies("as configured", None, True, None, True),
+    Remedies(CONFIGURED, None, True, None, True),
     Remedies("+ async checkpoints", True, True, None, True, only_if_sync=True),
     Remedies("+ hot restart", None, True, True, True, only_if_no_spares=True),
     Remedies("all remedies", True, True, True, True),
