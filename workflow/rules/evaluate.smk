@@ -1,7 +1,8 @@
 # One job per evaluated segment of each phase (evaluate.every; each phase's last always): it scores the segment's last
 # checkpoint on the downstream tasks. Its input is the segment's summary, ancient, so it starts as soon as the segment
-# lands and runs beside the next segment, which never waits for it; a rerun of a completed segment (which restores its
-# outputs) leaves its evaluation as it is. Its params hash the series and evaluate.*: new tasks rerun every evaluation.
+# lands and runs beside the next segment, which never waits for it. ancient() keeps a newer summary or token index from
+# making it stale, but a rerun of its segment (which restores its outputs) evaluates again: Snakemake reruns a job whose
+# input another job of the same run writes. Its params hash the series and evaluate.*: new tasks rerun them all.
 
 
 rule evaluate:
