@@ -16,6 +16,7 @@ include: "workflow/rules/build_kernels.smk"
 include: "workflow/rules/validate_nccl.smk"
 include: "workflow/rules/train_segment.smk"
 include: "workflow/rules/verify_checkpoint.smk"
+include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/account_energy.smk"
 include: "workflow/rules/report.smk"
 
@@ -37,5 +38,6 @@ rule all:
         rules.validate_nccl.output.report,
         segment_reports,
         rules.verify_checkpoint.output.report,
+        evaluations,
         rules.account_energy.output.report,
         rules.report.output.report,

@@ -26,10 +26,11 @@ def fsync_path(path: str | Path) -> None:
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path to write `path` through: when the block ends it is fsynced and renamed into
-    place; when the block raises it is removed and `path` is left as it was."""
+    place; when the block raises it is removed and `path` is left as it was. The temporary name holds the process's
+    id, so processes writing the same file at once (the evaluate jobs' corpus task) never write through one file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
         fsync_path(tmp)

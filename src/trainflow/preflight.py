@@ -50,7 +50,16 @@ def host_errors(cfg: TrainflowConfig) -> list[str]:
         errors.append(f"train.compile=true {why}")
     errors += tracker_errors(cfg.observe) if cfg.stage == "train_segment" else []
     errors += local_world_errors(cfg) if cfg.stage in ALLOCATING else []
-    return errors + tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model)
+    return errors + tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model) + task_errors(cfg)
+
+
+def task_errors(cfg: TrainflowConfig) -> list[str]:
+    """Every task file of evaluate.tasks is a file (what it holds is read, line by line, when it is scored)."""
+    return [
+        f"evaluate.tasks[{i}].path({t.path!r}) (task {t.name!r}) is no file; give the path of its JSONL file"
+        for i, t in enumerate(cfg.evaluate.tasks)
+        if not Path(t.path).is_file()
+    ]
 
 
 def tokenizer_errors(d: DataConfig) -> list[str]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from trainflow.config.run_folder import RunFolder
+from trainflow.evaluate.records import EvalRecord, TaskScore
+from trainflow.evaluate.tasks import TaskKind
 from trainflow.resilience.goodput import Span
 from trainflow.resilience.ledger import HostEvent, HostEventKind, JobRun
 from trainflow.resilience.probation import clock
@@ -220,3 +222,16 @@ def test_a_segment_whose_last_job_failed_is_between_jobs_and_one_never_started_w
     for log in ckpts.iterdir():
         log.unlink()
     assert read_status(tmp_path).state is State.WAITING
+
+
+def test_the_newest_evaluation_shows_its_scores(tmp_path):
+    write_folder(tmp_path)
+    assert "Evaluation: none yet" in render(read_status(tmp_path, now=T0 + 4.0), bar=False)
+    run = RunFolder(str(tmp_path), "", "", HASH)
+    corpus = TaskScore("corpus", TaskKind.CHOICE, 16, 0.375, 0.3125)
+    for segment, step in ((0, 4), (1, 8)):
+        record = EvalRecord(HASH, step, step * 2048, [corpus, TaskScore("gen", TaskKind.GENERATE, 2, 0.5, None)], 1.0)
+        Path(run.evaluation(segment)).parent.mkdir(parents=True, exist_ok=True)
+        Path(run.evaluation(segment)).write_text(json.dumps(record.to_json()))
+    shown = render(read_status(tmp_path, now=T0 + 4.0), bar=False)
+    assert "Evaluation: step 8 (16,384 tokens): corpus acc 0.375, acc_norm 0.312; gen acc 0.500" in shown

@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import REPO, read_json
 from tests.support import job_counts, snakemake
+from trainflow.status.read import read_status
+from trainflow.status.show import render
 
 # Known lints, each deliberate: rules read PYTHON/HYDRA_ARGS (see common.smk); and no rule names a conda env or
 # container because none runs in one of its own: the light stages run in Snakemake's environment (the venv of
@@ -37,6 +39,7 @@ def test_dry_run_plans_every_stage(tmp_path):
         "validate_nccl": 1,
         "train_segment": 2,
         "verify_checkpoint": 1,
+        "evaluate": 2,
         "account_energy": 1,
         "report": 1,
         "all": 1,
@@ -68,8 +71,15 @@ def test_real_run_then_nothing_then_only_training_reruns(smoke_run):
     report = (run / "report/report.md").read_text()
     assert "Validation loss went from" in report and "![loss](loss.png)" in report
     assert "### Planned vs measured" in report and "| `step_s_less_data` |" in report  # validate_nccl's plan
-    for plot in ("loss", "throughput", "breakdown", "power", "goodput"):
+    for plot in ("loss", "throughput", "breakdown", "power", "goodput", "evaluations"):
         assert (run / f"report/{plot}.png").stat().st_size > 1000
+    # The evaluate stage scored both segments' last checkpoints on the corpus task, beside training.
+    evaluations = sorted(run.glob("evaluate/*/segment-*.json"))
+    assert [read_json(p)["step"] for p in evaluations] == [6, 12]
+    assert all(t["task"] == "corpus" and t["n"] == 16 for p in evaluations for t in read_json(p)["tasks"])
+    assert "## Evaluations" in report and "![evaluations](evaluations.png)" in report
+    status = render(read_status(run), bar=False)  # python -m trainflow.status runs/default
+    assert "Evaluation: step 12 (" in status and "corpus acc " in status
     assert "## Goodput" in report and "![goodput](goodput.png)" in report
     # No failure injected: the plan from the run's own terms keeps what the run kept (trainflow.plan.from_run).
     assert "### Planned against measured" in report and "MTBF none (no failure)" in report
@@ -92,13 +102,15 @@ def test_real_run_then_nothing_then_only_training_reruns(smoke_run):
     changed = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke optim.lr=1e-3", "-n")
     assert "Nothing to be done" in changed.output
 
-    # Deleting one segment's output reruns that segment, which trains nothing: its kept summary comes back.
+    # Deleting one segment's output reruns that segment, which trains nothing: its kept summary comes back (and its
+    # evaluation reruns: Snakemake reruns a job whose input another job of the run writes, ancient() or not).
     (segment,) = run.glob("train/*/segment-1.json")
     kept = segment.read_text()
     segment.unlink()
     redo = snakemake(tmp_path, *profile, "--config", "overrides=experiment=smoke")
     assert job_counts(redo.output) == {
         "train_segment": 1,
+        "evaluate": 1,
         "verify_checkpoint": 1,
         "account_energy": 1,
         "report": 1,

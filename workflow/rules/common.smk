@@ -90,6 +90,15 @@ def segment_reports(wildcards):
     return [TRAIN.segment_report(i).format(series=series) for series, i in phase_segments()]
 
 
+def evaluations(wildcards):
+    """The evaluation records of every phase's evaluated segments (evaluate.every; each phase's last always)."""
+    return [
+        TRAIN.evaluation(i).format(series=series)
+        for series, cfg in PHASES.items()
+        for i in cfg.evaluate.segments(cfg.train.segments)
+    ]
+
+
 def segment_metrics(wildcards):
     return [TRAIN.job_metrics("train_segment", segment=i).format(series=series) for series, i in phase_segments()]
 

@@ -4,6 +4,7 @@ rule report:
         nccl=rules.validate_nccl.output.report,
         verify=rules.verify_checkpoint.output.report,
         energy=rules.account_energy.output.report,
+        evaluations=evaluations,
         metrics=run_metrics,
     output:
         # report(): also in Snakemake's self-contained HTML report (snakemake --report run.html)
@@ -19,6 +20,7 @@ rule report:
             nccl_report=input.nccl,
             verify_report=input.verify,
             energy_report=input.energy,
+            evaluations=list(input.evaluations),
             run_metrics=list(input.metrics),
             checkpoints=RunFolder.of(LAST).checkpoints,
             report=output.report,

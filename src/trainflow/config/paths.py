@@ -43,6 +43,12 @@ class IOConfig:
     segment_report: str = ""
     segment_reports: list[str] = field(default_factory=list)
     verify_report: str = ""
+    corpus_task: str = ""
+    """The corpus task the evaluate stage builds from the series' corpus (evaluate.corpus_task) and scores."""
+    evaluation: str = ""
+    """The evaluate stage's record of one checkpoint (trainflow.evaluate.records.EvalRecord)."""
+    evaluations: list[str] = field(default_factory=list)
+    """Every evaluation record the report reads: the evaluated segments' of every phase."""
     energy_report: str = ""
     job_metrics: str = ""
     """This job's own metrics file (trainflow.energy.metrics.JobMetrics; trainflow.stage.run_stage writes it)."""
@@ -50,7 +56,7 @@ class IOConfig:
     """Every earlier job's metrics file, which account_energy and report read."""
     report: str = ""
     plots: list[str] = field(default_factory=list)
-    """The report's loss, throughput, breakdown and power plots (config.run_folder.PLOTS), in that order."""
+    """The report's plots (config.run_folder.PLOTS), in that order."""
     submitit: str = ""
     kernel_cache: str = ""
     """The fp8 kernels' build cache on the shared tier (trainflow.fp8.cache): build_kernels compiles into it once,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trainflow.config.cluster import GATE_PATTERNS, GOODPUT_INPUTS, VERSION_COMPONENTS, ClusterConfig, GateConfig
 from trainflow.config.energy import EnergyConfig
+from trainflow.config.evaluate import evaluate_errors
 from trainflow.config.faults import fault_errors
 from trainflow.config.observe import observe_errors
 from trainflow.config.resilience import resilience_errors
@@ -25,6 +26,7 @@ def rule_errors(cfg: TrainflowConfig) -> list[str]:
     o, timeout_s, hang_s = cfg.observe, cfg.cluster.runtime.collective_timeout_s, cfg.resilience.hang_detect_s
     errors += observe_errors(o.wandb, o.mlflow, collective_timeout_s=timeout_s, hang_detect_s=hang_s)
     errors += resilience_errors(cfg.resilience) + fault_errors(cfg.fault) + optim_errors(cfg.optim)
+    errors += evaluate_errors(cfg.evaluate)
     if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < d.vocab_size:

@@ -13,8 +13,10 @@ traces, TensorBoard, the exclude list) is a member here too, so nothing else inv
     <root>/train/<series>/segment-<i>.json, metrics-<i>.json  train_segment (its summary, its job's metrics)
     <root>/train/<series>/tensorboard/, profile/segment-<i>/, power/   train_segment (observe.*, energy sampling)
     <root>/train/<series>/run.json, wandb/; <root>/mlflow.db, mlflow-artifacts/   train_segment (observe.*)
+    <root>/evaluate/<series>/segment-<i>.json, corpus-task.jsonl   evaluate (one checkpoint's scores; the corpus task)
     <root>/report/report.md, <plot>.png                    report
     <root>/metrics/<stage>.json, metrics/<stage>/<job>.json, logs/<stage>/, submitit/<stage>/   every stage
+    <root>/metrics/evaluate/<series>/segment-<i>.json      evaluate (each job's)
     <capacity>/data/tokens/index.json, shard-NNNNN.h5 (+ .crc.json), tokenizer.json (bpe)   prepare_data
     <capacity>/checkpoints/<series>/step-N/, steps.jsonl, evals.jsonl, jobs.jsonl, hosts.jsonl   train_segment
     <capacity>/checkpoints/<series>/series.json, lineage.jsonl, changes.jsonl, segments/, live-<i>.json   train_segment
@@ -31,7 +33,7 @@ from trainflow.config.identity import series_name
 from trainflow.config.schema import TrainflowConfig
 
 SEGMENT_FILE = re.compile(r"segment-([0-9]{1,9})\.json")
-PLOTS = ("loss", "throughput", "breakdown", "power", "goodput")
+PLOTS = ("loss", "throughput", "breakdown", "power", "goodput", "evaluations")
 EVERY_SEGMENT = ("account_energy", "report")
 """The stages that read every segment's summary and metrics (io.segment_reports, io.run_metrics): only their configs
 list them, so composing any other stage (the DAG's plan is train_segment's) costs nothing per segment."""
@@ -237,6 +239,21 @@ class RunFolder:
         return f"{self.root}/verify.json"
 
     @property
+    def evaluate_dir(self) -> str:
+        """The evaluate stage's records of the series' checkpoints (segment-<i>.json) and its corpus task."""
+        return f"{self.root}/evaluate/{self.series}"
+
+    def evaluation(self, segment: int | str) -> str:
+        """The scores of segment `segment`'s last checkpoint (trainflow.evaluate.records.EvalRecord)."""
+        return f"{self.evaluate_dir}/segment-{segment}.json"
+
+    @property
+    def corpus_task(self) -> str:
+        """The series' corpus task (evaluate.corpus_task), written atomically by each of its evaluate jobs (the same
+        bytes: the corpus and the settings decide them) before it scores it."""
+        return f"{self.evaluate_dir}/corpus-task.jsonl"
+
+    @property
     def energy_report(self) -> str:
         return f"{self.root}/energy.json"
 
@@ -255,6 +272,8 @@ class RunFolder:
         jobs' (`job`: prepare_data's tokenizer and shards), or a training segment's, beside its summary."""
         if stage == "train_segment":
             return f"{self.train_dir}/metrics-{segment}.json"
+        if stage == "evaluate":  # one job per evaluated segment of each series
+            return f"{self.root}/metrics/evaluate/{self.series}/segment-{segment}.json"
         return f"{self.root}/metrics/{stage}/{job}.json" if job else f"{self.root}/metrics/{stage}.json"
 
     def run_metrics(self, segments: int, prepare_jobs: list[str] = ()) -> list[str]:
@@ -297,6 +316,9 @@ class RunFolder:
             "segment_report": self.segment_report(cfg.segment),
             "segment_reports": self.segment_reports(cfg.train.segments) if every else [],
             "verify_report": self.verify_report,
+            "corpus_task": self.corpus_task,
+            "evaluation": self.evaluation(cfg.segment),
+            "evaluations": [self.evaluation(i) for i in cfg.evaluate.segments(cfg.train.segments)] if every else [],
             "energy_report": self.energy_report,
             "job_metrics": self.job_metrics(cfg.stage, cfg.job, cfg.segment),
             "run_metrics": self.run_metrics(cfg.train.segments) if every else [],

@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from trainflow.config.cluster import ClusterConfig
 from trainflow.config.domain import PHASE_NAME, RUN_NAME, SERIES, checked
 from trainflow.config.energy import EnergyConfig
+from trainflow.config.evaluate import EvaluateConfig
 from trainflow.config.faults import FaultConfig
 from trainflow.config.observe import MlflowConfig, WandbConfig
 from trainflow.config.paths import IOConfig, StorageConfig
@@ -355,6 +356,8 @@ class TrainflowConfig:
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """The evaluate stage's tasks and which checkpoints it scores (config.evaluate)."""
 
 
 ConfigStore.instance().store(name="trainflow_schema", node=TrainflowConfig)

@@ -38,6 +38,7 @@ def path_errors(cfg: TrainflowConfig) -> list[str]:
         for section, node in (("storage", cfg.storage), ("io", cfg.io))
         for f in fields(node)
     ] + [("train.offload_dir", cfg.train.offload_dir)]
+    paths += [(f"evaluate.tasks[{i}].path", t.path) for i, t in enumerate(cfg.evaluate.tasks)]
     for key, value in paths:
         for path in value if isinstance(value, list) else [value]:
             if why := unsafe_path(key, path):

@@ -43,6 +43,7 @@ STAGE_TABLE = (
     Stage("validate_nccl", ("parallel", "cluster", "model", "train", "checkpoint", "energy"), allocates=True),
     Stage("train_segment", (SERIES,), allocates=True),
     Stage("verify_checkpoint", (SERIES,)),  # the checkpoint series it verifies
+    Stage("evaluate", (SERIES, "evaluate")),  # one checkpoint of the series, scored on the tasks
     Stage("account_energy", ("energy", "cluster")),
     Stage("report", ("model", "parallel", "train", "cluster", "energy", "observe")),
 )

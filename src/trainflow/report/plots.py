@@ -1,5 +1,5 @@
-"""The report's plots, PNG files beside report.md: loss, throughput, the step time breakdown, power per node and where
-each segment's wall time went (goodput).
+"""The report's plots, PNG files beside report.md: loss, throughput, the step time breakdown, power per node, where
+each segment's wall time went (goodput) and the downstream evaluations against tokens.
 
 plot_loss(steps, evals, Path("runs/default/report/loss.png"))
 """
@@ -18,6 +18,7 @@ from trainflow.atomic import atomic_path  # noqa: E402
 from trainflow.campaign.records import StepChange  # noqa: E402
 from trainflow.energy.phases import power_series, trace_host  # noqa: E402
 from trainflow.energy.report import SegmentEnergy  # noqa: E402
+from trainflow.evaluate.records import EvalRecord as EvalScores  # noqa: E402  (train's EvalRecord is the val loss)
 from trainflow.resilience.goodput import TERMS  # noqa: E402
 from trainflow.train.step_log import EvalRecord, StepRecord  # noqa: E402
 from trainflow.train.summary import SegmentSummary  # noqa: E402
@@ -106,4 +107,26 @@ def plot_goodput(segments: Sequence[SegmentSummary], out: Path) -> None:
             ax.bar([str(s.segment) for s in measured], heights, bottom=bottom, label=term)
             bottom = [b + h for b, h in zip(bottom, heights)]
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
+    save(fig, out)
+
+
+def plot_evaluations(records: Sequence[EvalScores], labels: dict[str, str], out: Path) -> None:
+    """Each task's acc against the tokens its checkpoint was trained on, one line per task and phase (`labels`: a
+    series' phase name), a dashed one for acc_norm."""
+    fig, ax = figure("Downstream evaluations", "tokens trained", "accuracy")
+    lines: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+    for r in records:
+        for t in r.tasks:
+            lines.setdefault((t.task, r.series, "acc"), []).append((r.tokens, t.acc))
+            if t.acc_norm is not None:
+                lines.setdefault((t.task, r.series, "acc_norm"), []).append((r.tokens, t.acc_norm))
+    for (task, series, metric), points in lines.items():
+        phase = f" ({labels[series]})" if labels.get(series) else ""
+        ax.plot(*zip(*sorted(points)), "o-" if metric == "acc" else "x--", lw=1, label=f"{task} {metric}{phase}")
+    if not lines:
+        ax.text(0.5, 0.5, "no evaluations", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
     save(fig, out)

@@ -1,5 +1,5 @@
-"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, goodput, NCCL gate, software stack, energy,
-checklist.
+"""The campaign report: loss, throughput, MFU, time breakdown, checkpoints, downstream evaluations, goodput, NCCL gate,
+software stack, energy, checklist.
 
     python -m trainflow.stages.report 'io.segment_reports=[...]' io.report=runs/default/report/report.md
 
@@ -17,16 +17,25 @@ from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import PLOTS, RunFolder
 from trainflow.energy.metrics import StageFigures
 from trainflow.energy.report import EnergyReport
+from trainflow.evaluate.records import EvalRecord as EvalScores
 from trainflow.gate.report import NcclReport
 from trainflow.plan.from_run import RunPlan, load_terms, plan_run
 from trainflow.records import read_record
 from trainflow.report import sections
 from trainflow.report.checklist import checklist
 from trainflow.report.energy import energy_section
+from trainflow.report.evaluations import evaluations_section, phase_labels
 from trainflow.report.goodput import goodput_section
 from trainflow.report.lineage import changes_of, lineage_section
 from trainflow.report.mixture import mixture_section
-from trainflow.report.plots import plot_breakdown, plot_goodput, plot_loss, plot_power, plot_throughput
+from trainflow.report.plots import (
+    plot_breakdown,
+    plot_evaluations,
+    plot_goodput,
+    plot_loss,
+    plot_power,
+    plot_throughput,
+)
 from trainflow.report.stack import stack_section
 from trainflow.stage import StageError, stage_log, stage_main
 from trainflow.train.report_log import log_report
@@ -52,6 +61,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     nccl = read_record(NcclReport, io.nccl_report, rerun="validate_nccl")
     verify = read_record(VerifyReport, io.verify_report, rerun="verify_checkpoint")
     energy = read_record(EnergyReport, io.energy_report, rerun="account_energy")
+    scores = [read_record(EvalScores, p, rerun="evaluate") for p in io.evaluations]
     steps = [r for s in segments for r in s.steps]
     evals = sorted({e.step: e for s in segments for e in s.evals}.values(), key=lambda e: e.step)
     plots = dict(zip(PLOTS, io.plots))
@@ -60,6 +70,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     plot_breakdown(steps, Path(plots["breakdown"]))
     plot_power(energy.segments, cfg.energy.cpu_watts_per_core, Path(plots["power"]))
     plot_goodput(segments, Path(plots["goodput"]))
+    plot_evaluations(scores, phase_labels(cfg), Path(plots["evaluations"]))
     last, here = segments[-1], out.parent
     rows = checklist(nccl, segments, energy, cluster=cfg.cluster, leak_mb=cfg.observe.leak_mb)
     lines = [
@@ -71,6 +82,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
         *sections.calibration(nccl.calibration),
         *sections.top_operators(last.profile, here),
         *sections.checkpoints(segments, verify, io.verify_report, here),
+        *evaluations_section(scores, phase_labels(cfg), plot=plots["evaluations"], here=here),
         *goodput_section(
             segments, plots["goodput"], here, straggler_factor=cfg.resilience.straggler_factor, planned=planned_run(cfg)
         ),

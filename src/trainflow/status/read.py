@@ -21,6 +21,7 @@ from trainflow.checkpoint.manifest import ChecksumError, check_complete, read_ma
 from trainflow.checkpoint.verify import VerifyReport
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
+from trainflow.evaluate.records import EvalRecord
 from trainflow.journal import Journal
 from trainflow.launch.restart import gate_exclusions
 from trainflow.records import Record, read_record
@@ -111,6 +112,8 @@ class CampaignStatus(Record):
     """The same at the goodput so far (evaluations, saves, queues and restarts at their rate until now)."""
     last_change: StepChange | None = None
     """The newest setting a job changed against the checkpoint it resumed from (changes.jsonl; the lineage)."""
+    evaluation: EvalRecord | None = None
+    """The evaluate stage's record of the series' newest evaluated checkpoint (None: none evaluated yet)."""
 
 
 def read_status(
@@ -170,6 +173,7 @@ def read_status(
         eta_s=eta,
         eta_wall_s=eta / goodput if eta is not None and goodput else None,
         last_change=changes[-1] if changes else None,
+        evaluation=newest_evaluation(run, record.segments),
     )
 
 
@@ -222,6 +226,16 @@ def read_summaries(run: RunFolder, segments: int) -> dict[int, SegmentSummary]:
         if (k := RunFolder.segment_of(path.name)) is not None and k < segments:
             found[k] = read_record(SegmentSummary, path, rerun=f"train_segment segment={k}")
     return found
+
+
+def newest_evaluation(run: RunFolder, segments: int) -> EvalRecord | None:
+    """The evaluation record of the series' newest evaluated segment (evaluate/<series>/segment-<i>.json)."""
+    found = {
+        k: path
+        for path in Path(run.evaluate_dir).glob(Path(run.evaluation("*")).name)
+        if (k := RunFolder.segment_of(path.name)) is not None and k < segments
+    }
+    return read_record(EvalRecord, found[max(found)], rerun="evaluate") if found else None
 
 
 def segment_state(k: int, segments: int, spans: list[Span], jobs: list[JobRun]) -> State:

@@ -61,6 +61,7 @@ def render(status: CampaignStatus, *, bar: bool) -> str:
         at = f", {seconds(s.eta_wall_s)} at the goodput so far" if s.eta_wall_s is not None else ""
         lines.append(f"ETA: {seconds(s.eta_s)} of steps at the measured step time{at}")
     lines.append(checkpoint_line(s))
+    lines.append(evaluation_line(s))
     if (c := s.last_change) is not None:
         lines.append(f"Last change: from step {c.step} (segment {c.segment}): {clean(c.change.line())}")
     lines.append(f"Jobs: {s.restarts} restart(s) after a failure, {s.requeues} Slurm requeue(s) of finished segments")
@@ -81,6 +82,18 @@ def checkpoint_line(s: CampaignStatus) -> str:
     how = "CRC-32C re-read by verify_checkpoint" if c.verified else "its CRCs not re-read yet (verify_checkpoint)"
     passed = f"; passed over {len(c.skipped)} newer: {clean(c.skipped[0])}" if c.skipped else ""
     return f"Checkpoint: step {c.step}, complete (its folder holds what its manifest lists), {how}{passed}"
+
+
+def evaluation_line(s: CampaignStatus) -> str:
+    e = s.evaluation
+    if e is None:
+        return "Evaluation: none yet (the evaluate stage scores each evaluated segment's last checkpoint)"
+    scores = "; ".join(
+        f"{clean(t.task)} acc {number(t.acc, '.3f')}"
+        + (f", acc_norm {number(t.acc_norm, '.3f')}" if t.acc_norm is not None else "")
+        for t in e.tasks
+    )
+    return f"Evaluation: step {e.step} ({e.tokens:,} tokens): {scores}"
 
 
 def as_json(status: CampaignStatus) -> str:

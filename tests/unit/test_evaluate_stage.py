@@ -1,0 +1,89 @@
+"""The evaluate stage on a real two-step checkpoint of one process: it scores the corpus task and a task file, and
+refuses in one line a segment whose checkpoint is not there, a missing task file, a task path a shell would read, and a
+task file whose gold is out of range."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config
+from tests.support import EXPORT_RUN, trained
+from trainflow.config import ConfigError, compose
+from trainflow.config.evaluate import TASK_KINDS, EvaluateConfig
+from trainflow.evaluate.records import EvalRecord
+from trainflow.evaluate.tasks import TaskError, TaskKind
+from trainflow.records import read_record
+from trainflow.stage import StageError
+from trainflow.stages import evaluate
+
+RUN = (*EXPORT_RUN, "parallel=single")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, tokens) -> Path:
+    root = tmp_path_factory.mktemp("evaluate")
+    trained(root, tokens, *RUN)
+    return root
+
+
+def task(path: Path, *lines: dict) -> str:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def test_scores_the_corpus_task_and_a_task_file_of_the_segments_last_checkpoint(root, tokens, tmp_path):
+    generate = task(tmp_path / "gen.jsonl", {"question": "import os\nimport ", "answer": "sys"})
+    tasks = f"evaluate.tasks=[{{name:gen,kind:generate,path:{generate},stop:'\\n'}}]"
+    cfg = make_config("evaluate", root, *RUN, tasks, "evaluate.max_new_tokens=4", tokens=tokens)
+    evaluate.run(cfg)
+    record = read_record(EvalRecord, cfg.io.evaluation)
+    assert (record.step, record.tokens) == (2, 2 * cfg.train.global_batch * cfg.model.seq_len)
+    assert [(t.task, t.kind, t.n) for t in record.tasks] == [("corpus", TaskKind.CHOICE, 16), ("gen", "generate", 1)]
+    assert all(0 <= t.acc <= 1 for t in record.tasks) and record.tasks[0].acc_norm is not None
+    assert len(Path(cfg.io.corpus_task).read_text().splitlines()) == 16
+
+
+def test_a_segment_whose_checkpoint_is_not_there_is_refused_in_one_line(root, tokens, tmp_path):
+    cfg = make_config("evaluate", root, *RUN, f"io.checkpoints={tmp_path}", tokens=tokens)
+    with pytest.raises(StageError, match=r"segment 0's last checkpoint \(step 2\) is not in .*; train segment 0") as e:
+        evaluate.run(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_a_task_file_with_gold_out_of_range_is_refused_in_one_line(root, tokens, tmp_path):
+    bad = task(tmp_path / "bad.jsonl", {"context": "a", "choices": ["b", "c"], "gold": 2})
+    cfg = make_config("evaluate", root, *RUN, f"evaluate.tasks=[{{name:bad,kind:choice,path:{bad}}}]", tokens=tokens)
+    with pytest.raises(TaskError, match=r"bad.jsonl:1.*gold 2 is out of range") as e:
+        evaluate.run(cfg)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/no/such/task.jsonl", r"evaluate.tasks\[0\].path\('/no/such/task.jsonl'\) \(task 'x'\) is no file"),
+        ("/tmp/$HOME.jsonl", r"evaluate.tasks\[0\].path\('/tmp/\$HOME.jsonl'\) holds '\$'"),
+        ("/tmp/../etc/t.jsonl", r"climbs out of its folder"),
+    ],
+)
+def test_a_bad_task_path_is_refused_in_one_line_before_any_stage_runs(tmp_path, path, why):
+    with pytest.raises(ConfigError, match=why) as e:
+        make_config("evaluate", tmp_path, f"evaluate.tasks=[{{name:x,kind:choice,path:'{path}'}}]")
+    assert "\n" not in str(e.value)
+
+
+def test_every_nth_segment_and_each_phases_last_are_evaluated():
+    assert EvaluateConfig(every=2).segments(5) == [1, 3, 4]
+    assert EvaluateConfig().segments(3) == [0, 1, 2]
+    assert EvaluateConfig(every=9).segments(3) == [2]
+
+
+def test_the_configs_task_kinds_are_the_scorers_and_names_are_unique():
+    assert TASK_KINDS == tuple(k.value for k in TaskKind)
+    with pytest.raises(ConfigError, match="evaluate.tasks names 'corpus' twice"):
+        compose("evaluate", ["evaluate.tasks=[{name:corpus,kind:choice,path:/x}]"])
+    with pytest.raises(ConfigError, match="evaluate has no task"):
+        compose("evaluate", ["evaluate.corpus_task=false"])
