@@ -9,6 +9,7 @@ rule account_energy:
         RUN.log("account_energy"),
     params:
         config_hash=rule_hash("account_energy", LAST),
+        phase=AFTER,
         io=lambda w, input, output: stage_command(
             run_metrics=list(input.metrics),
             segment_reports=list(input.segments),
@@ -20,4 +21,4 @@ rule account_energy:
         runtime=10,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {AFTER} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.account_energy {HYDRA_ARGS} {params.phase} {params.io} > {log:q} 2>&1"

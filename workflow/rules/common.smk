@@ -42,7 +42,7 @@ RUN = RunFolder.of(CFG)
 TRAIN = dataclasses.replace(RUN, series="{series}")  # a training segment's paths, its phase's series a wildcard
 SERIES = list(PHASES)  # in the phases' order
 LAST = PHASES[SERIES[-1]]  # the last phase's config: what the stages after training read
-AFTER = f"phase={LAST.phase}" if LAST.phase else ""  # their phase= override
+AFTER = f"phase={LAST.phase}" if LAST.phase else ""  # their phase= override (params.phase)
 try:  # every source's groups of input files (data.sources; a plain data.corpus is one), numbered across them
     SHARD_FILES = [files for _, files in shard_plan(CFG.data)]
 except DataError as err:

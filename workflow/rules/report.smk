@@ -15,6 +15,7 @@ rule report:
         RUN.log("report"),
     params:
         config_hash=rule_hash("report", LAST),
+        phase=AFTER,
         io=lambda w, input, output: stage_command(
             segment_reports=list(input.segments),
             nccl_report=input.nccl,
@@ -32,4 +33,4 @@ rule report:
         runtime=10,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {AFTER} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.report {HYDRA_ARGS} {params.phase} {params.io} > {log:q} 2>&1"

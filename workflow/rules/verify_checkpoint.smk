@@ -8,6 +8,7 @@ rule verify_checkpoint:
         RUN.log("verify_checkpoint"),
     params:
         config_hash=rule_hash("verify_checkpoint", LAST),
+        phase=AFTER,
         io=lambda w, output: stage_command(
             checkpoints=RunFolder.of(LAST).checkpoints, verify_report=output.report, job_metrics=output.metrics
         ),
@@ -16,4 +17,4 @@ rule verify_checkpoint:
         runtime=60,
         cpus_per_task=1,
     shell:
-        "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {AFTER} {params.io} > {log:q} 2>&1"
+        "{PYTHON} -m trainflow.stages.verify_checkpoint {HYDRA_ARGS} {params.phase} {params.io} > {log:q} 2>&1"

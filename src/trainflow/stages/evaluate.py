@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
+from trainflow.campaign.segments import lineage
 from trainflow.checkpoint.folders import step_dir
 from trainflow.config import ModelConfig, TrainflowConfig
+from trainflow.config.phases import phase_index
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.sources import sources_of
 from trainflow.data.index import first_shard
@@ -61,14 +63,31 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     model = load_model(checkpoint, cfg.model, device=device_of(cfg))
     start = time.perf_counter()
     scores = [score_task(model, tokenizer, spec, max_new_tokens=cfg.evaluate.max_new_tokens) for spec in specs]
-    tokens = step * cfg.train.global_batch * cfg.model.seq_len
-    record = EvalRecord(RunFolder.of(cfg).series, step, tokens, scores, time.perf_counter() - start)
+    record = EvalRecord(RunFolder.of(cfg).series, step, trained_tokens(cfg, step), scores, time.perf_counter() - start)
     write_json(io.evaluation, record.to_json())
     for s in scores:
         norm = f", acc_norm {s.acc_norm:.3f}" if s.acc_norm is not None else ""
         log.info("Scored step %d on %s (%d items): acc %.3f%s", step, s.task, s.n, s.acc, norm)
     log.info("Wrote %s (%d tasks in %.1f s)", io.evaluation, len(scores), record.seconds)
     return StageFigures({"step": step, "tasks": len(scores), "items": sum(s.n for s in scores)})
+
+
+def trained_tokens(cfg: TrainflowConfig, step: int) -> int:
+    """The tokens the campaign trained to `step` along the series' line: every completed segment's applied tokens (its
+    kept summary's realised mixture), of this series to `step` and of each phase before it to where the next began (a
+    branch's parent is not counted)."""
+    run, k = RunFolder.of(cfg), phase_index(cfg)
+    chain = [p.series for p in cfg.phases[: k + 1]] if cfg.phases else [run.series]
+    total, until = 0, step
+    for series in reversed(chain):
+        folder = run.series_checkpoints(series)
+        done = lineage(folder).values()
+        for line in done:
+            if line.end_step <= until:
+                kept = RunFolder.kept_summary(folder, line.segment)
+                total += sum(share.tokens for share in read_record(SegmentSummary, kept, rerun="train_segment").mixture)
+        until = min((line.start_step for line in done), default=0)
+    return total
 
 
 def task_specs(cfg: TrainflowConfig) -> list[TaskSpec]:
