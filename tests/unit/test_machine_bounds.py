@@ -49,7 +49,7 @@ def too_many_ranks() -> int:
 def test_a_local_world_past_the_cores_is_refused_and_the_fix_it_names_runs(capsys, monkeypatch):
     monkeypatch.setattr(machine, "available_memory_gb", lambda: 22.4)  # the line names it: the same in both calls
     dp = too_many_ranks()
-    given = [f"parallel.dp={dp}", f"train.global_batch={dp}"]
+    given = [f"parallel.dp={dp}", f"train.global_batch={dp}", "phase=pretrain"]  # one phase: a plain plan
     with pytest.raises(ConfigError) as err:
         machine.preflight(compose("train_segment", given))
     line = str(err.value)

@@ -16,6 +16,7 @@ from trainflow.config.schema import DecayShape, LrSchedule
 
 # Dyadic settings: every value below is exact in binary floating point, so the expectations are exact too.
 EXACT = ("optim.lr=1.0", "optim.min_lr_ratio=0.5", "optim.warmup_steps=8", "optim.schedule=wsd")
+COSINE = "optim.schedule=cosine"  # the default campaign's first phase is wsd (conf/experiment/campaign.yaml)
 
 
 def optim(*overrides: str):
@@ -83,13 +84,15 @@ def test_a_decay_phase_decays_from_the_stable_checkpoint_it_starts_at():
 
 
 def test_cosine_ignores_the_decay_shape_it_does_not_have():
-    o = compose("train_segment", []).optim
+    o = compose("train_segment", [COSINE]).optim
     bent = Schedule.of(o, horizon=300).resumed(o, horizon=450, at=150)  # a re-anchored cosine
-    assert bent.resumed(compose("train_segment", ["optim.decay_shape=linear"]).optim, horizon=450, at=200) is bent
+    assert (
+        bent.resumed(compose("train_segment", [COSINE, "optim.decay_shape=linear"]).optim, horizon=450, at=200) is bent
+    )
 
 
 def test_a_schedule_written_before_wsd_reads_as_cosine():
-    o = compose("train_segment", []).optim
+    o = compose("train_segment", [COSINE]).optim
     plain = Schedule.of(o, horizon=300)
     old = {k: v for k, v in plain.to_json().items() if k not in ("format", "kind", "decay_steps", "decay_shape")}
     manifest = {"format": 2, "algorithm": "crc32c", "world_size": 1, "file_count": 0, "files": {}, "schedule": old}
@@ -104,7 +107,7 @@ def test_a_schedule_written_before_wsd_reads_as_cosine():
     ("overrides", "fragment"),
     [
         (
-            ["optim.decay_steps=300"],
+            [COSINE, "optim.decay_steps=300"],
             "optim.decay_steps(300) is set but optim.schedule is cosine, whose decay spans the whole run; set "
             "optim.schedule=wsd for a decay over the last decay_steps steps, or optim.decay_steps=0",
         ),
