@@ -33,3 +33,14 @@ def test_planner_replans_from_measurements():
     planner.observe_save(480)  # slower saves: running mean 300 s -> interval grows by sqrt(2.5)
     assert planner.interval_steps == young_daly_steps(save_s=300, mtbf_s=4 * 3600, step_s=7.44) == 395
     assert IntervalPlanner(mtbf_s=1, fixed_steps=17).interval_steps == 17
+
+
+def test_a_save_before_any_step_plans_the_first_interval_then_the_next_save_plans_young_daly():
+    """A phase's opening save comes before its first step (campaign.phases): no step time to convert with yet. Before
+    the fix the interval raised ValueError (NaN to int) and failed the default campaign's second phase once."""
+    planner = IntervalPlanner(mtbf_s=3600.0)
+    planner.observe_save(2.0)
+    assert planner.interval_steps == planner.first_after and planner.describe().interval_steps == planner.first_after
+    planner.observe_step(0.5)
+    planner.observe_save(2.0)
+    assert planner.interval_steps == young_daly_steps(save_s=2.0, mtbf_s=3600.0, step_s=0.5)

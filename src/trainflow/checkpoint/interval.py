@@ -88,9 +88,9 @@ class IntervalPlanner:
     def interval_steps(self) -> int:
         if self.fixed_steps:
             return self.fixed_steps
-        if not self.save_times:
-            return self.first_after
         mtbf_s, step_s = self.mtbf_s, self.planned_step_s
+        if not self.save_times or math.isnan(step_s):  # no save yet, or none after a step (a phase's opening save)
+            return self.first_after
         if self.background_s is None:
             steps = young_daly_steps(save_s=self.save_s, mtbf_s=mtbf_s, step_s=step_s)
         else:
