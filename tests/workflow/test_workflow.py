@@ -37,9 +37,9 @@ def test_dry_run_plans_every_stage(tmp_path):
         "stage_data": 1,
         "build_kernels": 1,
         "validate_nccl": 1,
-        "train_segment": 2,
+        "train_segment": 3,  # the default campaign's two phases: 2 segments, then 1
         "verify_checkpoint": 1,
-        "evaluate": 2,
+        "evaluate": 3,
         "account_energy": 1,
         "report": 1,
         "all": 1,
