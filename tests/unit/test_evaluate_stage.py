@@ -46,6 +46,17 @@ def test_scores_the_corpus_task_and_a_task_file_of_the_segments_last_checkpoint(
     assert len(Path(cfg.io.corpus_task).read_text().splitlines()) == 16
 
 
+def test_a_corpus_too_small_for_the_corpus_task_leaves_it_out_with_a_warning(root, tokens, tmp_path, caplog):
+    """The Slurm campaign's three-document corpus stopped its DAG at the first evaluation before: it trains all the
+    same, and the evaluation scores the tasks it has."""
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(3)))
+    cfg = make_config("evaluate", root, *RUN, f"data.corpus={small}", f"io.evaluation={tmp_path}/e.json", tokens=tokens)
+    evaluate.run(cfg)
+    assert read_record(EvalRecord, cfg.io.evaluation).tasks == []
+    assert "No corpus task: " in caplog.text and "has 3 documents of at least 80 characters" in caplog.text
+
+
 def test_a_segment_whose_checkpoint_is_not_there_is_refused_in_one_line(root, tokens, tmp_path):
     cfg = make_config("evaluate", root, *RUN, f"io.checkpoints={tmp_path}", tokens=tokens)
     with pytest.raises(StageError, match=r"segment 0's last checkpoint \(step 2\) is not in .*; train segment 0") as e:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trainflow.data.corpus import corpus_files
 from trainflow.data.documents import Documents
-from trainflow.evaluate.tasks import MultipleChoice, TaskError, write_task
+from trainflow.evaluate.tasks import MultipleChoice, TaskError, TooFewDocuments, write_task
 
 log = logging.getLogger(__name__)
 CHOICES = 4
@@ -77,7 +77,7 @@ def write_corpus_task(
         )
     texts = corpus_texts(corpus, documents=documents, length=context_chars + choice_chars, text_field=text_field)
     if len(texts) < CHOICES:
-        raise TaskError(
+        raise TooFewDocuments(
             f"{corpus!r} has {len(texts)} documents of at least {context_chars + choice_chars} characters, fewer than "
             f"the {CHOICES} an item's choices come from; give a corpus with more, or lower context_chars/choice_chars"
         )

@@ -43,6 +43,10 @@ class TaskError(TrainflowError):
     """A task file or task spec that cannot be scored."""
 
 
+class TooFewDocuments(TaskError):
+    """A corpus too small to build the corpus task from (corpus_task.write_corpus_task)."""
+
+
 class TaskKind(enum.StrEnum):
     CHOICE = "choice"
     """Multiple choice by log-likelihood: acc and acc_norm."""

@@ -37,7 +37,7 @@ from trainflow.energy.metrics import StageFigures
 from trainflow.evaluate.corpus_task import write_corpus_task
 from trainflow.evaluate.records import EvalRecord
 from trainflow.evaluate.score import Tokenizer, score_task
-from trainflow.evaluate.tasks import TaskSpec
+from trainflow.evaluate.tasks import TaskSpec, TooFewDocuments
 from trainflow.export.source import read_model, read_tokenizer
 from trainflow.model import Llama
 from trainflow.records import read_record
@@ -95,16 +95,19 @@ def task_specs(cfg: TrainflowConfig) -> list[TaskSpec]:
     e, specs = cfg.evaluate, []
     if e.corpus_task:
         source = sources_of(cfg.data)[0]  # a mixture's first source
-        write_corpus_task(
-            source.corpus,
-            cfg.io.corpus_task,
-            documents=e.corpus_documents,
-            context_chars=e.corpus_context_chars,
-            choice_chars=e.corpus_choice_chars,
-            seed=e.corpus_seed,
-            text_field=source.text_field,
-        )
-        specs.append(TaskSpec(CORPUS_TASK, "choice", cfg.io.corpus_task))
+        try:
+            write_corpus_task(
+                source.corpus,
+                cfg.io.corpus_task,
+                documents=e.corpus_documents,
+                context_chars=e.corpus_context_chars,
+                choice_chars=e.corpus_choice_chars,
+                seed=e.corpus_seed,
+                text_field=source.text_field,
+            )
+            specs.append(TaskSpec(CORPUS_TASK, "choice", cfg.io.corpus_task))
+        except TooFewDocuments as err:  # a corpus too small for the default task trains all the same
+            log.warning("No corpus task: %s (evaluate.corpus_task=false leaves it out)", err)
     return specs + [TaskSpec(t.name, t.kind, t.path, t.limit, t.stop) for t in e.tasks]
 
 

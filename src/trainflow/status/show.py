@@ -93,7 +93,7 @@ def evaluation_line(s: CampaignStatus) -> str:
         + (f", acc_norm {number(t.acc_norm, '.3f')}" if t.acc_norm is not None else "")
         for t in e.tasks
     )
-    return f"Evaluation: step {e.step} ({e.tokens:,} tokens): {scores}"
+    return f"Evaluation: step {e.step} ({e.tokens:,} tokens): {scores or 'no task scored (evaluate.tasks)'}"
 
 
 def as_json(status: CampaignStatus) -> str:
