@@ -34,6 +34,7 @@ DAG = {
     "prepare_data": 1,
     "stage_data": 1,
     "train_segment": 2,
+    "evaluate": 2,
     "verify_checkpoint": 1,
     "account_energy": 1,
     "report": 1,
