@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_config
+from tests.conftest import make_config, read_json
 from tests.support import EXPORT_RUN, trained
 from trainflow.config import ConfigError, compose
 from trainflow.config.evaluate import TASK_KINDS, EvaluateConfig
@@ -44,6 +44,10 @@ def test_scores_the_corpus_task_and_a_task_file_of_the_segments_last_checkpoint(
     assert [(t.task, t.kind, t.n) for t in record.tasks] == [("corpus", TaskKind.CHOICE, 16), ("gen", "generate", 1)]
     assert all(0 <= t.acc <= 1 for t in record.tasks) and record.tasks[0].acc_norm is not None
     assert len(Path(cfg.io.corpus_task).read_text().splitlines()) == 16
+    ranks = read_json(make_config("train_segment", root, *RUN, tokens=tokens).io.segment_report)["evals"][-1]
+    assert ranks["step"] == 2 and record.validation.keys() == ranks["sources"].keys()  # the training ranks' batches
+    for name, loss in record.validation.items():
+        assert loss == pytest.approx(ranks["sources"][name], rel=1e-5), name
 
 
 def test_a_corpus_too_small_for_the_corpus_task_leaves_it_out_with_a_warning(root, tokens, tmp_path, caplog):

@@ -11,7 +11,7 @@ Python string: characters, not bytes or tokens), which stops long choices losing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainflow.evaluate.tasks import TaskKind
 from trainflow.records import Record
@@ -80,3 +80,6 @@ class EvalRecord(Record):
     tasks: list[TaskScore]
     seconds: float
     """Wall time of scoring its tasks (the caller measures it: whether loading the model counts is its choice)."""
+    validation: dict[str, float] = field(default_factory=dict)
+    """Each data source's validation loss on train.eval_batches batches of its split, the batches the training ranks
+    draw (the evaluate stage); empty where none was computed."""

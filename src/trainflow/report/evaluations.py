@@ -34,15 +34,18 @@ def evaluations_section(records: Sequence[EvalRecord], labels: dict[str, str], *
     for r in sorted(records, key=lambda r: r.tokens):
         by_task = {t.task: t for t in r.tasks}
         phase = f"{labels[r.series]} (`{r.series}`)" if r.series in labels else f"`{r.series}`"
-        rows.append([phase, r.step, f"{r.tokens:,}", *(score_text(by_task.get(t)) for t in tasks), f"{r.seconds:.1f}"])
+        validation = ", ".join(f"{name} {loss:.4f}" for name, loss in r.validation.items()) or "-"
+        scores = (score_text(by_task.get(t)) for t in tasks)
+        rows.append([phase, r.step, f"{r.tokens:,}", *scores, validation, f"{r.seconds:.1f}"])
     counts = ", ".join(f"{t} {next(s.n for r in records for s in r.tasks if s.task == t)}" for t in tasks)
     return [
         "## Evaluations",
         "",
         f"Each evaluated checkpoint's downstream tasks (the evaluate stage; items: {counts}): multiple choice as acc / "
-        "acc_norm (by log-likelihood; acc_norm divides it by the choice's characters), generation as exact match.",
+        "acc_norm (by log-likelihood; acc_norm divides it by the choice's characters), generation as exact match; "
+        "each source's validation loss on the batches the training ranks evaluate.",
         "",
-        table(rows, ["phase (series)", "step", "tokens", *tasks, "seconds"]),
+        table(rows, ["phase (series)", "step", "tokens", *tasks, "validation loss", "seconds"]),
         "",
         f"![evaluations]({relative(plot, here)})",
         "",

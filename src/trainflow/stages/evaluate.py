@@ -32,6 +32,7 @@ from trainflow.config.phases import phase_index
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.sources import sources_of
 from trainflow.data.index import first_shard
+from trainflow.data.sampler import TokenSampler
 from trainflow.data.tokenizer import load_tokenizer
 from trainflow.energy.metrics import StageFigures
 from trainflow.evaluate.corpus_task import write_corpus_task
@@ -39,7 +40,7 @@ from trainflow.evaluate.records import EvalRecord
 from trainflow.evaluate.score import Tokenizer, score_task
 from trainflow.evaluate.tasks import TaskSpec, TooFewDocuments
 from trainflow.export.source import read_model, read_tokenizer
-from trainflow.model import Llama
+from trainflow.model import Llama, cross_entropy
 from trainflow.records import read_record
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.summary import SegmentSummary
@@ -63,13 +64,36 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     model = load_model(checkpoint, cfg.model, device=device_of(cfg))
     start = time.perf_counter()
     scores = [score_task(model, tokenizer, spec, max_new_tokens=cfg.evaluate.max_new_tokens) for spec in specs]
-    record = EvalRecord(RunFolder.of(cfg).series, step, trained_tokens(cfg, step), scores, time.perf_counter() - start)
+    validation = validation_losses(cfg, model)
+    seconds = time.perf_counter() - start
+    record = EvalRecord(RunFolder.of(cfg).series, step, trained_tokens(cfg, step), scores, seconds, validation)
     write_json(io.evaluation, record.to_json())
     for s in scores:
         norm = f", acc_norm {s.acc_norm:.3f}" if s.acc_norm is not None else ""
         log.info("Scored step %d on %s (%d items): acc %.3f%s", step, s.task, s.n, s.acc, norm)
     log.info("Wrote %s (%d tasks in %.1f s)", io.evaluation, len(scores), record.seconds)
     return StageFigures({"step": step, "tasks": len(scores), "items": sum(s.n for s in scores)})
+
+
+@torch.no_grad()
+def validation_losses(cfg: TrainflowConfig, model: Llama) -> dict[str, float]:
+    """Each source's validation loss: the mean over train.eval_batches batches of its split, each the global batch
+    the training ranks draw for it (data.sampler: seed, batch index), in one process. The ranks' own evaluation
+    (train.eval_every) computes the same figure; a campaign that leaves it to this stage frees its training loop."""
+    t, device = cfg.train, next(model.parameters()).device
+    weights = {s.name: s.weight for s in sources_of(cfg.data)}
+    sampler = TokenSampler(
+        cfg.io.tokens, seq_len=cfg.model.seq_len, seed=t.seed, cross_document=t.cross_document, weights=weights
+    )
+    try:
+        losses = {}
+        for k, name in enumerate(sampler.names):
+            batches = (sampler.evaluation(i, t.global_batch, slice(None), source=k) for i in range(t.eval_batches))
+            per = [float(cross_entropy(model(x.to(device)), y.to(device))) for x, y in batches]
+            losses[name] = sum(per) / len(per)
+        return losses
+    finally:
+        sampler.close()
 
 
 def trained_tokens(cfg: TrainflowConfig, step: int) -> int:
