@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_config
-from trainflow.campaign.phases import start_point
+from trainflow.campaign.segments import start_point
 from trainflow.config import ConfigError, compose
 from trainflow.config.identity import settings
 

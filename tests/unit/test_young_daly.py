@@ -36,7 +36,7 @@ def test_planner_replans_from_measurements():
 
 
 def test_a_save_before_any_step_plans_the_first_interval_then_the_next_save_plans_young_daly():
-    """A phase's opening save comes before its first step (campaign.phases): no step time to convert with yet. Before
+    """A phase's opening save comes before its first step (config.phases): no step time to convert with yet. Before
     the fix the interval raised ValueError (NaN to int) and failed the default campaign's second phase once."""
     planner = IntervalPlanner(mtbf_s=3600.0)
     planner.observe_save(2.0)

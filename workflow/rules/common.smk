@@ -15,6 +15,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.data.corpus import shard_plan
 from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import check_workflow_config, compose_phases, compose_workflow, hydra_quote
+from trainflow.config.phases import phase_arg
 from trainflow.config.rules import spike_warning
 from trainflow.preflight import preflight
 from trainflow.records import RecordError
@@ -42,7 +43,7 @@ RUN = RunFolder.of(CFG)
 TRAIN = dataclasses.replace(RUN, series="{series}")  # a training segment's paths, its phase's series a wildcard
 SERIES = list(PHASES)  # in the phases' order
 LAST = PHASES[SERIES[-1]]  # the last phase's config: what the stages after training read
-AFTER = f"phase={LAST.phase}" if LAST.phase else ""  # their phase= override (params.phase)
+AFTER = phase_arg(LAST)  # their phase= override (params.phase)
 try:  # every source's groups of input files (data.sources; a plain data.corpus is one), numbered across them
     SHARD_FILES = [files for _, files in shard_plan(CFG.data)]
 except DataError as err:
@@ -104,9 +105,8 @@ def segment_metrics(wildcards):
 
 
 def phase_of(wildcards):
-    """The phase= override of a training segment's series ('' without phases)."""
-    name = PHASES[wildcards.series].phase
-    return f"phase={name}" if name else ""
+    """The phase= override of a training segment's series."""
+    return phase_arg(PHASES[wildcards.series])
 
 
 def run_metrics(wildcards):

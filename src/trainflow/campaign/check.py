@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from trainflow.atomic import write_json
-from trainflow.campaign.phases import start_point
 from trainflow.campaign.records import CampaignRecord, Parent, SeriesRecord
+from trainflow.campaign.segments import start_point
 from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.manifest import ChecksumError, check_complete, read_manifest
 from trainflow.code_version import CodeVersion

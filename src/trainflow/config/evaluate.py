@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from trainflow.config.domain import RUN_NAME, checked
 
+CORPUS_TASK = "corpus"
+"""The corpus task's name in the records and the report (no task of evaluate.tasks may take it)."""
 TASK_KINDS = ("choice", "generate")
 """trainflow.evaluate.tasks.TaskKind's values (tests/unit/test_evaluate_stage.py holds them equal): config/ is below
 evaluate/ and cannot import it."""
@@ -60,9 +62,9 @@ class EvaluateConfig:
 
 def evaluate_errors(e: EvaluateConfig) -> list[str]:
     """Task names unique, and at least one task to score."""
-    names = [t.name for t in e.tasks] + (["corpus"] if e.corpus_task else [])
+    names = [t.name for t in e.tasks] + ([CORPUS_TASK] if e.corpus_task else [])
     errors = [
-        f"evaluate.tasks names {name!r} twice (the corpus task is 'corpus'); give each task its own name"
+        f"evaluate.tasks names {name!r} twice (the corpus task is {CORPUS_TASK!r}); give each task its own name"
         for name in sorted(set(names))
         if names.count(name) > 1
     ]

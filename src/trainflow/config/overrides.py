@@ -208,7 +208,7 @@ def compose_phases(cfg: TrainflowConfig, words: list[str]) -> dict[str, Trainflo
     `cfg` alone where it lists none."""
     if not cfg.phases:
         return {series_name(cfg): cfg}
-    phases = (compose("train_segment", [*words, f"phase={p.name}"]) for p in cfg.phases)
+    phases = (cfg if p.name == cfg.phase else compose("train_segment", [*words, f"phase={p.name}"]) for p in cfg.phases)
     return {series_name(c): c for c in phases}
 
 

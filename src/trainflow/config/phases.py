@@ -11,7 +11,7 @@ it ends), from_step, and its own overrides but the ones that only extend it (tra
 or editing phase k's overrides starts a new series for phase k (and the phases after it) from the parent's last
 checkpoint, the earlier phases untouched; extending phase k itself continues its series; and the command line's
 overrides, which apply to every phase, are settings like any other (config.identity), changing no series. Which step
-phase k starts at is read from its parent's lineage when it trains (trainflow.campaign.phases).
+phase k starts at is read from its parent's lineage when it trains (trainflow.campaign.segments.start_point).
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ def phase_index(cfg: TrainflowConfig) -> int:
     """The position of cfg.phase among cfg.phases (0: the first, or no phases)."""
     names = [p.name for p in cfg.phases]
     return names.index(cfg.phase) if cfg.phase in names else 0
+
+
+def phase_arg(cfg: TrainflowConfig) -> str:
+    """The phase= override that gives a stage `cfg`'s phase ('' without phases): the workflow's rules add it."""
+    return f"phase={cfg.phase}" if cfg.phase else ""
 
 
 def compose_phase(

@@ -79,7 +79,8 @@ class EvalRecord(Record):
     """Tokens trained on up to the checkpoint: the report's x axis."""
     tasks: list[TaskScore]
     seconds: float
-    """Wall time of scoring its tasks (the caller measures it: whether loading the model counts is its choice)."""
+    """Wall time of scoring its tasks and validation losses (the caller measures it: whether loading the model counts is
+    its choice; the evaluate stage's does not)."""
     validation: dict[str, float] = field(default_factory=dict)
     """Each data source's validation loss on train.eval_batches batches of its split, the batches the training ranks
     draw (the evaluate stage); empty where none was computed."""

@@ -28,6 +28,7 @@ import torch
 from trainflow.campaign.segments import lineage
 from trainflow.checkpoint.folders import step_dir
 from trainflow.config import ModelConfig, TrainflowConfig
+from trainflow.config.evaluate import CORPUS_TASK
 from trainflow.config.phases import phase_index
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.sources import sources_of
@@ -46,8 +47,6 @@ from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.summary import SegmentSummary
 
 log = stage_log(__file__)
-CORPUS_TASK = "corpus"
-"""The corpus task's name in the records (config.evaluate.evaluate_errors keeps task names apart from it)."""
 
 
 def run(cfg: TrainflowConfig) -> StageFigures:
@@ -100,8 +99,8 @@ def trained_tokens(cfg: TrainflowConfig, step: int) -> int:
     """The tokens the campaign trained to `step` along the series' line: every completed segment's applied tokens (its
     kept summary's realised mixture), of this series to `step` and of each phase before it to where the next began (a
     branch's parent is not counted)."""
-    run, k = RunFolder.of(cfg), phase_index(cfg)
-    chain = [p.series for p in cfg.phases[: k + 1]] if cfg.phases else [run.series]
+    run = RunFolder.of(cfg)
+    chain = [*(p.series for p in cfg.phases[: phase_index(cfg)]), run.series]
     total, until = 0, step
     for series in reversed(chain):
         folder = run.series_checkpoints(series)

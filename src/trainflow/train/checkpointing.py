@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainflow.campaign.phases import carries_scaling, start_point
-from trainflow.campaign.segments import SegmentSpan
+from trainflow.campaign.segments import SegmentSpan, carries_scaling, start_point
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
@@ -85,7 +84,7 @@ class SegmentCheckpoints:
         """The Hugging Face folder step 0's weights came from (io.init_from), carried on by every manifest."""
         self.opened = False
         """Whether the job loaded its series' start from a parent phase's checkpoint (the trainer then saves it as
-        the series' first checkpoint, resharded into this layout: campaign.phases)."""
+        the series' first checkpoint, resharded into this layout: campaign.segments.start_point)."""
         self.stream = DataStream(stream_position(None, 0, cfg, self.weights), weights=self.weights, seed=cfg.train.seed)
         self.schedule = resumed_schedule(None, cfg, horizon=self.span.horizon, step=0)
 

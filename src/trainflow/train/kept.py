@@ -13,9 +13,8 @@ import logging
 from pathlib import Path
 
 from trainflow.atomic import write_json
-from trainflow.campaign.phases import start_point
 from trainflow.campaign.records import Lineage, StepChange
-from trainflow.campaign.segments import SegmentSpan
+from trainflow.campaign.segments import SegmentSpan, start_point
 from trainflow.code_version import CodeVersion
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder

@@ -194,7 +194,7 @@ class Trainer:
         self.recorder.resume(step)
         if step == 0:
             self.evaluate(0)
-        if self.ckpt.opened:  # a phase's series opens with its start, in its own layout (campaign.phases)
+        if self.ckpt.opened:  # a phase's series opens with its start, in its own layout (config.phases)
             self.ckpt.save(step)
         since_save, stop_signal = 0, 0
         while step < self.end_step:
