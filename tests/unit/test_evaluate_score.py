@@ -17,7 +17,16 @@ from tests.conftest import REPO
 from trainflow.checkpoint.hf_reader import load_hf
 from trainflow.config import ModelConfig, compose
 from trainflow.data.tokenizer import ByteTokenizer, HfTokenizer, train_bpe
-from trainflow.evaluate.score import generate, greedy_tokens, requests, score_choices, score_generations, score_task
+from trainflow.evaluate import score
+from trainflow.evaluate.score import (
+    generate,
+    greedy_tokens,
+    prompt_ids,
+    requests,
+    score_choices,
+    score_generations,
+    score_task,
+)
 from trainflow.evaluate.tasks import Generation, MultipleChoice, TaskError, TaskSpec, write_task
 from trainflow.hf.llama import folder_shapes, hf_config, hf_name
 from trainflow.hf.write import plan_shards, write_folder
@@ -118,7 +127,7 @@ def test_exact_match_counts_generations_cut_at_the_stop_string(models, tmp_path)
     assert len(whole) > 2 and whole == models.tokenizer.decode(
         list(
             greedy_tokens(
-                models.ours, encode(models.tokenizer, prompt), max_new_tokens=12, eot_id=models.tokenizer.eot_id
+                models.ours, prompt_ids(models.tokenizer, prompt), max_new_tokens=12, eot_id=models.tokenizer.eot_id
             )
         )
     )
@@ -154,6 +163,10 @@ def test_a_choice_longer_than_the_sequence_is_refused_in_one_line(models):
         score_choices(Llama(m), ByteTokenizer(), [item])
 
 
-def test_a_begin_of_text_token_starts_each_context_as_it_starts_each_document():
+def test_a_begin_of_text_token_starts_each_context_as_it_starts_each_document(monkeypatch):
     pairs = requests(ByteTokenizer(bos_id=255), MultipleChoice("ab ", ["c", "d"], 0))
     assert pairs == [([255, 97, 98], [32, 99]), ([255, 97, 98], [32, 100])]  # the space moved to the choices
+    prompts = []  # and each generation's prompt (it read none before: contexts had it, prompts did not)
+    monkeypatch.setattr(score, "greedy_tokens", lambda model, ids, **kw: prompts.append(ids) or iter(()))
+    assert score.generate(None, ByteTokenizer(bos_id=255), "ab", max_new_tokens=4, stop="") == ""
+    assert prompts == [[255, 97, 98]]

@@ -126,7 +126,7 @@ def generate(model: Llama, tokenizer: Tokenizer, prompt: str, *, max_new_tokens:
     """The greedy continuation of `prompt` as text, cut before the first `stop` ("" cuts nowhere)."""
     out: list[int] = []
     for token in greedy_tokens(
-        model, encode(tokenizer, prompt), max_new_tokens=max_new_tokens, eot_id=tokenizer.eot_id
+        model, prompt_ids(tokenizer, prompt), max_new_tokens=max_new_tokens, eot_id=tokenizer.eot_id
     ):
         out.append(token)
         if stop and stop in (text := tokenizer.decode(out)):
