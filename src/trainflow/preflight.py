@@ -20,6 +20,7 @@ would otherwise learn it minutes into their allocation. A tracker that fails lat
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import shutil
@@ -36,9 +37,14 @@ from trainflow.hf.llama import HfFolderError, check_config
 from trainflow.hf.weights import weight_files
 
 
-def preflight(cfg: TrainflowConfig) -> None:
-    """Raise one ConfigError listing every check the machine fails, with its fix."""
-    if errors := host_errors(cfg):
+def preflight(cfg: TrainflowConfig, *, building: bool = False) -> None:
+    """Raise one ConfigError listing every check the machine fails, with its fix. `building`: the DAG's build, which
+    also checks what costs seconds to check once (lm-eval's task names, where evaluate.tasks has harness tasks); the
+    evaluate job checks them again as it scores."""
+    errors = host_errors(cfg)
+    if building and not errors:
+        errors = harness_name_errors(cfg)
+    if errors:
         raise ConfigError("config cannot run here: " + "; ".join(errors))
 
 
@@ -54,12 +60,34 @@ def host_errors(cfg: TrainflowConfig) -> list[str]:
 
 
 def task_errors(cfg: TrainflowConfig) -> list[str]:
-    """Every task file of evaluate.tasks is a file (what it holds is read, line by line, when it is scored)."""
-    return [
+    """Every task file of evaluate.tasks is a file (what it holds is read, line by line, when it is scored); a harness
+    task's lm_eval is installed and its folder of definitions holds data only (trainflow.evaluate.harness)."""
+    errors = [
         f"evaluate.tasks[{i}].path({t.path!r}) (task {t.name!r}) is no file; give the path of its JSONL file"
         for i, t in enumerate(cfg.evaluate.tasks)
-        if not Path(t.path).is_file()
+        if t.kind != "harness" and not Path(t.path).is_file()
     ]
+    if harness := [t for t in cfg.evaluate.tasks if t.kind == "harness"]:
+        from trainflow.evaluate.harness import INSTALL, definition_errors
+
+        if importlib.util.find_spec("lm_eval") is None:
+            errors.append(f"evaluate.tasks[{cfg.evaluate.tasks.index(harness[0])}] is an lm-eval task; {INSTALL}")
+        errors += [e for folder in sorted({t.path for t in harness if t.path}) for e in definition_errors(folder)]
+    return errors
+
+
+def harness_name_errors(cfg: TrainflowConfig) -> list[str]:
+    """Every harness task of evaluate.tasks names a task lm-eval's index holds (~6 s to build the index)."""
+    from trainflow.evaluate.harness import harness_errors, task_manager
+    from trainflow.evaluate.tasks import TaskError, TaskSpec
+
+    specs = [TaskSpec.of(t) for t in cfg.evaluate.tasks if t.kind == "harness"]
+    if not specs:
+        return []
+    try:
+        return harness_errors(specs, task_manager(specs))
+    except TaskError as err:
+        return [str(err)]
 
 
 def tokenizer_errors(d: DataConfig) -> list[str]:

@@ -1,6 +1,6 @@
-"""The evaluate stage on a real two-step checkpoint of one process: it scores the corpus task and a task file, and
-refuses in one line a segment whose checkpoint is not there, a missing task file, a task path a shell would read, and a
-task file whose gold is out of range."""
+"""The evaluate stage on a real two-step checkpoint of one process: it scores the corpus task, a task file and an
+lm-evaluation-harness task, and refuses in one line a segment whose checkpoint is not there, a missing task file, a
+task path a shell would read, and a task file whose gold is out of range."""
 
 from __future__ import annotations
 
@@ -34,14 +34,29 @@ def task(path: Path, *lines: dict) -> str:
     return str(path)
 
 
-def test_scores_the_corpus_task_and_a_task_file_of_the_segments_last_checkpoint(root, tokens, tmp_path):
+def test_scores_the_corpus_task_and_task_files_of_the_segments_last_checkpoint(root, tokens, tmp_path, monkeypatch):
+    """A local generate task, and an lm-evaluation-harness task defined in a folder beside its data (the json
+    builder's cache in tmp_path)."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     generate = task(tmp_path / "gen.jsonl", {"question": "import os\nimport ", "answer": "sys"})
-    tasks = f"evaluate.tasks=[{{name:gen,kind:generate,path:{generate},stop:'\\n'}}]"
+    choice = task(
+        tmp_path / "mc.jsonl", *({"context": f"import {m}", "choices": [" as", " os"], "gold": 0} for m in "ab")
+    )
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm/mc.yaml").write_text(
+        f"task: mc\ndataset_path: json\ndataset_kwargs: {{data_files: {{test: {choice}}}}}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{gold}}'\ntarget_delimiter: ''\nmetric_list: [{metric: acc}, {metric: acc_norm}]\n"
+    )
+    harness = f"{{name:lm,kind:harness,path:{tmp_path}/lm,task:mc}}"
+    tasks = f"evaluate.tasks=[{{name:gen,kind:generate,path:{generate},stop:'\\n'}},{harness}]"
     cfg = make_config("evaluate", root, *RUN, tasks, "evaluate.max_new_tokens=4", tokens=tokens)
     evaluate.run(cfg)
     record = read_record(EvalRecord, cfg.io.evaluation)
     assert (record.step, record.tokens) == (2, 2 * cfg.train.global_batch * cfg.model.seq_len)
-    assert [(t.task, t.kind, t.n) for t in record.tasks] == [("corpus", TaskKind.CHOICE, 16), ("gen", "generate", 1)]
+    kinds = [(t.task, t.kind, t.n) for t in record.tasks]
+    assert kinds == [("corpus", TaskKind.CHOICE, 16), ("gen", "generate", 1), ("lm", "choice", 2)]
     assert all(0 <= t.acc <= 1 for t in record.tasks) and record.tasks[0].acc_norm is not None
     assert len(Path(cfg.io.corpus_task).read_text().splitlines()) == 16
     ranks = read_json(make_config("train_segment", root, *RUN, tokens=tokens).io.segment_report)["evals"][-1]

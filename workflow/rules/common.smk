@@ -25,7 +25,7 @@ try:
     config.update(check_workflow_config(config))  # as text, in one line, before the schema below would dump itself
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
     PHASES = compose_phases(CFG, OVERRIDES)  # each phase's config by its series (config.phases); one without phases
-    preflight(CFG)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
+    preflight(CFG, building=True)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
     check_campaign(CFG)  # the same model as the campaign in the run folder, its series' seed, a branch's checkpoint
     check_legacy(CFG)  # series of a trainflow before campaign records: the config's is adopted, or refused
 except (ConfigError, RecordError) as err:

@@ -4,7 +4,9 @@
 
 A task file is data on local disk (trainflow.evaluate.tasks reads it: one JSON object a line, nothing imported or
 evaluated); its path is checked here as text (config.security: no quote, `$` or control character, no '..') and for
-existence before any stage runs (trainflow.preflight.task_errors).
+existence before any stage runs (trainflow.preflight.task_errors). A `harness` task is lm-evaluation-harness's
+(trainflow.evaluate.harness: `{name: arc, kind: harness, task: arc_easy}`), its path a folder of extra task
+definitions or "" for the package's own.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from trainflow.config.domain import RUN_NAME, checked
 
 CORPUS_TASK = "corpus"
 """The corpus task's name in the records and the report (no task of evaluate.tasks may take it)."""
-TASK_KINDS = ("choice", "generate")
+TASK_KINDS = ("choice", "generate", "harness")
 """trainflow.evaluate.tasks.TaskKind's values (tests/unit/test_evaluate_stage.py holds them equal): config/ is below
 evaluate/ and cannot import it."""
 
@@ -27,9 +29,13 @@ class EvalTaskConfig:
     name: str = checked(pattern=RUN_NAME, fix="letters, digits, _ . - and no leading dot")
     """How the records, the report and its plot name the task."""
     kind: str = checked(one_of=TASK_KINDS)
-    """choice: multiple choice by log-likelihood (acc, acc_norm); generate: greedy generation, exact match."""
-    path: str = checked(pattern=r"\S.*", fix="the task's JSONL file")
-    """The task's JSONL file on local disk."""
+    """choice: multiple choice by log-likelihood (acc, acc_norm); generate: greedy generation, exact match; harness:
+    an lm-evaluation-harness task, scored as one of these by its output type."""
+    path: str = ""
+    """choice, generate: the task's JSONL file on local disk; harness: a folder of extra lm-eval task definitions
+    (YAML, read as data), "" for the package's own tasks only."""
+    task: str = checked("", pattern=r"[\w.-]*", fix="an lm-eval task or group name, e.g. arc_easy or mmlu")
+    """harness only: the lm-eval task or group ("": `name`)."""
     limit: int = checked(0, ge=0)
     """Score only the first `limit` items (0: all)."""
     stop: str = "\n"
@@ -70,4 +76,9 @@ def evaluate_errors(e: EvaluateConfig) -> list[str]:
     ]
     if not names:
         errors.append("evaluate has no task: evaluate.tasks is empty and evaluate.corpus_task=false; give one")
+    for i, t in enumerate(e.tasks):
+        if t.kind != "harness" and not t.path.strip():
+            errors.append(f"evaluate.tasks[{i}] ({t.name!r}, {t.kind}) has no path; give its JSONL file")
+        if t.kind != "harness" and t.task:
+            errors.append(f"evaluate.tasks[{i}] ({t.name!r}) names task {t.task!r}, which only kind=harness reads")
     return errors

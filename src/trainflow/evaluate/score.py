@@ -59,12 +59,16 @@ def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def requests(tokenizer: Tokenizer, item: MultipleChoice) -> list[tuple[list[int], list[int]]]:
-    """Each choice's (context tokens, choice tokens), tokenised apart, the context's trailing whitespace moved to the
-    choice (lm-eval's `_encode_pair`)."""
-    context = item.context.rstrip()
-    moved = item.context[len(context) :]
-    context_ids = prompt_ids(tokenizer, context)
-    return [(context_ids, encode(tokenizer, moved + choice)) for choice in item.choices]
+    """Each choice's (context tokens, choice tokens)."""
+    return [pair_ids(tokenizer, item.context, choice) for choice in item.choices]
+
+
+def pair_ids(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """A continuation's (context tokens, continuation tokens), tokenised apart, the context's trailing whitespace moved
+    to the continuation (lm-eval's `_encode_pair`); an empty context is the end-of-document token alone where the
+    tokenizer has no begin-of-text token (lm-eval's prefix token), so the first token is predicted from something."""
+    kept = context.rstrip()
+    return prompt_ids(tokenizer, kept) or [tokenizer.eot_id], encode(tokenizer, context[len(kept) :] + continuation)
 
 
 def score_choices(
@@ -81,14 +85,15 @@ def score_choices(
     sums: list[list[float]] = [[] for _ in items]
     for start in range(0, len(rows), batch_rows):
         batch = rows[start : start + batch_rows]
-        for (i, _), ll in zip(batch, loglikelihoods(model, [pair for _, pair in batch], seq_len)):
+        for (i, _), (ll, _) in zip(batch, loglikelihoods(model, [pair for _, pair in batch], seq_len)):
             sums[i].append(ll)
     return [ScoredChoice(s, [len(c) for c in item.choices], item.gold) for s, item in zip(sums, items)]
 
 
 @torch.no_grad()
-def loglikelihoods(model: Llama, pairs: list[tuple[list[int], list[int]]], seq_len: int) -> list[float]:
-    """The summed log-probability of each continuation given its context, one forward pass for all."""
+def loglikelihoods(model: Llama, pairs: list[tuple[list[int], list[int]]], seq_len: int) -> list[tuple[float, bool]]:
+    """Each continuation's summed log-probability given its context, and whether greedy decoding would produce it
+    (every one of its tokens the argmax: lm-eval's `is_greedy`), one forward pass for all."""
     model.eval()
     device = next(model.parameters()).device
     wholes = [(ctx + cont)[-(seq_len + 1) :] for ctx, cont in pairs]
@@ -100,8 +105,9 @@ def loglikelihoods(model: Llama, pairs: list[tuple[list[int], list[int]]], seq_l
     out = []
     for row, ((_, cont), whole) in enumerate(zip(pairs, wholes)):
         end = len(whole) - 1  # the input's length; its last len(cont) positions predict the continuation
-        targets = torch.tensor(cont, device=device).unsqueeze(-1)
-        out.append(logprobs[row, end - len(cont) : end].gather(-1, targets).sum().item())
+        span, targets = logprobs[row, end - len(cont) : end], torch.tensor(cont, device=device)
+        ll = span.gather(-1, targets.unsqueeze(-1)).sum().item()
+        out.append((ll, bool((span.argmax(-1) == targets).all())))
     return out
 
 
@@ -122,15 +128,20 @@ def greedy_tokens(model: Llama, ids: list[int], *, max_new_tokens: int, eot_id: 
         yield token
 
 
-def generate(model: Llama, tokenizer: Tokenizer, prompt: str, *, max_new_tokens: int, stop: str) -> str:
-    """The greedy continuation of `prompt` as text, cut before the first `stop` ("" cuts nowhere)."""
+def generate(
+    model: Llama, tokenizer: Tokenizer, prompt: str, *, max_new_tokens: int, stop: str | tuple[str, ...]
+) -> str:
+    """The greedy continuation of `prompt` as text, cut before the first occurrence of a stop string ("" or () cuts
+    nowhere)."""
+    stops = tuple(s for s in ((stop,) if isinstance(stop, str) else stop) if s)
     out: list[int] = []
     for token in greedy_tokens(
         model, prompt_ids(tokenizer, prompt), max_new_tokens=max_new_tokens, eot_id=tokenizer.eot_id
     ):
         out.append(token)
-        if stop and stop in (text := tokenizer.decode(out)):
-            return text.split(stop, 1)[0]
+        text = tokenizer.decode(out)
+        if cuts := [text.index(s) for s in stops if s in text]:
+            return text[: min(cuts)]
     return tokenizer.decode(out)
 
 

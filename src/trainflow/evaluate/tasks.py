@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainflow.atomic import write_text_atomic
+from trainflow.config.evaluate import EvalTaskConfig
 from trainflow.errors import TrainflowError
 from trainflow.records import Record, RecordError, read_file
 
@@ -52,6 +53,8 @@ class TaskKind(enum.StrEnum):
     """Multiple choice by log-likelihood: acc and acc_norm."""
     GENERATE = "generate"
     """Greedy generation compared with the answer: exact match."""
+    HARNESS = "harness"
+    """An lm-evaluation-harness task (trainflow.evaluate.harness), scored as one of the two above."""
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,22 @@ class TaskSpec:
     stop: str = "\n"
     """A generate task's generation ends before this text's first occurrence ("": only at max_new_tokens or the
     end-of-document token)."""
+    task: str = ""
+    """A harness task's lm-eval task or group name ("": `name`); its `path` is a folder of extra task definitions
+    ("": the package's own only)."""
+
+    @classmethod
+    def of(cls, t: EvalTaskConfig) -> TaskSpec:
+        """The spec of one task of evaluate.tasks."""
+        return cls(t.name, t.kind, t.path, t.limit, t.stop, t.task)
 
     def __post_init__(self) -> None:
         kinds = ", ".join(k.value for k in TaskKind)
         if self.kind not in {*TaskKind, *(k.value for k in TaskKind)}:
             raise TaskError(f"task {self.name!r} has kind {self.kind!r}; give one of {kinds}")
         object.__setattr__(self, "kind", TaskKind(self.kind))
+        if self.kind is TaskKind.HARNESS and not self.task:
+            object.__setattr__(self, "task", self.name)
         if type(self.limit) is not int or self.limit < 0:
             raise TaskError(f"task {self.name!r} has limit {self.limit!r}; give a number of items >= 0 (0: all)")
 
@@ -119,7 +132,9 @@ ITEMS: dict[TaskKind, type[MultipleChoice] | type[Generation]] = {
 def read_task(spec: TaskSpec) -> list[MultipleChoice] | list[Generation]:
     """The first `spec.limit` items (0: all) of the task's file, each checked; one TaskError for the first bad line,
     a missing, empty or unreadable file."""
-    kind = ITEMS[TaskKind(spec.kind)]
+    if spec.kind not in ITEMS:
+        raise TaskError(f"task {spec.name!r} is an lm-evaluation-harness task: trainflow.evaluate.harness scores it")
+    kind = ITEMS[spec.kind]
     fix = f"write each line of task {spec.name!r} ({spec.kind.value}) as {FORMS[spec.kind.value]}"
     try:
         text = read_file(spec.path, fix=fix)

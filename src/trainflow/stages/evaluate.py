@@ -14,8 +14,8 @@ report tabulates and plots against tokens, and trainflow.status shows.
 One process, one device: the model is a single-device trainflow.model.Llama in fp32, on the GPU where
 cluster.runtime.device is cuda and one is visible, else on the CPU. That holds the models one device holds (an 8B
 model is 32 GB in fp32); a 70B checkpoint needs a sharded evaluation (the model spread over ranks as training holds it),
-which is not built. lm-evaluation-harness is not used (not installed, and nothing downloads at run time):
-trainflow.evaluate scores by its recipe.
+which is not built. The local task forms are scored by trainflow.evaluate.score, lm-evaluation-harness's tasks
+(kind=harness) by the harness itself with this model answering (trainflow.evaluate.harness), offline.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ from trainflow.data.sampler import TokenSampler
 from trainflow.data.tokenizer import load_tokenizer
 from trainflow.energy.metrics import StageFigures
 from trainflow.evaluate.corpus_task import write_corpus_task
-from trainflow.evaluate.records import EvalRecord
+from trainflow.evaluate.harness import score_harness, task_manager
+from trainflow.evaluate.records import EvalRecord, TaskScore
 from trainflow.evaluate.score import Tokenizer, score_task
-from trainflow.evaluate.tasks import TaskSpec, TooFewDocuments
+from trainflow.evaluate.tasks import TaskKind, TaskSpec, TooFewDocuments
 from trainflow.export.source import read_model, read_tokenizer
 from trainflow.model import Llama, cross_entropy
 from trainflow.records import read_record
@@ -62,7 +63,7 @@ def run(cfg: TrainflowConfig) -> StageFigures:
     tokenizer = run_tokenizer(io.tokens, cfg.model)
     model = load_model(checkpoint, cfg.model, device=device_of(cfg))
     start = time.perf_counter()
-    scores = [score_task(model, tokenizer, spec, max_new_tokens=cfg.evaluate.max_new_tokens) for spec in specs]
+    scores = score_tasks(model, tokenizer, specs, max_new_tokens=cfg.evaluate.max_new_tokens)
     validation = validation_losses(cfg, model)
     seconds = time.perf_counter() - start
     record = EvalRecord(RunFolder.of(cfg).series, step, trained_tokens(cfg, step), scores, seconds, validation)
@@ -113,6 +114,19 @@ def trained_tokens(cfg: TrainflowConfig, step: int) -> int:
     return total
 
 
+def score_tasks(model: Llama, tokenizer: Tokenizer, specs: list[TaskSpec], *, max_new_tokens: int) -> list[TaskScore]:
+    """Each task's score in order: a local file's by trainflow.evaluate.score, a harness task's by lm-eval (its task
+    index built once, only where there is one)."""
+    harness = [s for s in specs if s.kind is TaskKind.HARNESS]
+    manager = task_manager(harness) if harness else None
+    return [
+        score_harness(model, tokenizer, s, manager, max_new_tokens=max_new_tokens)
+        if s.kind is TaskKind.HARNESS
+        else score_task(model, tokenizer, s, max_new_tokens=max_new_tokens)
+        for s in specs
+    ]
+
+
 def task_specs(cfg: TrainflowConfig) -> list[TaskSpec]:
     """The corpus task (written to io.corpus_task first) and evaluate.tasks, in that order."""
     e, specs = cfg.evaluate, []
@@ -131,7 +145,7 @@ def task_specs(cfg: TrainflowConfig) -> list[TaskSpec]:
             specs.append(TaskSpec(CORPUS_TASK, "choice", cfg.io.corpus_task))
         except TooFewDocuments as err:  # a corpus too small for the default task trains all the same
             log.warning("No corpus task: %s (evaluate.corpus_task=false leaves it out)", err)
-    return specs + [TaskSpec(t.name, t.kind, t.path, t.limit, t.stop) for t in e.tasks]
+    return specs + [TaskSpec.of(t) for t in e.tasks]
 
 
 def run_tokenizer(tokens: str, m: ModelConfig) -> Tokenizer:

@@ -1,0 +1,189 @@
+"""lm-evaluation-harness's task definitions scored on a trainflow model: its tasks (their prompts, few-shot contexts,
+filters and metrics) run through `lm_eval.evaluator.evaluate`, the model answering as an `lm_eval.api.model.LM`
+(the package's documented way to evaluate a model it does not know), whose requests trainflow.evaluate.score computes.
+
+    python -c "from trainflow.evaluate.harness import task_manager, harness_errors; \
+        from trainflow.evaluate.tasks import TaskSpec; \
+        print(harness_errors([TaskSpec('arc', 'harness', '', task='arc_easy')], task_manager([])))"
+
+Nothing downloads at run time: HF_DATASETS_OFFLINE and HF_HUB_OFFLINE are set before `datasets` is imported, so a
+task reads its data from the Hugging Face cache ($HF_HOME, filled once where there is network) or from local files
+its definition names (`dataset_path: json` with `dataset_kwargs.data_files`); a task whose data is not on disk is
+refused in one line that says how to put it there.
+
+A task's score is recorded as the two local forms' are (records.TaskScore): `multiple_choice` and `loglikelihood`
+tasks as choice (acc, and acc_norm where the task reports it), `generate_until` tasks as generate (exact_match under
+the task's first filter). A perplexity task (`loglikelihood_rolling`) is refused: the stage's validation losses are
+the run's perplexity. Generation is greedy: a task asking to sample is refused.
+
+A folder of extra task definitions (a task's `path`, lm-eval's `include_path`) is read as data, as every file a user
+names is: a definition that imports Python (`!function`) or includes a file by path is refused before lm-eval reads
+it, and every template renders in Jinja's sandbox (lm-eval's own environment runs whatever a template calls). The
+package's own task definitions are installed code and load as lm-eval loads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainflow.evaluate.records import TaskScore
+from trainflow.evaluate.score import Tokenizer
+from trainflow.evaluate.tasks import TaskError, TaskKind, TaskSpec
+from trainflow.model import Llama
+
+if TYPE_CHECKING:
+    from lm_eval.tasks import TaskManager
+
+INSTALL = "pip install lm_eval==0.4.13 into the run's environment"
+SCORED = {"multiple_choice": TaskKind.CHOICE, "loglikelihood": TaskKind.CHOICE, "generate_until": TaskKind.GENERATE}
+"""The output types a task may have, and the form its score is recorded in."""
+MAX_DEFINITIONS = 10_000
+"""Task definition files a folder may hold (lm-eval's own package has ~14,700 tasks in ~12,000 files)."""
+CODE = re.compile(r"!function|^\s*include\s*:\s*\S*[/\\]", re.MULTILINE)
+
+
+def lm_eval_modules():
+    """lm_eval, imported offline; one TaskError where it is not installed."""
+    os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import datasets.config
+        import lm_eval.evaluator
+        import lm_eval.tasks
+        import lm_eval.utils
+    except ImportError as err:
+        raise TaskError(f"lm-evaluation-harness tasks need the lm_eval package ({err}); {INSTALL}") from None
+    datasets.config.HF_DATASETS_OFFLINE = datasets.config.HF_HUB_OFFLINE = True  # where datasets came in earlier
+    sandbox_templates(lm_eval.utils)
+    return lm_eval
+
+
+def sandbox_templates(utils) -> None:
+    """lm-eval renders every template through its module-level `env`: made Jinja's SandboxedEnvironment, with the same
+    settings and filters, so a template reaches no Python attribute beyond the data (written here: lm-eval has no
+    option for it)."""
+    from jinja2.sandbox import SandboxedEnvironment
+
+    if isinstance(utils.env, SandboxedEnvironment):
+        return
+    env = SandboxedEnvironment(loader=utils.env.loader, undefined=utils.env.undefined, keep_trailing_newline=True)
+    env.filters.update(utils.env.filters)
+    utils.env = env
+
+
+def definition_errors(folder: str) -> list[str]:
+    """A folder of extra task definitions is a folder of YAML files none of which imports code or reaches for a file
+    by path."""
+    root = Path(folder)
+    if not root.is_dir():
+        return [f"{folder!r} is no folder of lm-eval task definitions; give one, or '' for the package's own tasks"]
+    files = [p for p in root.rglob("*") if p.suffix in (".yaml", ".yml")]
+    if len(files) > MAX_DEFINITIONS:
+        return [f"{folder} holds {len(files)} task definitions, more than {MAX_DEFINITIONS}; give a smaller folder"]
+    errors = []
+    for path in sorted(files):
+        try:
+            text = path.read_text(errors="replace") if path.is_file() else ""
+        except OSError as err:
+            errors.append(f"{path} cannot be read ({err.strerror}); give a readable task definition")
+            continue
+        if found := CODE.search(text):
+            errors.append(
+                f"{path} holds {found.group().strip()!r}: a task folder is read as data, and that imports code or "
+                "reads a file by path; write the task with templates (doc_to_text, doc_to_choice, doc_to_target) "
+                "and include definitions by name"
+            )
+    return errors
+
+
+def task_manager(specs: list[TaskSpec]) -> TaskManager:
+    """lm-eval's index of its own tasks and every spec's folder (checked first, every call: definition_errors)."""
+    lm_eval_modules()
+    folders = tuple(sorted({s.path for s in specs if s.path}))
+    if errors := [e for f in folders for e in definition_errors(f)]:
+        raise TaskError(errors[0])
+    return indexed(folders)
+
+
+@functools.cache
+def indexed(folders: tuple[str, ...]) -> TaskManager:
+    """lm-eval's index (~6 s: ~12,000 definition files), built once a process for the same folders."""
+    import lm_eval.tasks
+
+    return lm_eval.tasks.TaskManager(include_path=list(folders) or None)
+
+
+def harness_errors(specs: list[TaskSpec], manager: TaskManager) -> list[str]:
+    """Every spec names a task (or group) the index holds."""
+    import difflib
+
+    known = set(manager.all_tasks)
+    return [
+        f"task {s.name!r}: lm-eval has no task {s.task!r}"
+        + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(s.task, known, 1)) else "")
+        + f"; give a task `python -m lm_eval ls tasks` lists{f' or one defined in {s.path}' if s.path else ''}"
+        for s in specs
+        if s.task not in known
+    ]
+
+
+def score_harness(
+    model: Llama, tokenizer: Tokenizer, spec: TaskSpec, manager: TaskManager, *, max_new_tokens: int
+) -> TaskScore:
+    """The spec's lm-eval task (or group) scored on the model: its first `spec.limit` documents of each task (0:
+    all), bootstrap standard errors left out."""
+    lm_eval = lm_eval_modules()
+    if errors := harness_errors([spec], manager):
+        raise TaskError(errors[0])
+    from jinja2.exceptions import SecurityError
+
+    try:
+        loaded = manager.load([spec.task])
+    except SecurityError as err:
+        raise unsafe_template(spec, err) from None
+    except Exception as err:  # lm-eval and datasets raise many types; a missing dataset is the usual one
+        reason = " ".join(str(err).split())[:300]
+        raise TaskError(
+            f"task {spec.name!r}: lm-eval cannot load {spec.task!r} offline ({type(err).__name__}: {reason}); put its "
+            "data on disk first: run `python -c \"import lm_eval.tasks as t; t.TaskManager().load(['"
+            f"{spec.task}'])\"` once where there is network, with HF_HOME on storage the evaluate jobs read"
+        ) from None
+    kinds = {task.OUTPUT_TYPE for task in loaded["tasks"].values()}
+    if unscored := kinds - set(SCORED):
+        raise TaskError(
+            f"task {spec.name!r}: lm-eval's {spec.task!r} is a {sorted(unscored)[0]} task; trainflow records "
+            f"{', '.join(SCORED)} tasks (the evaluate stage's validation losses are the run's perplexity)"
+        )
+    from trainflow.evaluate.harness_lm import TrainflowLM  # lm_eval's subclass: only once lm_eval is imported offline
+
+    lm = TrainflowLM(model, tokenizer, spec.name, max_new_tokens=max_new_tokens)
+    try:
+        out = lm_eval.evaluator.evaluate(lm, loaded, limit=spec.limit or None, bootstrap_iters=0, log_samples=False)
+    except SecurityError as err:
+        raise unsafe_template(spec, err) from None
+    return task_score(spec, out, SCORED[kinds.pop()] if len(kinds) == 1 else TaskKind.CHOICE)
+
+
+def unsafe_template(spec: TaskSpec, err: Exception) -> TaskError:
+    return TaskError(
+        f"task {spec.name!r}: a template of {spec.task!r} reaches beyond its document ({err}); write templates that "
+        "read the document's fields only"
+    )
+
+
+def task_score(spec: TaskSpec, out: dict[str, Any], kind: TaskKind) -> TaskScore:
+    """The record of lm-eval's results for the spec's task (a group's aggregate where it names a group)."""
+    results = out["results"].get(spec.task, {})
+    metric = "acc" if kind is TaskKind.CHOICE else "exact_match"
+    value = next((v for k, v in results.items() if k.split(",")[0] == metric and isinstance(v, (int, float))), None)
+    if value is None:
+        raise TaskError(
+            f"task {spec.name!r}: lm-eval's {spec.task!r} reports no {metric} (it reports "
+            f"{sorted(k.split(',')[0] for k in results) or 'nothing'}); give a task scored by {metric}"
+        )
+    norm = next((v for k, v in results.items() if k.split(",")[0] == "acc_norm"), None)
+    n = sum(count["effective"] for count in out["n-samples"].values())
+    return TaskScore(spec.name, kind, n, float(value), None if norm is None else float(norm))
