@@ -1,18 +1,20 @@
 """Exclusions with a way back (resilience.probation): a blamed host returns once Slurm shows it repaired (a hold seen
 since its blame and then service again, or a reboot since it), each hold and return a line of hosts.jsonl; Slurm's
-answer is parsed strictly; a spare Slurm holds out is skipped. The drained-then-resumed node of a real cluster:
-tests/slurm/test_probation_on_slurm.py."""
+answer is parsed strictly; a spare Slurm holds out is skipped; the gate's hosts come back the same way. The
+drained-then-resumed node of a real cluster: tests/slurm/test_probation_on_slurm.py."""
 
 from __future__ import annotations
 
 import ast
 import json
 import logging
+import os
 import time
 
 import pytest
 
 from tests.conftest import REPO
+from trainflow.launch.restart import gate_blames
 from trainflow.launch.slurm_nodes import no_nodes, on_probation, usable_spares
 from trainflow.resilience.ledger import (
     HostError,
@@ -20,6 +22,7 @@ from trainflow.resilience.ledger import (
     HostEventKind,
     JobOutcome,
     JobRun,
+    Probation,
     hosts_ledger,
     jobs_ledger,
     standing,
@@ -162,3 +165,21 @@ def test_the_jobs_and_hosts_ledgers_are_opened_in_resilience_ledger_alone():
                 kinds = {a.id for a in node.args if isinstance(a, ast.Name)} & {"JobRun", "HostEvent"}
                 found += [f"{path.relative_to(src)}:{node.lineno} Journal of {k}" for k in kinds]
     assert not found, f"open the ledgers with resilience.ledger.jobs_ledger / hosts_ledger: {found}"
+
+
+def test_the_gates_hosts_return_as_a_failures_do(tmp_path):
+    """nccl-exclude.txt's hosts are blamed when the gate wrote it and come back on Slurm's evidence since then (they
+    were left out for the campaign's life before); a job's later blame of one of them is its newest."""
+    path = tmp_path / "nccl-exclude.txt"
+    path.write_text("n3,n4\n")
+    os.utime(path, (BLAME, BLAME))
+    gate = gate_blames(path)
+    assert gate == {"n3": Probation("the gate", BLAME), "n4": Probation("the gate", BLAME)}
+    nodes = slurm(n3=NodeState("n3", "IDLE", boot=BLAME + 600), n4=NodeState("n4", "IDLE", boot=BLAME - 600))
+    assert on_probation(str(tmp_path), [], nodes, gate) == {"n4"}  # n3 rebooted since the gate blamed it
+    (back,) = hosts_ledger(str(tmp_path)).read()
+    assert (back.host, back.kind, back.blamed_by) == ("n3", "returned", "the gate")
+    assert set(standing([], [back], gate).excluded) == {"n4"} and standing([], [back], gate).returned == {"n3": back}
+    later = standing([blamed("n3", at=back.at + 60)], [back], gate)
+    assert later.excluded["n3"].job == "job 12" and later.returned == {}
+    assert gate_blames(tmp_path / "absent.txt") == {}

@@ -1,8 +1,8 @@
-"""The files of a run folder a restart reads for the hosts to leave out: the gate's nccl-exclude.txt and a failed
-job's timing file (its stragglers); and the jobs ledger's record of a job or job step that ended. Whether to restart,
-and the failed host, are resilience.verdict's.
+"""The files of a run folder a restart reads for the hosts to leave out: the gate's nccl-exclude.txt (blames with a
+way back, as a failure's: resilience.probation) and a failed job's timing file (its stragglers); and the jobs ledger's
+record of a job or job step that ended. Whether to restart, and the failed host, are resilience.verdict's.
 
-    exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | straggler_hosts(job.paths, 1.5)
+    gate = gate_blames(RunFolder.of(cfg).nccl_exclude)   # {host: Probation("the gate", <when it was written>)}
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from trainflow.config import TrainflowConfig
 from trainflow.launch.failure import read_markers
 from trainflow.launch.heartbeat import timing_path
 from trainflow.records import RecordError, read_file
-from trainflow.resilience.ledger import JobOutcome, JobRun, checked_hosts
+from trainflow.resilience.ledger import JobOutcome, JobRun, Probation, checked_hosts
 from trainflow.resilience.timing import RankTiming, stragglers
 from trainflow.resilience.verdict import JobFailure
 
@@ -33,6 +33,14 @@ def gate_exclusions(path: str | Path) -> frozenset[str]:
         return frozenset()
     hosts = [h.strip() for h in text.replace("\n", ",").split(",") if h.strip()]
     return checked_hosts(hosts, str(path))
+
+
+def gate_blames(path: str | Path) -> dict[str, Probation]:
+    """The gate's hosts as blames from the time it wrote them (the file's modification time), which return as a
+    failure's do (resilience.probation: Slurm's hold and service again, or a reboot, since then)."""
+    hosts = gate_exclusions(path)
+    since = Path(path).stat().st_mtime if hosts else 0.0
+    return {host: Probation("the gate", since) for host in sorted(hosts)}
 
 
 def straggler_hosts(paths: JobPaths, factor: float) -> frozenset[str]:

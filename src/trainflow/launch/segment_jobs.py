@@ -33,7 +33,7 @@ from trainflow.launch.gate_job import slow_hosts
 from trainflow.launch.job_end import LaunchError, wait_job
 from trainflow.launch.judgement import judgement, recorded
 from trainflow.launch.live_job import LiveJobs
-from trainflow.launch.restart import gate_exclusions, job_run
+from trainflow.launch.restart import gate_blames, job_run
 from trainflow.launch.slurm_nodes import node_states, on_probation
 from trainflow.launch.supervisor import Supervised, Supervisor, submit_supervisor
 from trainflow.resilience.ledger import JobOutcome, JobRun, jobs_ledger, over_cap
@@ -72,8 +72,8 @@ def run_jobs(
             left = None
         else:
             history, attempt = ledger.read(), len(failures)
-            blamed = on_probation(cfg.io.checkpoints, history, node_states(a.executor)) - excused(history)
-            exclude = gate_exclusions(RunFolder.of(cfg).nccl_exclude) | blamed
+            gate = gate_blames(RunFolder.of(cfg).nccl_exclude)
+            exclude = on_probation(cfg.io.checkpoints, history, node_states(a.executor), gate) - excused(history)
             if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
                 raise LaunchError(f"segment {cfg.segment} not started: {why}")
             submitted = time.time()

@@ -12,8 +12,9 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Mapping
 
-from trainflow.resilience.ledger import JobRun, hosts_ledger, standing
+from trainflow.resilience.ledger import JobRun, Probation, hosts_ledger, standing
 from trainflow.resilience.probation import NodeState, NodeStates, SlurmNodesError, parse_nodes, review
 
 log = logging.getLogger(__name__)
@@ -49,20 +50,23 @@ def node_states(executor: str) -> NodeStates:
     return scontrol_nodes if executor == "slurm" else no_nodes
 
 
-def on_probation(checkpoints: str, jobs: list[JobRun], nodes: NodeStates) -> frozenset[str]:
-    """The hosts the run's jobs ledger `jobs` still leaves out, once the ones Slurm shows repaired have returned (each
-    hold seen and each return a line of the hosts ledger beside the checkpoints)."""
+def on_probation(
+    checkpoints: str, jobs: list[JobRun], nodes: NodeStates, gate: Mapping[str, Probation] | None = None
+) -> frozenset[str]:
+    """The hosts the run's jobs ledger `jobs` and the gate (`gate`: launch.restart.gate_blames) still leave out, once
+    the ones Slurm shows repaired have returned (each hold seen and each return a line of the hosts ledger beside the
+    checkpoints)."""
     ledger = hosts_ledger(checkpoints)
     events = ledger.read()
     try:
-        new = review(jobs, events, nodes, time.time())
+        new = review(jobs, events, nodes, time.time(), gate)
     except SlurmNodesError as err:
         log.warning("Kept every blamed host out: %s", err)
         new = []
     for event in new:
         ledger.append(event)
         log.info("Host %s %s (blamed by %s): %s", event.host, event.kind, event.blamed_by, event.evidence)
-    return frozenset(standing(jobs, [*events, *new]).excluded)
+    return frozenset(standing(jobs, [*events, *new], gate).excluded)
 
 
 def usable_spares(spares: list[str], nodes: NodeStates) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -173,14 +173,18 @@ class Standing:
     """The restarts after a transient failure (FaultClass.TRANSIENT) in the same run of restarts: counted apart."""
 
 
-def standing(jobs: list[JobRun], events: Sequence[HostEvent] = ()) -> Standing:
-    """The run's excluded hosts, returned hosts and restarts without progress, from its jobs ledger in order and its
-    hosts ledger (none in a run folder written before hosts came back: every blamed host then stays out)."""
-    blamed: dict[str, Probation] = {}
+def standing(
+    jobs: list[JobRun], events: Sequence[HostEvent] = (), gate: Mapping[str, Probation] | None = None
+) -> Standing:
+    """The run's excluded hosts, returned hosts and restarts without progress, from its jobs ledger in order, its
+    hosts ledger (none in a run folder written before hosts came back: every blamed host then stays out) and the
+    gate's blames (launch.restart.gate_blames: the hosts of nccl-exclude.txt since it was written)."""
+    blamed: dict[str, Probation] = dict(gate or {})
     newest, streak = -1, []
     for job in jobs:
         for host in checked_hosts(job.left_out, f"the jobs ledger's job {job.job_id}"):
-            blamed[host] = Probation(f"job {job.job_id}", job.ended)  # the newest blame: a host may come back twice
+            if host not in blamed or job.ended >= blamed[host].since:  # the newest blame: a host may come back twice
+                blamed[host] = Probation(f"job {job.job_id}", job.ended)
         if job.outcome in NO_FAILURE or job.checkpoint > newest:  # done, or it trained a checkpoint interval
             streak = []
         if job.outcome not in NO_FAILURE:

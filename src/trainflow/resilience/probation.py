@@ -8,7 +8,8 @@ resumes it, or reboots it. A host returns once Slurm has rebooted it since its b
 again after a hold the stage saw since its blame (HELD, recorded the first time a review finds it drained, down,
 failed or rebooting). A host Slurm kept in service and never rebooted is not repaired, however long ago its blame was;
 a hold that began and ended between two reviews (every job start: each segment, each restart) is not seen, and the
-host then waits for its next hold or reboot. No health check returns a host yet: the gate's checks need an allocation
+host then waits for its next hold or reboot. The gate's hosts (nccl-exclude.txt, blamed when the file was written) come
+back the same way. No health check returns a host yet: the gate's checks need an allocation
 of their own, which a drained node never gets (docs/fault-tolerance.md).
 
 `nodes` is the one way Slurm is asked (launch.slurm_nodes reads scontrol; a test gives the states it needs), and its
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from trainflow.errors import TrainflowError
@@ -97,11 +98,17 @@ def parse_node(line: str) -> NodeState:
     return NodeState(values["NodeName"], values["State"], reason[:200], boot)
 
 
-def review(jobs: list[JobRun], events: list[HostEvent], nodes: NodeStates, now: float) -> list[HostEvent]:
-    """What Slurm shows of the hosts the run leaves out (`jobs`, `events`: its ledgers) that is new: a hold seen for
-    the first time since a host's blame, or its return; each for the hosts ledger. One SlurmNodesError where Slurm's
-    answer does not read (the hosts stay out)."""
-    out = standing(jobs, events).excluded
+def review(
+    jobs: list[JobRun],
+    events: list[HostEvent],
+    nodes: NodeStates,
+    now: float,
+    gate: Mapping[str, Probation] | None = None,
+) -> list[HostEvent]:
+    """What Slurm shows of the hosts the run leaves out (`jobs`, `events`: its ledgers; `gate`: the gate's blames)
+    that is new: a hold seen for the first time since a host's blame, or its return; each for the hosts ledger. One
+    SlurmNodesError where Slurm's answer does not read (the hosts stay out)."""
+    out = standing(jobs, events, gate).excluded
     found = nodes(sorted(out)) if out else {}
     seen = ((host, found[host], probation) for host, probation in sorted(out.items()) if host in found)
     return [HostEvent(host, now, *change, blamed_by=p.job) for host, node, p in seen if (change := changed(node, p))]

@@ -23,7 +23,7 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.evaluate.records import EvalRecord
 from trainflow.journal import Journal
-from trainflow.launch.restart import gate_exclusions
+from trainflow.launch.restart import gate_blames
 from trainflow.records import Record, read_record
 from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
 from trainflow.resilience.ledger import (
@@ -144,8 +144,9 @@ def read_status(
     goodput = productive / wall if wall > 0 else None
     remaining = record.total_steps - (step := max((r.step + 1 for r in steps), default=0))
     eta = remaining * step_s if step_s is not None and state is not State.FINISHED else None
-    returned = standing(jobs, hosts_ledger(ckpts).read(live=True)).returned
-    excluded = set(gate_exclusions(run.nccl_exclude))
+    now_standing = standing(jobs, hosts_ledger(ckpts).read(live=True), gate_blames(run.nccl_exclude))
+    returned = now_standing.returned
+    excluded = set(now_standing.excluded)
     if jobs:
         excluded |= checked_hosts(jobs[-1].exclude, str(ledger.path)) - set(returned)
     return CampaignStatus(
