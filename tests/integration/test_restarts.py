@@ -141,7 +141,8 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
         r"not entered collective \d+ of process group \S+, in which rank 0 waited\); rank 0 waited in torch\.",
         line,
     ), line
-    # Their Flight Recorders, read side by side, name the collective: its op, number and sizes (resilience.flight)
+    # Their Flight Recorders, read side by side (each rank's digest of its newest collective per group), name the
+    # collective: its op, number and sizes (resilience.flight)
     said = re.search(
         r"Flight Recorder: rank 0 waits in gloo:(\w+) #(\d+) of process group .*, which rank 1 issued up to #(\d+)",
         line,
@@ -153,6 +154,8 @@ def test_a_stalled_main_thread_is_blamed_on_its_rank_by_the_collective_the_other
     for rank in (0, 1):
         assert "Thread" in (folder / f"{jobs[0].job_id}_{rank}_stacks.txt").read_text()
         assert (folder / f"{jobs[0].job_id}_{rank}_flight.json").is_file()
+        digest = json.loads((folder / f"{jobs[0].job_id}_{rank}_flight_newest.json").read_text())  # what was read
+        assert digest["entries"] and len(digest["entries"]) <= 8
 
 
 @pytest.mark.slow  # 26 s; the hung rank named by its evidence stays in the default suite

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from trainflow.resilience.flight import read_dumps, stuck
+from trainflow.resilience.flight import newest_rows, read_dumps, stuck
 
 
 def entry(seq: int, *, group=("3", "mesh_tp"), op="nccl:all_reduce", state="scheduled", p2p=False) -> dict:
@@ -99,3 +99,39 @@ def test_thousands_of_hostile_dumps_cost_the_line_two_reasons_and_a_count(tmp_pa
         (tmp_path / f"42_{rank}_flight.json").write_text("{")
     line = stuck(read_dumps(tmp_path, "42")).line()
     assert line.count("dump left out") == 2 and line.endswith("; 1998 more dumps left out)") and len(line) < 1000
+
+
+def test_a_ranks_digest_is_read_in_place_of_its_dump_and_judges_the_same(tmp_path):
+    """newest_rows keeps each group's newest collective: stuck() gives the same line from the digests alone."""
+    full = {
+        0: [entry(s) for s in range(1, 50)] + [entry(7, group=("5", "mesh_dp"))],
+        1: [entry(s) for s in range(1, 48)],
+    }
+    for rank, entries in full.items():
+        dump(tmp_path, "42", rank, entries)
+    line = stuck(read_dumps(tmp_path, "42")).line()
+    for rank, entries in full.items():
+        digest = newest_rows({"version": "2.10", "entries": entries})
+        assert [e["collective_seq_id"] for e in digest["entries"]] == ([49, 7] if rank == 0 else [47])
+        (tmp_path / f"42_{rank}_flight_newest.json").write_text(json.dumps(digest))
+        (tmp_path / f"42_{rank}_flight.json").write_text("{")  # the full dump is not read where the digest is
+    assert stuck(read_dumps(tmp_path, "42")).line() == line
+    assert (
+        "rank 0 waits in nccl:all_reduce #49 of process group 3 (mesh_tp)" in line and "rank 1 issued up to #47" in line
+    )
+
+
+def test_four_thousand_ranks_are_judged_from_their_digests_alone(tmp_path):
+    """The seed's 4096 ranks: each rank's digest a few hundred bytes (its tp, dp and pp groups' newest collective),
+    rank 1234 one all_reduce behind in its tp group; the line names it, having read ~1 MB."""
+    for rank in range(4096):
+        tp, dp = (str(rank // 8), "mesh_tp"), (str(4096 + rank % 8), "mesh_dp")
+        rows = [entry(100 - (rank == 1234), group=tp), entry(30, group=dp, op="nccl:reduce_scatter")]
+        (tmp_path / f"7_{rank}_flight_newest.json").write_text(json.dumps({"version": "2.10", "entries": rows}))
+    read = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert read < 2 << 20
+    line = stuck(read_dumps(tmp_path, "7")).line()
+    assert line.startswith(
+        "Flight Recorder: ranks 1232, 1233, 1235, 1236, 1237, 1238, 1239 wait in nccl:all_reduce #100"
+    )
+    assert line.endswith("which rank 1234 issued up to #99")

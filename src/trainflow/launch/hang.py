@@ -3,8 +3,9 @@ rank's Python stacks and PyTorch's Flight Recorder, and the one line the stage f
 
     <submitit folder>/<job>_hang.json          HangReport (launch.heartbeat's verdict)
     <submitit folder>/<job>_<rank>_stacks.txt  faulthandler's dump of every thread of that rank (StacksWatchdog)
-    <submitit folder>/<job>_<rank>_flight.json torch's Flight Recorder of that rank (resilience.flight reads them)
+    <submitit folder>/<job>_<rank>_flight.json torch's Flight Recorder of that rank
     <submitit folder>/<job>_<rank>_flight.pkl  the same as a pickle, for torch's fr_trace (NCCL only)
+    <submitit folder>/<job>_<rank>_flight_newest.json  its newest collective per group (what resilience.flight reads)
     <submitit folder>/<job>_nccl_trace_rank_<rank>  the same, dumped by torch's watchdog on a collective timeout
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import os
 import sys
 import threading
@@ -23,6 +25,7 @@ from submitit.core.utils import JobPaths
 from trainflow.atomic import atomic_path, write_json
 from trainflow.config import RuntimeConfig
 from trainflow.records import RecordError, read_record
+from trainflow.resilience.flight import newest_rows
 from trainflow.resilience.hang import HangReport
 
 HANG_EXIT = 86
@@ -133,6 +136,10 @@ def flight_path(paths: JobPaths, rank: int) -> Path:
     return paths.folder / f"{paths.job_id}_{rank}_flight.json"
 
 
+def digest_path(paths: JobPaths, rank: int) -> Path:
+    return paths.folder / f"{paths.job_id}_{rank}_flight_newest.json"
+
+
 def dump_stacks(paths: JobPaths, rank: int, *, nccl: bool) -> None:
     """Every thread's Python stack of this rank and its Flight Recorder as JSON (any backend: resilience.flight reads
     them side by side), and over NCCL the recorder's pickle as well, for torch's own fr_trace; beside the job's logs."""
@@ -145,6 +152,8 @@ def dump_stacks(paths: JobPaths, rank: int, *, nccl: bool) -> None:
         with contextlib.suppress(Exception), atomic_path(flight_path(paths, rank)) as tmp:
             text = dump(True, True)  # with the collectives' entries, of the groups still alive
             tmp.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with contextlib.suppress(Exception), atomic_path(digest_path(paths, rank)) as tmp:
+            tmp.write_text(json.dumps(newest_rows(json.loads(text))))  # what the analysis reads at scale
     if nccl:  # PyTorch's Flight Recorder: the last collectives of every process group, as torchtitan dumps them
         with contextlib.suppress(Exception), atomic_path(paths.folder / f"{paths.job_id}_{rank}_flight.pkl") as tmp:
             tmp.write_bytes(c10d._dump_nccl_trace())

@@ -15,11 +15,19 @@ entry of that group is older did not enter it, and is named with what it last is
 issued it but some never started it on the device (timing on), those are named: the stall is on their GPU's side.
 This names the collective the heartbeat's counts (resilience.hang) only number; the counts stay the verdict's
 evidence, as they come from every rank alive or stopped, and a stopped rank writes no dump.
+
+At scale the full dumps are not what is read: 4096 ranks' recorders of 20,000 entries are ~50 GB of JSON (the better
+part of an hour to parse in one process after every hang). Each rank reduces its own dump as it writes it
+(`newest_rows`: each group's newest collective, all `stuck` compares) to `<job>_<rank>_flight_newest.json` of a few
+hundred bytes, in the dump's own form, and `read_dumps` reads that where it is there: ~1 MB for 4096 ranks
+(tests/unit/test_flight.py::test_four_thousand_ranks_are_judged_from_their_digests_alone). The full dumps stay
+beside them for a person and torch's fr_trace.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +36,9 @@ from trainflow.records import RecordError, read_json
 
 DUMP_BYTES = 1 << 26
 """More than any dump of 20000 entries (~600 bytes each, about 12 MB): a bigger file is not read."""
-NAME = re.compile(r"^(?P<job>[\w.-]+)_(?P<rank>\d{1,7})_flight\.json$")
+DIGEST_BYTES = 1 << 20
+"""More than any rank's digest (a few entries of ~300 bytes for each process group it belongs to)."""
+NAME = re.compile(r"^(?P<job>[\w.-]+)_(?P<rank>\d{1,7})_flight(?P<newest>_newest)?\.json$")
 FIX = "it is not a Flight Recorder dump trainflow wrote (launch.hang.dump_stacks); the hang's other evidence stands"
 
 
@@ -113,17 +123,32 @@ def entries_of(dump: object, where: str) -> list[Entry]:
 
 
 def read_dumps(folder: str | Path, job: str) -> tuple[dict[int, list[Entry]], list[str]]:
-    """Every rank's entries from the job's dumps in `folder` (`<job>_<rank>_flight.json`), and a line for each dump
-    that does not read."""
+    """Every rank's entries from the job's dumps in `folder`: its digest (`<job>_<rank>_flight_newest.json`) where it
+    wrote one, else its full dump (`<job>_<rank>_flight.json`); and a line for each that does not read."""
+    chosen: dict[int, Path] = {}
+    for path in sorted(Path(folder).glob(f"{glob.escape(job)}_*_flight*.json")):
+        if (m := NAME.match(path.name)) and m["job"] == job and (m["newest"] or int(m["rank"]) not in chosen):
+            chosen[int(m["rank"])] = path  # "..._flight.json" sorts before "..._flight_newest.json"
     dumps, unread = {}, []
-    for path in sorted(Path(folder).glob(f"{glob.escape(job)}_*_flight.json")):
-        if not (m := NAME.match(path.name)) or m["job"] != job:
-            continue
+    for rank, path in sorted(chosen.items()):
+        limit = DIGEST_BYTES if path.name.endswith("_newest.json") else DUMP_BYTES
         try:
-            dumps[int(m["rank"])] = entries_of(read_json(path, fix=FIX, limit=DUMP_BYTES), str(path))
+            dumps[rank] = entries_of(read_json(path, fix=FIX, limit=limit), str(path))
         except (RecordError, OSError) as err:
-            unread.append(f"rank {m['rank']}'s dump left out: {err}")
+            unread.append(f"rank {rank}'s dump left out: {err}")
     return dumps, unread
+
+
+def newest_rows(dump: dict) -> dict:
+    """A rank's dump (torch's JSON, parsed) reduced to each process group's newest collective, in the dump's form:
+    what `stuck` compares of it. Run by the rank on its own dump as it writes it (launch.hang.dump_stacks)."""
+    newest: dict[str, dict] = {}
+    for row in dump.get("entries", []):
+        if not row.get("is_p2p", False):
+            key = json.dumps(row["process_group"])
+            if key not in newest or row["collective_seq_id"] >= newest[key]["collective_seq_id"]:
+                newest[key] = row
+    return {"version": dump.get("version"), "entries": list(newest.values())}
 
 
 def printable(text: str, limit: int) -> str:
