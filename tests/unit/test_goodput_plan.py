@@ -44,7 +44,8 @@ def test_the_seeds_campaign_as_configured_and_with_every_remedy():
     assert base.detect_s == 300 and base.restart_s == pytest.approx(300 + 300 + 7130, abs=5) and base.built
     assert configured.blocking_s < 1 and configured.interval_s >= configured.write_s == base.blocking_s
     assert configured.detect_s == pytest.approx(0.78 * 30 + 0.22 * 114, abs=1) and configured.built
-    assert configured.restart_s == pytest.approx(24.9 + 111.9, abs=1)  # hot restart + the single read, no queue
+    check = 0.10 * (24.9 + 5.4)  # a tenth of the failures first check the hosts: a job step and the gate's sweep
+    assert configured.restart_s == pytest.approx(24.9 + 111.9 + check, abs=1)  # hot restart + the single read
     assert configured.simulated == pytest.approx(0.957, abs=0.005) and configured.meets_goal
     assert set(s) == {"baseline (sync, timeout)", "as configured", "all remedies"}  # async and spares configured
     assert best.restart_s == configured.restart_s and best.built and best.meets_goal
@@ -53,7 +54,8 @@ def test_the_seeds_campaign_as_configured_and_with_every_remedy():
     )
     assert best.simulated_low < best.simulated < best.simulated_high
     unbuilt = by_name(goodput(*SEED, "cluster.allocation.spare_nodes=0"))
-    assert unbuilt["as configured"].restart_s == pytest.approx(300 + 300 + 111.9, abs=1)  # a new job, read once
+    check = 0.10 * (300 + 300 + 5.4)  # the hosts' checks as a job of their own
+    assert unbuilt["as configured"].restart_s == pytest.approx(300 + 300 + 111.9 + check, abs=1)  # a new job
     assert "+ hot restart" in unbuilt and "+ async checkpoints" in by_name(goodput())  # the default: sync, no spares
 
 
@@ -137,8 +139,8 @@ def test_every_input_of_the_seeds_goodput_says_whether_a_run_at_scale_measured_i
     shown = table[table.index("Goodput inputs") :].split("\n\n")[0].splitlines()[1:]
     labels = {line.split()[0]: line for line in shown}
     assert set(labels) == {
-        "mtbf_hours", "hang_share", "requeue_wait_s", "startup_s", "hot_restart_s", "storage_write_gbps",
-        "checkpoint_read_gbps", "host_copy_gbps",
+        "mtbf_hours", "hang_share", "symmetric_share", "requeue_wait_s", "startup_s", "hot_restart_s",
+        "storage_write_gbps", "checkpoint_read_gbps", "host_copy_gbps",
     }  # fmt: skip
     at_scale = {name for name, line in labels.items() if "measured at scale: the seed's 4096-GH200" in line}
     assert at_scale == {"mtbf_hours", "storage_write_gbps"}
@@ -156,3 +158,18 @@ def test_every_input_of_the_seeds_goodput_says_whether_a_run_at_scale_measured_i
 def test_a_measured_label_that_is_no_input_or_no_line_is_refused(override, message):
     with pytest.raises(Exception, match=message):
         compose("train_segment", ["experiment=llama70b_alps", override])
+
+
+def test_restarts_after_a_failure_no_evidence_pins_pay_the_hosts_check():
+    """symmetric_share of the failures have the job's hosts checked before the restart (launch.supervisor's gate step
+    with spares, a job of its own without): R grows by that share of the check's start and sweep, the baseline's
+    (which has no such check) not at all."""
+    none = by_name(goodput(*SEED, "cluster.hardware.symmetric_share=0"))
+    half = by_name(goodput(*SEED, "cluster.hardware.symmetric_share=0.5"))
+    plan = build_plan(compose("train_segment", [*SEED]), with_remedies=False)
+    sweep = next(n for n in plan.goodput.notes if "the gate's sweep" in n)
+    assert "a job step on the allocation: 30 s (hot_restart_s 25 s and the gate's sweep 5.4 s)" in sweep
+    extra = half["as configured"].restart_s - none["as configured"].restart_s
+    assert extra == pytest.approx(0.5 * (24.9 + 5.4), abs=0.1)
+    assert half["baseline (sync, timeout)"].restart_s == none["baseline (sync, timeout)"].restart_s
+    assert half["as configured"].simulated < none["as configured"].simulated

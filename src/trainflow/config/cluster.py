@@ -137,6 +137,11 @@ class HardwareConfig:
     """Share of failures in which a rank hangs (a lost host or link, a stuck collective) instead of exiting with an
     error: the goodput plan weighs resilience.hang_detect_s and resilience.failure_detect_s by it
     (trainflow.plan.goodput)."""
+    symmetric_share: float = checked(ge=0, le=1)
+    """Share of failures no rank's or node's evidence pins: a hang in which every rank waits (a failed link or
+    switch) and an NCCL error no node confirms. trainflow checks the job's hosts before restarting after one (the
+    gate's checks: a job step on the allocation with spares, launch.supervisor; a job of its own without), which the
+    goodput plan adds to those restarts (trainflow.plan.scenarios.check_times)."""
     requeue_wait_s: float = checked(ge=0)
     """How long a new job waits for its allocation: after a failure, or when a job reaches its time limit."""
     startup_s: float = checked(ge=0)
@@ -175,6 +180,7 @@ class GateConfig:
 GOODPUT_INPUTS = {
     "mtbf_hours": "h",
     "hang_share": "",
+    "symmetric_share": "",
     "requeue_wait_s": "s",
     "startup_s": "s",
     "hot_restart_s": "s",

@@ -35,7 +35,7 @@ import numpy as np
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
-from trainflow.plan.scenarios import CONFIGURED, LoadTimes, Remedies, plan_scenarios
+from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, Remedies, plan_scenarios
 from trainflow.plan.setup import PlanSetup
 from trainflow.records import Record
 
@@ -128,6 +128,7 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
         f"{configured.terms['job starts']:.1%} of the steps' time as configured in allocation waits, start-ups, saves "
         f"and loads; evaluation {times.eval_share:.1%} in every scenario (train.eval_batches {cfg.train.eval_batches} "
         f"every train.eval_every {cfg.train.eval_every} steps)",
+        checks_note(cfg, times.check),
         *caveats(scenarios, refused=campaign.asynchronous.refused, loads=loads),
     ]
     return GoodputPlan(
@@ -142,6 +143,19 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
         needed=needed(scenarios[-1], mtbf_s),
         notes=notes,
         cannot_finish=cannot_finish(configured, scenarios[-1], mtbf_s),
+    )
+
+
+def checks_note(cfg: TrainflowConfig, check: CheckTimes) -> str:
+    """What the restarts after a failure no evidence pins add: the gate's checks of the job's hosts."""
+    h, hot = cfg.cluster.hardware, cfg.cluster.allocation.spare_nodes > 0
+    where = "a job step on the allocation" if hot else "a job of their own (no spare nodes)"
+    start = "hot_restart_s" if hot else "requeue_wait_s + startup_s"
+    return (
+        f"a failure no evidence pins (symmetric_share {h.symmetric_share:.0%}: a hang every rank waits in, an NCCL "
+        f"error no node confirms) first has the job's hosts checked, {where}: {check.seconds(hot=hot):.0f} s "
+        f"({start} {check.seconds(hot=hot) - check.sweep_s:.0f} s and the gate's sweep {check.sweep_s:.1f} s), "
+        f"{h.symmetric_share * check.seconds(hot=hot):.0f} s a restart on average as configured"
     )
 
 

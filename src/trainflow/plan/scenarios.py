@@ -20,6 +20,10 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
   the scenario checkpoints synchronously, and a note says why.
 - + hot restart (built; listed where the experiment holds no spare nodes): R = hot_restart_s + the load.
 - all remedies: every one of them.
+
+Every scenario with trainflow's detection adds to its restarts the gate's checks of the job's hosts that trainflow
+runs after a failure no evidence pins (hardware.symmetric_share of them; check_times): their start (a job step with
+spares, a new job without) and their sweep.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from trainflow.config.resilience import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
+from trainflow.plan.collectives import allreduce_seconds, group_link
 from trainflow.plan.failures import Timeline
 from trainflow.plan.setup import PlanSetup
 
@@ -140,6 +145,7 @@ class ScenarioTimes:
     dead_s: float
     hung_s: float
     """How long the job runs on after a rank dies or hangs, with trainflow's detection (detection_s)."""
+    check: CheckTimes
     runs: list[ScenarioRun]
 
 
@@ -153,7 +159,7 @@ def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, cam
     ]
     loads = load_times(cfg, campaign, setup)
     dead, hung = detection_s(cfg, step_s)
-    h, rt = cfg.cluster.hardware, cfg.cluster.runtime
+    h, rt, check = cfg.cluster.hardware, cfg.cluster.runtime, check_times(cfg, setup)
     fast = (1 - h.hang_share) * dead + h.hang_share * hung
     runs = []
     for r, steps, uses_async, hot in listed:
@@ -164,6 +170,8 @@ def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, cam
             blocking_s, write_s = campaign.save_s, 0.0
         load = loads.single_s if r.single_read else loads.per_replica_s
         wait_s, held_s = (0.0, h.hot_restart_s + load) if hot else (h.requeue_wait_s, h.startup_s + load)
+        if r.fast_detection:  # trainflow's restarts: after a failure no evidence pins, the hosts are checked first
+            held_s += h.symmetric_share * check.seconds(hot=hot)
         timeline = Timeline(
             work_s=cfg.train.total_steps * step_s,
             interval_s=steps * step_s,
@@ -177,7 +185,37 @@ def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, cam
             eval_share=share,
         )
         runs.append(ScenarioRun(remedies=r, timeline=timeline, interval_steps=steps))
-    return ScenarioTimes(jobs=jobs, eval_share=share, loads=loads, dead_s=dead, hung_s=hung, runs=runs)
+    return ScenarioTimes(jobs=jobs, eval_share=share, loads=loads, dead_s=dead, hung_s=hung, check=check, runs=runs)
+
+
+@dataclass(frozen=True)
+class CheckTimes:
+    """The gate's checks on a job's hosts before a restart after a failure no evidence pins (hardware.symmetric_share:
+    a hang every rank waits in, an NCCL error no node confirms): their start and their sweep."""
+
+    hot_start_s: float
+    """With spares, a job step on the allocation (launch.supervisor): hardware.hot_restart_s."""
+    new_start_s: float
+    """Without, a job of its own (launch.segment_jobs): hardware.requeue_wait_s + startup_s."""
+    sweep_s: float
+    """cluster.gate.sweep_iters of each cluster.gate.sweep_mb size over the world and over each of the layout's
+    groups, each timed as an all-reduce on its link (plan.collectives)."""
+
+    def seconds(self, *, hot: bool) -> float:
+        return (self.hot_start_s if hot else self.new_start_s) + self.sweep_s
+
+
+def check_times(cfg: TrainflowConfig, setup: PlanSetup) -> CheckTimes:
+    """The checks' times on cfg's cluster and layout."""
+    h, g, groups = cfg.cluster.hardware, cfg.cluster.gate, setup.groups
+    world = cfg.parallel.world_size
+    link = group_link(h, size=world, stride=1, ranks_per_node=setup.ranks_per_node)
+    layout = [x for x in (groups.tp, groups.dp, groups.pp, groups.cp) if x.size > 1]
+    per_size = (
+        allreduce_seconds(mb * 1e6, world, link, h.allreduce_algorithm) + sum(x.allreduce_s(mb * 1e6) for x in layout)
+        for mb in g.sweep_mb
+    )
+    return CheckTimes(h.hot_restart_s, h.requeue_wait_s + h.startup_s, g.sweep_iters * sum(per_size))
 
 
 def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> int:
