@@ -38,6 +38,7 @@ LAYERS = {
     "records": 1,
     "tensors": 1,
     "host": 1,
+    "badput": 1,
     "arguments": 1,
     "code_version": 2,
     "stream_position": 2,

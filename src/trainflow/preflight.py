@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import math
 import os
+import re
 import shutil
 import socket
 import threading
@@ -36,15 +37,17 @@ from trainflow.errors import ConfigError
 from trainflow.hf.llama import HfFolderError, check_config
 from trainflow.hf.weights import weight_files
 
+HARNESS_INSTALL = "pip install lm_eval==0.4.13 into the run's environment"
+MAX_TASK_DEFINITIONS = 10_000
+"""Task definition files a folder of lm-eval tasks may hold (lm-eval's own package has ~12,000)."""
+TASK_DEFINITION_BYTES = 1 << 20
+TASK_CODE = re.compile(r"!function|^\s*include\s*:\s*\S*[/\\]", re.MULTILINE)
+"""What an lm-eval task definition holds to import Python or include a file by path (trainflow.evaluate.harness)."""
 
-def preflight(cfg: TrainflowConfig, *, building: bool = False) -> None:
-    """Raise one ConfigError listing every check the machine fails, with its fix. `building`: the DAG's build, which
-    also checks what costs seconds to check once (lm-eval's task names, where evaluate.tasks has harness tasks); the
-    evaluate job checks them again as it scores."""
-    errors = host_errors(cfg)
-    if building and not errors:
-        errors = harness_name_errors(cfg)
-    if errors:
+
+def preflight(cfg: TrainflowConfig) -> None:
+    """Raise one ConfigError listing every check the machine fails, with its fix."""
+    if errors := host_errors(cfg):
         raise ConfigError("config cannot run here: " + "; ".join(errors))
 
 
@@ -68,26 +71,41 @@ def task_errors(cfg: TrainflowConfig) -> list[str]:
         if t.kind != "harness" and not Path(t.path).is_file()
     ]
     if harness := [t for t in cfg.evaluate.tasks if t.kind == "harness"]:
-        from trainflow.evaluate.harness import INSTALL, definition_errors
-
         if importlib.util.find_spec("lm_eval") is None:
-            errors.append(f"evaluate.tasks[{cfg.evaluate.tasks.index(harness[0])}] is an lm-eval task; {INSTALL}")
-        errors += [e for folder in sorted({t.path for t in harness if t.path}) for e in definition_errors(folder)]
+            first = cfg.evaluate.tasks.index(harness[0])
+            errors.append(f"evaluate.tasks[{first}] is an lm-eval task; {HARNESS_INSTALL}")
+        errors += [e for folder in sorted({t.path for t in harness if t.path}) for e in harness_folder_errors(folder)]
     return errors
 
 
-def harness_name_errors(cfg: TrainflowConfig) -> list[str]:
-    """Every harness task of evaluate.tasks names a task lm-eval's index holds (~6 s to build the index)."""
-    from trainflow.evaluate.harness import harness_errors, task_manager
-    from trainflow.evaluate.tasks import TaskError, TaskSpec
-
-    specs = [TaskSpec.of(t) for t in cfg.evaluate.tasks if t.kind == "harness"]
-    if not specs:
-        return []
-    try:
-        return harness_errors(specs, task_manager(specs))
-    except TaskError as err:
-        return [str(err)]
+def harness_folder_errors(folder: str) -> list[str]:
+    """A folder of extra task definitions is a folder of YAML files none of which imports code or reaches for a file
+    by path."""
+    root = Path(folder)
+    if not root.is_dir():
+        return [f"{folder!r} is no folder of lm-eval task definitions; give one, or '' for the package's own tasks"]
+    files = [p for p in root.rglob("*") if p.suffix in (".yaml", ".yml")]
+    if len(files) > MAX_TASK_DEFINITIONS:
+        return [
+            f"{folder} holds {len(files)} task definitions, more than {MAX_TASK_DEFINITIONS}; give a smaller folder"
+        ]
+    errors = []
+    for path in sorted(files):
+        try:
+            if path.is_file() and path.stat().st_size > TASK_DEFINITION_BYTES:
+                errors.append(f"{path} is larger than {TASK_DEFINITION_BYTES} bytes; no task definition is")
+                continue
+            text = path.read_text(errors="replace") if path.is_file() else ""  # a FIFO or a device is not read
+        except OSError as err:
+            errors.append(f"{path} cannot be read ({err.strerror}); give a readable task definition")
+            continue
+        if found := TASK_CODE.search(text):
+            errors.append(
+                f"{path} holds {found.group().strip()!r}: a task folder is read as data, and that imports code or "
+                "reads a file by path; write the task with templates (doc_to_text, doc_to_choice, doc_to_target) "
+                "and include definitions by name"
+            )
+    return errors
 
 
 def tokenizer_errors(d: DataConfig) -> list[str]:

@@ -9,12 +9,15 @@ import time
 
 import pytest
 
+from trainflow.badput import GOODPUT_MEASUREMENT, MEASURED, Badput
 from trainflow.config import compose
 from trainflow.plan.__main__ import main
 from trainflow.plan.build import build_plan
 from trainflow.plan.failures import Timeline, closed_form, simulate
+from trainflow.plan.from_run import TERMS
 from trainflow.plan.goodput import GOAL, GoodputPlan
 from trainflow.plan.scenarios import SCENARIOS
+from trainflow.resilience.goodput import TERMS as MEASURED_TERMS
 
 SEED = ("experiment=llama70b_alps",)
 CASES = [SEED, (), (*SEED, "cluster.hardware.mtbf_hours=2"), (*SEED, "cluster.hardware.mtbf_hours=16")]
@@ -49,7 +52,7 @@ def test_the_seeds_campaign_as_configured_and_with_every_remedy():
     assert configured.simulated == pytest.approx(0.957, abs=0.005) and configured.meets_goal
     assert set(s) == {"baseline (sync, timeout)", "as configured", "all remedies"}  # async and spares configured
     assert best.restart_s == configured.restart_s and best.built and best.meets_goal
-    assert best.terms["evaluation"] == pytest.approx(8 / 3000) and best.terms["job starts"] == pytest.approx(
+    assert best.terms["evaluation"] == pytest.approx(8 / 3000) and best.terms["start-up"] == pytest.approx(
         0.012, abs=0.001
     )
     assert best.simulated_low < best.simulated < best.simulated_high
@@ -173,3 +176,12 @@ def test_restarts_after_a_failure_no_evidence_pins_pay_the_hosts_check():
     assert extra == pytest.approx(0.5 * (24.9 + 5.4), abs=0.1)
     assert half["baseline (sync, timeout)"].restart_s == none["baseline (sync, timeout)"].restart_s
     assert half["as configured"].simulated < none["as configured"].simulated
+
+
+def test_the_plan_and_the_report_name_their_badput_by_one_taxonomy():
+    """trainflow.badput: the closed form's terms, the planned-against-measured terms and the report's table are its
+    categories, each mapped to ml-goodput-measurement's BadputType; every measured term of a segment counts in one."""
+    configured = by_name(goodput(*SEED))["as configured"]
+    assert list(configured.terms) == list(Badput) == list(TERMS)
+    assert set(GOODPUT_MEASUREMENT) == set(Badput) and all(GOODPUT_MEASUREMENT.values())
+    assert set(MEASURED) == set(MEASURED_TERMS) and {c for c in MEASURED.values() if c} == set(Badput)

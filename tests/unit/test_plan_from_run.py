@@ -154,9 +154,11 @@ def test_the_report_sets_planned_beside_measured_and_names_the_term_outside_the_
     terms = run_terms(segments, spans, mtbf_s=100.0, hang_share=0.2)
     plan = plan_run(terms)
     text = "\n".join(goodput_section(segments, "g.png", Path("."), straggler_factor=1.5, planned=plan))
-    assert "### Planned against measured" in text and "| term | planned | measured | difference |" in text
+    assert "### Planned against measured" in text
+    assert "| term (trainflow.badput) | planned | measured | difference | ml-goodput-measurement |" in text
     m = terms.measured
-    assert f"| restart | {plan.met.seconds['restart']:.1f} | {m['restart']:.1f} |" in text
+    restart = f"| restart | {plan.met.seconds['restart']:.1f} | {m['restart']:.1f} |"
+    assert restart in text and "| INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION + UNPRODUCTIVE_CHECKPOINT_" in text
     assert "At the injected fault.mtbf_s (100 s)" in text
     # A minute more detection than measured, the rest as planned: outside the band, detection the term that differs.
     slow = dataclasses.replace(terms, measured={**m, "detection": m["detection"] + 60, "wall": m["wall"] + 60})

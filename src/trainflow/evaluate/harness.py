@@ -18,32 +18,29 @@ the run's perplexity. Generation is greedy: a task asking to sample is refused.
 
 A folder of extra task definitions (a task's `path`, lm-eval's `include_path`) is read as data, as every file a user
 names is: a definition that imports Python (`!function`) or includes a file by path is refused before lm-eval reads
-it, and every template renders in Jinja's sandbox (lm-eval's own environment runs whatever a template calls). The
-package's own task definitions are installed code and load as lm-eval loads them.
+it (trainflow.preflight.harness_folder_errors), and every template renders in Jinja's sandbox (lm-eval's own
+environment runs whatever a template calls). The package's own task definitions are installed code and load as
+lm-eval loads them. The DAG's build checks every harness task's name (harness_name_errors).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainflow.config import TrainflowConfig
 from trainflow.evaluate.records import TaskScore
 from trainflow.evaluate.score import Tokenizer
 from trainflow.evaluate.tasks import TaskError, TaskKind, TaskSpec
 from trainflow.model import Llama
+from trainflow.preflight import HARNESS_INSTALL, harness_folder_errors
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
 
-INSTALL = "pip install lm_eval==0.4.13 into the run's environment"
 SCORED = {"multiple_choice": TaskKind.CHOICE, "loglikelihood": TaskKind.CHOICE, "generate_until": TaskKind.GENERATE}
 """The output types a task may have, and the form its score is recorded in."""
-MAX_DEFINITIONS = 10_000
-"""Task definition files a folder may hold (lm-eval's own package has ~14,700 tasks in ~12,000 files)."""
-CODE = re.compile(r"!function|^\s*include\s*:\s*\S*[/\\]", re.MULTILINE)
 
 
 def lm_eval_modules():
@@ -55,7 +52,7 @@ def lm_eval_modules():
         import lm_eval.tasks
         import lm_eval.utils
     except ImportError as err:
-        raise TaskError(f"lm-evaluation-harness tasks need the lm_eval package ({err}); {INSTALL}") from None
+        raise TaskError(f"lm-evaluation-harness tasks need the lm_eval package ({err}); {HARNESS_INSTALL}") from None
     datasets.config.HF_DATASETS_OFFLINE = datasets.config.HF_HUB_OFFLINE = True  # where datasets came in earlier
     sandbox_templates(lm_eval.utils)
     return lm_eval
@@ -74,36 +71,12 @@ def sandbox_templates(utils) -> None:
     utils.env = env
 
 
-def definition_errors(folder: str) -> list[str]:
-    """A folder of extra task definitions is a folder of YAML files none of which imports code or reaches for a file
-    by path."""
-    root = Path(folder)
-    if not root.is_dir():
-        return [f"{folder!r} is no folder of lm-eval task definitions; give one, or '' for the package's own tasks"]
-    files = [p for p in root.rglob("*") if p.suffix in (".yaml", ".yml")]
-    if len(files) > MAX_DEFINITIONS:
-        return [f"{folder} holds {len(files)} task definitions, more than {MAX_DEFINITIONS}; give a smaller folder"]
-    errors = []
-    for path in sorted(files):
-        try:
-            text = path.read_text(errors="replace") if path.is_file() else ""
-        except OSError as err:
-            errors.append(f"{path} cannot be read ({err.strerror}); give a readable task definition")
-            continue
-        if found := CODE.search(text):
-            errors.append(
-                f"{path} holds {found.group().strip()!r}: a task folder is read as data, and that imports code or "
-                "reads a file by path; write the task with templates (doc_to_text, doc_to_choice, doc_to_target) "
-                "and include definitions by name"
-            )
-    return errors
-
-
 def task_manager(specs: list[TaskSpec]) -> TaskManager:
-    """lm-eval's index of its own tasks and every spec's folder (checked first, every call: definition_errors)."""
+    """lm-eval's index of its own tasks and every spec's folder (checked first, every call: preflight's
+    harness_folder_errors)."""
     lm_eval_modules()
     folders = tuple(sorted({s.path for s in specs if s.path}))
-    if errors := [e for f in folders for e in definition_errors(f)]:
+    if errors := [e for f in folders for e in harness_folder_errors(f)]:
         raise TaskError(errors[0])
     return indexed(folders)
 
@@ -128,6 +101,18 @@ def harness_errors(specs: list[TaskSpec], manager: TaskManager) -> list[str]:
         for s in specs
         if s.task not in known
     ]
+
+
+def harness_name_errors(cfg: TrainflowConfig) -> list[str]:
+    """Every harness task of evaluate.tasks names a task lm-eval's index holds: the DAG's build checks it once (~6 s,
+    only where there is one), so a typo stops the campaign before it trains, not at its first evaluation."""
+    specs = [TaskSpec.of(t) for t in cfg.evaluate.tasks if t.kind == "harness"]
+    if not specs:
+        return []
+    try:
+        return harness_errors(specs, task_manager(specs))
+    except TaskError as err:
+        return [str(err)]
 
 
 def score_harness(

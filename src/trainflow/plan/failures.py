@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainflow.badput import Badput
+
 MAX_FAILURES = 6000
 """The most failures a trial may expect for the Monte Carlo to run (about 45 us a pass at 400 trials): beyond it,
 `expected` gives the figures."""
@@ -166,14 +168,15 @@ def expected(t: Timeline) -> tuple[float, float, float]:
 
 
 def closed_form(t: Timeline) -> tuple[float, dict[str, float]]:
-    """The goodput the issue's first-order waste gives, and the waste by term."""
+    """The goodput the issue's first-order waste gives, and the waste by category (resilience.badput)."""
     terms = {
-        "checkpoint": t.blocking_s / t.interval_s,
-        "lost work": t.stretch_s / 2 / t.mtbf_s,
-        "detection": t.detect_s / t.mtbf_s,
-        "restart": t.restart_s / t.mtbf_s,
-        "job starts": t.jobs_s / t.work_s,
-        "evaluation": t.eval_share,
+        Badput.CHECKPOINT: t.blocking_s / t.interval_s,
+        Badput.LOST_WORK: t.stretch_s / 2 / t.mtbf_s,
+        Badput.DETECTION: t.detect_s / t.mtbf_s,
+        Badput.RESTART: t.restart_s / t.mtbf_s,
+        Badput.START_UP: t.jobs_s / t.work_s,
+        Badput.EVALUATION: t.eval_share,
     }
-    lost = terms["lost work"] + terms["detection"] + terms["restart"]
-    return max(0.0, 1 - lost) / (1 + terms["checkpoint"] + terms["job starts"] + terms["evaluation"]), terms
+    lost = terms[Badput.LOST_WORK] + terms[Badput.DETECTION] + terms[Badput.RESTART]
+    paid = terms[Badput.CHECKPOINT] + terms[Badput.START_UP] + terms[Badput.EVALUATION]
+    return max(0.0, 1 - lost) / (1 + paid), terms

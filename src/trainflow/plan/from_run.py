@@ -28,13 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
+from trainflow.badput import Badput
 from trainflow.config.run_folder import RunFolder
 from trainflow.errors import TrainflowError
 from trainflow.plan.failures import Timeline, failures, simulate
 from trainflow.records import Record, RecordError, read_json
 
-TERMS = ("checkpoint", "lost work", "detection", "restart", "start-up", "evaluation")
-"""The terms planned and measured are compared by; with productive they hold the whole wall time."""
+TERMS = tuple(b.value for b in Badput)
+"""The terms planned and measured are compared by (trainflow.badput's categories); with productive they hold the whole
+wall time."""
 TRIALS = 4000
 """Ten times the planner's (plan.goodput.TRIALS): a run is held to its plan within points, and the planned seconds by
 term come from the trials' mean wall time, whose spread the 400 trials leave at about 8 % of one failure's cost."""
@@ -201,14 +203,14 @@ def planned(terms: RunTerms, mtbf_s: float) -> Planned:
     expects = failures(t) if mtbf_s < NO_FAILURES_S else 0.0  # 1e-14, not 0, in floating point
     pieces = max(1, math.ceil(t.run_s / t.stretch_s))
     seconds = {
-        "checkpoint": (pieces - 1) * t.blocking_s + terms.boundary_saves_s,
-        "detection": expects * t.detect_s,
-        "restart": expects * t.restart_s,
-        "start-up": terms.starts_s,
-        "evaluation": t.work_s * t.eval_share,
+        Badput.CHECKPOINT.value: (pieces - 1) * t.blocking_s + terms.boundary_saves_s,
+        Badput.DETECTION.value: expects * t.detect_s,
+        Badput.RESTART.value: expects * t.restart_s,
+        Badput.START_UP.value: terms.starts_s,
+        Badput.EVALUATION.value: t.work_s * t.eval_share,
         "productive": t.work_s,
     }
-    seconds["lost work"] = max(0.0, wall - sum(seconds.values()))
+    seconds[Badput.LOST_WORK.value] = max(0.0, wall - sum(seconds.values()))
     goodput = t.work_s / wall
     return Planned(mtbf_s, goodput, float(sim.mean()), float(low), float(high), expects, {**seconds, "wall": wall})
 

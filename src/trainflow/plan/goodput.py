@@ -32,6 +32,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from trainflow.badput import Badput
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
@@ -125,9 +126,9 @@ def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campa
         f"detection with trainflow's: a dead rank {times.dead_s:.0f} s, a hung one {times.hung_s:.0f} s, hang_share "
         f"{h.hang_share:.0%}; without: the collective timeout, {rt.collective_timeout_s} s",
         f"{jobs} jobs (train.segments {cfg.train.segments}, {cfg.cluster.allocation.time_min} min at most each) cost "
-        f"{configured.terms['job starts']:.1%} of the steps' time as configured in allocation waits, start-ups, saves "
-        f"and loads; evaluation {times.eval_share:.1%} in every scenario (train.eval_batches {cfg.train.eval_batches} "
-        f"every train.eval_every {cfg.train.eval_every} steps)",
+        f"{configured.terms[Badput.START_UP]:.1%} of the steps' time as configured in allocation waits, start-ups, "
+        f"saves and loads; evaluation {times.eval_share:.1%} in every scenario (train.eval_batches "
+        f"{cfg.train.eval_batches} every train.eval_every {cfg.train.eval_every} steps)",
         checks_note(cfg, times.check),
         *caveats(scenarios, refused=campaign.asynchronous.refused, loads=loads),
     ]
@@ -214,13 +215,13 @@ def needed(best: GoodputScenario, mtbf_s: float) -> str | None:
     if best.meets_goal:
         return None
     t = best.terms
-    allowed = 1 - GOAL * (1 + t["checkpoint"] + t["job starts"] + t["evaluation"])  # the share failures may cost
-    lost_s = t["lost work"] * mtbf_s  # tau/2 of training and its evaluations
+    allowed = 1 - GOAL * (1 + t[Badput.CHECKPOINT] + t[Badput.START_UP] + t[Badput.EVALUATION])  # failures' share
+    lost_s = t[Badput.LOST_WORK] * mtbf_s  # tau/2 of training and its evaluations
     per_failure = lost_s + best.detect_s + best.restart_s
     if allowed <= 0:
         return (
             f"{GOAL:.0%} is out of reach before any failure: the job starts and evaluation alone cost "
-            f"{t['job starts'] + t['evaluation']:.1%}"
+            f"{t[Badput.START_UP] + t[Badput.EVALUATION]:.1%}"
         )
     return (
         f"all remedies reach {best.simulated:.1%}; {GOAL:.0%} needs at most {allowed * mtbf_s:.0f} s lost per failure "

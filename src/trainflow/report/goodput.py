@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
 
+from trainflow.badput import GOODPUT_MEASUREMENT
 from trainflow.plan.from_run import TERMS, RunPlan, mtbf
 from trainflow.report.sections import relative, table
 from trainflow.resilience.goodput import TERMS as MEASURED
@@ -59,8 +60,11 @@ def planned_against_measured(plan: RunPlan | None) -> list[str]:
     if plan is None:
         return []
     met, m = plan.met, plan.measured_seconds
-    rows = [[k, f"{met.seconds[k]:.1f}", f"{m[k]:.1f}", f"{m[k] - met.seconds[k]:+.1f}"] for k in (*TERMS, "wall")]
-    rows.append(["goodput", f"{met.goodput:.1%}", f"{plan.measured:.1%}", f"{plan.measured - met.goodput:+.1%}"])
+    rows = [
+        [k, f"{met.seconds[k]:.1f}", f"{m[k]:.1f}", f"{m[k] - met.seconds[k]:+.1f}", GOODPUT_MEASUREMENT.get(k, "")]
+        for k in (*TERMS, "wall")
+    ]
+    rows.append(["goodput", f"{met.goodput:.1%}", f"{plan.measured:.1%}", f"{plan.measured - met.goodput:+.1%}", ""])
     band = f"{met.low:.1%}-{met.high:.1%}"
     verdict = (
         f"The measured goodput lies outside the plan's 5-95 % band ({band}): {plan.differs_most} differs most."
@@ -81,7 +85,7 @@ def planned_against_measured(plan: RunPlan | None) -> list[str]:
         f"simulation of its step, save, evaluation, detection, restart and job-start times at the failure rate it met, "
         f"MTBF {mtbf(met.mtbf_s)}, {met.failures:.3g} failures expected), in seconds over every segment.{prior}",
         "",
-        table(rows, ["term", "planned", "measured", "difference"]),
+        table(rows, ["term (trainflow.badput)", "planned", "measured", "difference", "ml-goodput-measurement"]),
         "",
         verdict,
         "",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainflow.atomic import write_text_atomic
+from trainflow.badput import MEASURED, Badput
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
@@ -64,21 +65,22 @@ def run_terms(
                 restarts.add(job, before, mine)
         failed += sum(j.outcome not in NO_FAILURE for j in jobs)
         hangs += sum(j.outcome == JobOutcome.HANG for j in jobs)
-    lost = total["recomputed"] + total["skipped"]
+    lost = counted(total, Badput.LOST_WORK)
     restart = restarts.wait_s + restarts.held_s
     blocking = sum(saves) / len(saves) if saves else 0.0
     interval = measured[0].setup.checkpoint_interval.interval_steps
     written = [v.background_s for s in measured for v in s.saves if v.background_s is not None]
-    seconds = {
-        "checkpoint": total["checkpoint"],
-        "lost work": lost,
-        "detection": total["detection"],
-        "restart": restart,
-        "evaluation": total["evaluation"],
+    seconds = {  # by trainflow.badput's categories: where each measured term counts but queue, start-up and load,
+        # which count in restart after a failure (restarts) and in start-up otherwise (the rest of the wall time)
+        Badput.CHECKPOINT.value: counted(total, Badput.CHECKPOINT),
+        Badput.LOST_WORK.value: lost,
+        Badput.DETECTION.value: counted(total, Badput.DETECTION),
+        Badput.RESTART.value: restart,
+        Badput.EVALUATION.value: counted(total, Badput.EVALUATION),
         "productive": total["productive"],
     }
     wall = sum(s.goodput.wall_s for s in measured)
-    seconds |= {"start-up": max(0.0, wall - sum(seconds.values())), "wall": wall}
+    seconds |= {Badput.START_UP.value: max(0.0, wall - sum(seconds.values())), "wall": wall}
     return RunTerms(
         segments=len(measured),
         steps=steps,
@@ -92,13 +94,18 @@ def run_terms(
         detect_s=total["detection"] / failed if failed else 0.0,
         wait_s=restarts.wait_s / restarts.count if restarts.count else 0.0,
         held_s=restarts.held_s / restarts.count if restarts.count else 0.0,
-        starts_s=seconds["start-up"],
+        starts_s=seconds[Badput.START_UP],
         boundary_saves_s=max(0.0, total["checkpoint"] - (math.ceil(steps / max(interval, 1)) - 1) * blocking),
         at_risk_s=sum(total[k] for k in ("productive", "evaluation", "checkpoint", "other")) + lost + restarts.held_s,
         mtbf_s=mtbf_s,
         hang_share=hang_share,
         measured=seconds,
     )
+
+
+def counted(total: dict[str, float], category: Badput) -> float:
+    """The measured seconds (resilience.goodput's terms) that count in `category` (trainflow.badput.MEASURED)."""
+    return sum(total[term] for term, counts in MEASURED.items() if counts is category)
 
 
 def write_terms(cfg: TrainflowConfig, summary: SegmentSummary) -> RunTerms:
