@@ -43,6 +43,7 @@ def legacy_series(cfg: TrainflowConfig) -> str:
     train = tree["train"]
     del train["branch_from"]  # added since: at its default it changed nothing
     del tree["cluster"]["measured"]  # added since: the planner's labels of its inputs, which training never reads
+    del tree["cluster"]["hardware"]["symmetric_share"]  # added since: a planner's input, which training never reads
     optim = tree["optim"]
     if (optim["schedule"], optim["decay_steps"]) == (LrSchedule.COSINE, 0):  # added since: cosine was its only one
         for key in ("schedule", "decay_steps", "decay_shape"):  # (wsd names another series, as another lr does)
