@@ -14,7 +14,7 @@ import torch
 from trainflow.config import compose
 from trainflow.config.evaluate import EvalTaskConfig, EvaluateConfig, evaluate_errors
 from trainflow.data.tokenizer import ByteTokenizer
-from trainflow.evaluate import harness
+from trainflow.evaluate import harness, harness_index
 from trainflow.evaluate.score import generate, score_choices, score_task
 from trainflow.evaluate.tasks import Generation, MultipleChoice, TaskError, TaskSpec, write_task
 from trainflow.model import Llama
@@ -77,7 +77,7 @@ def setup(tmp_path_factory):
         )
         (folder / "generate.yaml").write_text(GENERATE.format(data=root / "generate.jsonl", sample="false"))
         specs = [TaskSpec(n, "harness", str(folder)) for n in ("tiny_choice", "tiny_generate")]
-        manager = harness.task_manager(specs)
+        manager = harness_index.task_manager(specs)
         yield root, model, tokenizer, specs, manager
 
 
@@ -106,7 +106,7 @@ def test_a_task_whose_data_is_not_on_disk_is_refused_offline(setup):
 
 
 def test_an_unknown_task_is_named_with_the_closest(setup):
-    assert harness.harness_errors([TaskSpec("arc", "harness", "", task="arc_esy")], setup[4]) == [
+    assert harness_index.harness_errors([TaskSpec("arc", "harness", "", task="arc_esy")], setup[4]) == [
         "task 'arc': lm-eval has no task 'arc_esy' (did you mean 'arc_easy'?); give a task "
         "`python -m lm_eval ls tasks` lists"
     ]
@@ -137,7 +137,7 @@ def test_tasks_trainflow_cannot_score_are_refused(setup, name, line, refusal):
         text = CHOICE.format(data=data, output_type=line, text=escape if name == "escape" else "{{context}}")
         text = text.replace("tiny_choice", name)
     spec = TaskSpec(name, "harness", write_definition(setup, name, text))
-    manager = harness.lm_eval_modules().tasks.TaskManager(include_path=spec.path, include_defaults=False)
+    manager = harness_index.lm_eval_modules().tasks.TaskManager(include_path=spec.path, include_defaults=False)
     with pytest.raises(TaskError, match=refusal) as err:
         harness.score_harness(setup[1], setup[2], spec, manager, max_new_tokens=8)
     assert "\n" not in str(err.value)
@@ -152,7 +152,7 @@ def test_a_definition_folder_that_imports_code_runs_nothing(setup, tmp_path, lin
     folder = write_definition(setup, f"evil{len(line)}", f"task: evil\ndataset_path: json\n{line}\n")
     (setup[0] / f"evil{len(line)}" / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     with pytest.raises(TaskError, match="a task folder is read as data"):
-        harness.task_manager([TaskSpec("evil", "harness", folder)])
+        harness_index.task_manager([TaskSpec("evil", "harness", folder)])
     assert not marker.exists()
     cfg = compose("evaluate", [f"evaluate.tasks=[{{name:evil,kind:harness,path:{folder}}}]"])
     assert [e for e in task_errors(cfg) if "read as data" in e]
@@ -169,6 +169,6 @@ def test_config_refuses_a_local_task_without_its_file_and_a_task_name_it_does_no
 def test_the_dags_build_refuses_an_unknown_harness_task_before_anything_trains(setup):
     cfg = compose("train_segment", ["evaluate.tasks=[{name:arc,kind:harness,task:arc_esy}]"])
     assert task_errors(cfg) == []
-    (error,) = harness.harness_name_errors(cfg)
+    (error,) = harness_index.harness_name_errors(cfg)
     assert "lm-eval has no task 'arc_esy' (did you mean 'arc_easy'?)" in error
     preflight(cfg)  # a stage's own check leaves the name to the DAG's build and the evaluate job

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.conftest import REPO
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.manifest import write_manifest
 from trainflow.checkpoint.verify import VerifyError, verify_all
@@ -149,3 +150,17 @@ def test_node_checks_pass_fail_or_say_why_not(tmp_path):
     assert rows["no MPS daemon (one process per GPU)"][1] == "pass"
     assert rows["no GPU clock slowdown (NVML: thermal, power brake)"] == ["-", "n/a (no GPU here)"]
     assert rows["checkpoint folder's Lustre stripe count"] == ["-", "n/a: no lfs"]
+
+
+def test_the_dag_build_imports_no_torch():
+    """Every trainflow import of the Snakefile and its rules, together: building the DAG (every workflow command and
+    test) never waits for torch's import (an lm-eval name check importing the scorer once cost each build 1.3 s)."""
+    lines = {
+        line.strip()
+        for path in [REPO / "Snakefile", *sorted((REPO / "workflow/rules").glob("*.smk"))]
+        for line in path.read_text().splitlines()
+        if line.startswith(("from trainflow", "import trainflow"))
+    }
+    assert len(lines) > 5, lines
+    code = "\n".join(["import sys", *sorted(lines), "assert 'torch' not in sys.modules, sorted(sys.modules)"])
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

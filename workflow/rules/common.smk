@@ -17,7 +17,7 @@ from trainflow.data.record import DataError, record_path
 from trainflow.config.overrides import check_workflow_config, compose_phases, compose_workflow, hydra_quote
 from trainflow.config.phases import phase_arg
 from trainflow.config.rules import spike_warning
-from trainflow.evaluate.harness import harness_name_errors
+from trainflow.evaluate.harness_index import harness_name_errors
 from trainflow.preflight import preflight
 from trainflow.records import RecordError
 from trainflow.train.adopt import check_legacy

@@ -37,7 +37,8 @@ from trainflow.data.sampler import TokenSampler
 from trainflow.data.tokenizer import load_tokenizer
 from trainflow.energy.metrics import StageFigures
 from trainflow.evaluate.corpus_task import write_corpus_task
-from trainflow.evaluate.harness import score_harness, task_manager
+from trainflow.evaluate.harness import score_harness
+from trainflow.evaluate.harness_index import task_manager
 from trainflow.evaluate.records import EvalRecord, TaskScore
 from trainflow.evaluate.score import Tokenizer, score_task
 from trainflow.evaluate.tasks import TaskKind, TaskSpec, TooFewDocuments
