@@ -34,7 +34,7 @@ DAG = {
     "prepare_data": 1,
     "stage_data": 1,
     "train_segment": 2,
-    "evaluate": 2,
+    "evaluate": 1,
     "verify_checkpoint": 1,
     "account_energy": 1,
     "report": 1,
@@ -54,7 +54,8 @@ def campaign(tmp_path_factory):
     docs = workdir / "corpus/docs.jsonl"
     docs.parent.mkdir()
     docs.write_text('{"text": "a first document"}\nnot json\n')
-    config = ("--config", f"overrides=experiment=smoke data.corpus={docs}")  # cluster=slurm_local: the site.yaml
+    # cluster=slurm_local: the site.yaml; evaluate.every=2: the last segment's evaluation only (a Slurm job fewer)
+    config = ("--config", f"overrides=experiment=smoke data.corpus={docs} evaluate.every=2")
     failed = snakemake(workdir, *PROFILE, *config, check=False)
     texts = sorted((REPO / "tests/assets/corpus").glob("*.txt"))
     docs.write_text("".join(json.dumps({"text": text.read_text()}) + "\n" for text in texts))
