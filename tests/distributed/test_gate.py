@@ -37,6 +37,7 @@ def test_every_pattern_of_the_layout_is_timed_on_its_groups(layout, patterns, tm
     assert report["calibration"]["configured_step_s"] > 0 and report["plan"]["step"]["step_s"] > 0
 
 
+@pytest.mark.slow  # 12 s; the verdict's rule is tests/unit/test_stage_checks.py's, in the default suite
 def test_a_pattern_no_group_meets_stops_the_gate_and_blames_no_host(tmp_path):
     """1e6 GB/s: no tp group can meet it, the layout's limit, not a host's (the exclude list is written only where
     another group of the pattern meets the threshold: tests/unit/test_stage_checks.py)."""

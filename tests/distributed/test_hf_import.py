@@ -43,6 +43,7 @@ def transformers_val_loss(model, tokens: Path, cfg) -> float:
     return sum(losses) / len(losses)
 
 
+@pytest.mark.slow  # 21 s; one layout's import is the exported checkpoint's test below, the reader's tests/unit's
 def test_a_published_folder_starts_every_layout_at_the_same_loss(folder, fixed_tokens, tmp_path):
     path, theirs = folder
     runs = {

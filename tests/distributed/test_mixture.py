@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import GOLDEN_RTOL, assert_resumes_bitwise, run_segment, step_losses
+from tests.conftest import GOLDEN_RTOL, run_segment, step_losses
 from tests.support import WEIGHTS, prepare_mixture
+
+HALF = ("train.segments=2", "train.segment_steps=3")
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +19,12 @@ def mixed(tmp_path_factory):
 
 def test_a_mixture_resumes_bitwise_and_draws_alike_in_every_layout(mixed, tmp_path):
     tokens, sources = mixed
-    assert_resumes_bitwise(tmp_path / "resume", tokens, "parallel=single", sources)
     one = run_segment(tmp_path / "one", tokens, "parallel=single", sources, "train.segments=1", "train.segment_steps=6")
+    # resumed halfway: bitwise where the uninterrupted run ends
+    halves = [
+        run_segment(tmp_path / "halves", tokens, "parallel=single", sources, *HALF, f"segment={s}") for s in (0, 1)
+    ]
+    assert step_losses(*halves) == step_losses(one) and halves[1]["state_digest"] == one["state_digest"]
     two = run_segment(tmp_path / "two", tokens, "parallel=dp2", sources, "train.segments=1", "train.segment_steps=6")
     assert one["mixture"] == two["mixture"] and [s["name"] for s in one["mixture"]] == list(WEIGHTS)
     assert sum(s["tokens"] for s in one["mixture"]) == 6 * 4 * 128  # 6 steps of the smoke batch of 4 x 128

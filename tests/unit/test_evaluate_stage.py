@@ -117,3 +117,15 @@ def test_the_configs_task_kinds_are_the_scorers_and_names_are_unique():
         compose("evaluate", ["evaluate.tasks=[{name:corpus,kind:choice,path:/x}]"])
     with pytest.raises(ConfigError, match="evaluate has no task"):
         compose("evaluate", ["evaluate.corpus_task=false"])
+
+
+def test_a_model_one_process_cannot_hold_is_refused_until_its_evaluation_is_off():
+    """The seed's 70B: 564 GB of fp32 weights while they load, in one process on one 96 GB GH200; its experiments
+    switch evaluation off (the sharded evaluation is not built) and compose."""
+    assert compose("train_segment", ["experiment=llama70b_alps_campaign"]).evaluate.enabled is False
+    with pytest.raises(ConfigError) as err:
+        compose("train_segment", ["experiment=llama70b_alps", "evaluate.enabled=true"])
+    assert (
+        "evaluate loads llama3_70b in fp32 into one process, 564 GB while its checkpoint loads, more than "
+        "cluster.hardware.device_memory_gb(96)" in str(err.value)
+    ) and "set evaluate.enabled=false" in str(err.value)

@@ -44,6 +44,8 @@ def test_dry_run_plans_every_stage(tmp_path):
         "report": 1,
         "all": 1,
     }
+    off = job_counts(snakemake(tmp_path, "-n", "--config", "overrides=evaluate.enabled=false").output)
+    assert "evaluate" not in off and off == {k: v for k, v in counts.items() if k != "evaluate"}
 
 
 @pytest.mark.parametrize(

@@ -95,10 +95,12 @@ def segment_reports(wildcards):
 
 
 def evaluations(wildcards):
-    """The evaluation records of every phase's evaluated segments (evaluate.every; each phase's last always)."""
+    """The evaluation records of every phase's evaluated segments (evaluate.every; each phase's last always), none of
+    a phase whose evaluate.enabled is false."""
     return [
         TRAIN.evaluation(i).format(series=series)
         for series, cfg in PHASES.items()
+        if cfg.evaluate.enabled
         for i in cfg.evaluate.segments(cfg.train.segments)
     ]
 

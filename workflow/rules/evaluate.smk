@@ -3,6 +3,7 @@
 # lands and runs beside the next segment, which never waits for it. ancient() keeps a newer summary or token index from
 # making it stale, but a rerun of its segment (which restores its outputs) evaluates again: Snakemake reruns a job whose
 # input another job of the same run writes. Its params hash the series and evaluate.*: new tasks rerun them all.
+from trainflow.config.rules import load_bytes
 
 
 rule evaluate:
@@ -29,7 +30,7 @@ rule evaluate:
             job_metrics=output.metrics,
         ),
     resources:
-        mem_mb=4000,  # the model in fp32 and its checkpoint's tensors once more while they load (tiny: megabytes)
+        mem_mb=lambda w: 2000 + load_bytes(PHASES[w.series].model) // 10**6,  # fp32 weights twice while they load
         runtime=60,
         cpus_per_task=1,
     shell:
