@@ -86,4 +86,3 @@ def evaluate_errors(e: EvaluateConfig) -> list[str]:
         if t.kind != "harness" and t.task:
             errors.append(f"evaluate.tasks[{i}] ({t.name!r}) names task {t.task!r}, which only kind=harness reads")
     return errors
-
