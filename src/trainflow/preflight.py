@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from trainflow.config.observe import FILE_SCHEMES, SERVER_SCHEMES, MlflowConfig, WandbConfig
 from trainflow.config.schema import DataConfig, ModelConfig, ObserveConfig, TrainflowConfig
+from trainflow.config.shape import total_params
 from trainflow.config.stages import ALLOCATING
 from trainflow.errors import ConfigError
 from trainflow.hf.llama import HfFolderError, check_config
@@ -59,7 +60,33 @@ def host_errors(cfg: TrainflowConfig) -> list[str]:
         errors.append(f"train.compile=true {why}")
     errors += tracker_errors(cfg.observe) if cfg.stage == "train_segment" else []
     errors += local_world_errors(cfg) if cfg.stage in ALLOCATING else []
-    return errors + tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model) + task_errors(cfg)
+    errors += tokenizer_errors(cfg.data) + init_from_errors(cfg.io.init_from, cfg.model) + task_errors(cfg)
+    return errors + (evaluation_errors(cfg) if cfg.stage == "evaluate" else [])  # and the DAG's build: common.smk
+
+
+def load_bytes(m: ModelConfig) -> int:
+    """What the evaluate job holds as a checkpoint loads: the model's fp32 weights, and their fp32 tensors read from
+    the checkpoint beside them (trainflow.stages.evaluate.load_model)."""
+    return 2 * 4 * total_params(m)
+
+
+def evaluation_errors(cfg: TrainflowConfig) -> list[str]:
+    """An enabled evaluation fits its one process: the node's memory and, on GPUs, one device's. Checked where an
+    evaluation is to run: the DAG's build (workflow/rules/common.smk) and the evaluate stage."""
+    if not cfg.evaluate.enabled:
+        return []
+    c = cfg.cluster
+    room = {"cluster.allocation.mem_gb": c.allocation.mem_gb}
+    if c.runtime.device == "cuda":
+        room["cluster.hardware.device_memory_gb"] = c.hardware.device_memory_gb
+    key, gb = min(room.items(), key=lambda kv: kv[1])
+    if (need := load_bytes(cfg.model) / 1e9) <= gb:
+        return []
+    return [
+        f"evaluate loads {cfg.model.name} in fp32 into one process, {need:.0f} GB while its checkpoint loads, more "
+        f"than {key}({gb:g}): a model this size needs its evaluation spread over ranks as training holds it, which is "
+        "not built; set evaluate.enabled=false"
+    ]
 
 
 def task_errors(cfg: TrainflowConfig) -> list[str]:

@@ -55,6 +55,7 @@ def test_dry_run_plans_every_stage(tmp_path):
         ("parallel.tp=3", "model.n_heads(4) is not divisible by tp(3)"),
         ("optim.lr=-1", "optim.lr(-1.0) must be > 0"),
         ("cluster.hardware.mtbf_hours=0", "cluster.hardware.mtbf_hours(0.0) must be > 0"),
+        ("model=llama3_8b", "evaluate loads llama3_8b in fp32 into one process, 64 GB while its checkpoint loads"),
     ],
 )
 def test_bad_config_fails_before_any_stage(tmp_path, overrides, message):

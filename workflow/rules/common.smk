@@ -18,7 +18,7 @@ from trainflow.config.overrides import check_workflow_config, compose_phases, co
 from trainflow.config.phases import phase_arg
 from trainflow.config.rules import spike_warning
 from trainflow.evaluate.harness_index import harness_name_errors
-from trainflow.preflight import preflight
+from trainflow.preflight import evaluation_errors, preflight
 from trainflow.records import RecordError
 from trainflow.train.adopt import check_legacy
 
@@ -27,7 +27,8 @@ try:
     CFG, OVERRIDES = compose_workflow(config["run"], config["site"], config["overrides"])
     PHASES = compose_phases(CFG, OVERRIDES)  # each phase's config by its series (config.phases); one without phases
     preflight(CFG)  # the files and tools it names (io.init_from, a tokenizer), before any stage runs
-    if errors := harness_name_errors(CFG):  # lm-eval's task names: ~6 s, only where evaluate.tasks has one
+    # the evaluate jobs' model in one process; lm-eval's task names (~6 s, only where evaluate.tasks has one)
+    if errors := evaluation_errors(CFG) or harness_name_errors(CFG):
         raise ConfigError("config cannot run here: " + "; ".join(errors))
     check_campaign(CFG)  # the same model as the campaign in the run folder, its series' seed, a branch's checkpoint
     check_legacy(CFG)  # series of a trainflow before campaign records: the config's is adopted, or refused

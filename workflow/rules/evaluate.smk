@@ -3,7 +3,7 @@
 # lands and runs beside the next segment, which never waits for it. ancient() keeps a newer summary or token index from
 # making it stale, but a rerun of its segment (which restores its outputs) evaluates again: Snakemake reruns a job whose
 # input another job of the same run writes. Its params hash the series and evaluate.*: new tasks rerun them all.
-from trainflow.config.rules import load_bytes
+from trainflow.preflight import load_bytes
 
 
 rule evaluate:

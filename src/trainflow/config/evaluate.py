@@ -47,7 +47,7 @@ class EvaluateConfig:
     enabled: bool = True
     """false: no evaluate jobs (the report and trainflow.status show none). A model whose fp32 weights one process
     cannot hold twice over (while they load) is refused with it on: its evaluation needs the model spread over ranks
-    as training holds it, which is not built (config.rules.evaluation_errors)."""
+    as training holds it, which is not built (trainflow.preflight.evaluation_errors)."""
     tasks: list[EvalTaskConfig] = field(default_factory=list)
     """Task files scored on every evaluated checkpoint, besides the corpus task."""
     every: int = checked(1, ge=1)

@@ -13,7 +13,7 @@ from trainflow.config.faults import fault_errors
 from trainflow.config.observe import observe_errors
 from trainflow.config.resilience import resilience_errors
 from trainflow.config.schema import BYTE_VOCAB, SPIKE_WINDOW, LrSchedule, ModelConfig, OptimConfig, TrainflowConfig
-from trainflow.config.shape import linear_shapes, total_params
+from trainflow.config.shape import linear_shapes
 from trainflow.config.sources import source_errors
 
 FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) take features in multiples of 16
@@ -26,7 +26,7 @@ def rule_errors(cfg: TrainflowConfig) -> list[str]:
     o, timeout_s, hang_s = cfg.observe, cfg.cluster.runtime.collective_timeout_s, cfg.resilience.hang_detect_s
     errors += observe_errors(o.wandb, o.mlflow, collective_timeout_s=timeout_s, hang_detect_s=hang_s)
     errors += resilience_errors(cfg.resilience) + fault_errors(cfg.fault) + optim_errors(cfg.optim)
-    errors += evaluate_errors(cfg.evaluate) + evaluation_errors(cfg)
+    errors += evaluate_errors(cfg.evaluate)
     if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < d.vocab_size:
@@ -37,30 +37,6 @@ def rule_errors(cfg: TrainflowConfig) -> list[str]:
     if cfg.fault.rank >= cfg.parallel.world_size:
         errors.append(f"fault.rank({cfg.fault.rank}) must be < the world size {cfg.parallel.world_size}")
     return errors
-
-
-def load_bytes(m: ModelConfig) -> int:
-    """What the evaluate job holds as a checkpoint loads: the model's fp32 weights, and their fp32 tensors read from
-    the checkpoint beside them (trainflow.stages.evaluate.load_model)."""
-    return 2 * 4 * total_params(m)
-
-
-def evaluation_errors(cfg: TrainflowConfig) -> list[str]:
-    """An enabled evaluation fits its one process: the node's memory and, on GPUs, one device's."""
-    if not cfg.evaluate.enabled:
-        return []
-    c = cfg.cluster
-    room = {"cluster.allocation.mem_gb": c.allocation.mem_gb}
-    if c.runtime.device == "cuda":
-        room["cluster.hardware.device_memory_gb"] = c.hardware.device_memory_gb
-    key, gb = min(room.items(), key=lambda kv: kv[1])
-    if (need := load_bytes(cfg.model) / 1e9) <= gb:
-        return []
-    return [
-        f"evaluate loads {cfg.model.name} in fp32 into one process, {need:.0f} GB while its checkpoint loads, more "
-        f"than {key}({gb:g}): a model this size needs its evaluation spread over ranks as training holds it, which is "
-        "not built; set evaluate.enabled=false"
-    ]
 
 
 def allocation_errors(cfg: TrainflowConfig) -> list[str]:
