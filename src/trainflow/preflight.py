@@ -42,6 +42,7 @@ HARNESS_INSTALL = "pip install lm_eval==0.4.13 into the run's environment"
 MAX_TASK_DEFINITIONS = 10_000
 """Task definition files a folder of lm-eval tasks may hold (lm-eval's own package has ~12,000)."""
 TASK_DEFINITION_BYTES = 1 << 20
+"""More than any task definition (lm-eval's own largest is 62 KB): a bigger file is not read."""
 TASK_CODE = re.compile(r"!function|^\s*include\s*:\s*\S*[/\\]", re.MULTILINE)
 """What an lm-eval task definition holds to import Python or include a file by path (trainflow.evaluate.harness)."""
 
@@ -118,11 +119,13 @@ def harness_folder_errors(folder: str) -> list[str]:
         ]
     errors = []
     for path in sorted(files):
+        if not path.is_file():  # a FIFO or a device is not read
+            continue
         try:
-            if path.is_file() and path.stat().st_size > TASK_DEFINITION_BYTES:
+            if path.stat().st_size > TASK_DEFINITION_BYTES:
                 errors.append(f"{path} is larger than {TASK_DEFINITION_BYTES} bytes; no task definition is")
                 continue
-            text = path.read_text(errors="replace") if path.is_file() else ""  # a FIFO or a device is not read
+            text = path.read_text(errors="replace")
         except OSError as err:
             errors.append(f"{path} cannot be read ({err.strerror}); give a readable task definition")
             continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from lm_eval.api.model import LM
 
-from trainflow.evaluate.score import BATCH_ROWS, Tokenizer, generate, loglikelihoods, pair_ids
+from trainflow.evaluate.score import Tokenizer, batched_loglikelihoods, generate, pair_ids, window
 from trainflow.evaluate.tasks import TaskError
 from trainflow.model import Llama
 
@@ -17,20 +17,16 @@ class TrainflowLM(LM):
     def __init__(self, model: Llama, tokenizer: Tokenizer, task: str, *, max_new_tokens: int) -> None:
         super().__init__()
         self.model, self.tokenizer, self.task, self.max_new_tokens = model, tokenizer, task, max_new_tokens
-        self.seq_len = model.rope_cos.shape[0]
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        """Each (context, continuation) request's log-likelihood and is_greedy, BATCH_ROWS a forward pass."""
+        """Each (context, continuation) request's log-likelihood and is_greedy (score.batched_loglikelihoods)."""
         pairs = [pair_ids(self.tokenizer, *r.args) for r in requests]
-        if long := next((len(c) for _, c in pairs if len(c) > self.seq_len), None):
+        if long := next((len(c) for _, c in pairs if len(c) > window(self.model)), None):
             raise TaskError(
                 f"task {self.task!r} has a continuation of {long} tokens, more than the model's seq_len"
-                f"({self.seq_len}); give a task with shorter answers"
+                f"({window(self.model)}); give a task with shorter answers"
             )
-        out: list[tuple[float, bool]] = []
-        for start in range(0, len(pairs), BATCH_ROWS):
-            out += loglikelihoods(self.model, pairs[start : start + BATCH_ROWS], self.seq_len)
-        return out
+        return batched_loglikelihoods(self.model, pairs)
 
     def generate_until(self, requests) -> list[str]:
         """Each (context, generation settings) request's greedy continuation, cut before its first `until` string."""

@@ -76,18 +76,31 @@ def score_choices(
 ) -> list[ScoredChoice]:
     """Each item's choices' log-likelihoods given its context; one TaskError where a choice alone is longer than the
     model's sequence."""
-    seq_len = model.rope_cos.shape[0]  # the model's window: its rotary table's rows
     rows = [(i, pair) for i, item in enumerate(items) for pair in requests(tokenizer, item)]
-    if long := next(((i, len(c)) for i, (_, c) in rows if len(c) > seq_len), None):
+    if long := next(((i, len(c)) for i, (_, c) in rows if len(c) > window(model)), None):
         raise TaskError(
-            f"item {long[0]} has a choice of {long[1]} tokens, more than the model's seq_len({seq_len}); shorten it"
+            f"item {long[0]} has a choice of {long[1]} tokens, more than the model's seq_len({window(model)}); "
+            "shorten it"
         )
     sums: list[list[float]] = [[] for _ in items]
-    for start in range(0, len(rows), batch_rows):
-        batch = rows[start : start + batch_rows]
-        for (i, _), (ll, _) in zip(batch, loglikelihoods(model, [pair for _, pair in batch], seq_len)):
-            sums[i].append(ll)
+    for (i, _), (ll, _) in zip(rows, batched_loglikelihoods(model, [pair for _, pair in rows], batch_rows=batch_rows)):
+        sums[i].append(ll)
     return [ScoredChoice(s, [len(c) for c in item.choices], item.gold) for s, item in zip(sums, items)]
+
+
+def window(model: Llama) -> int:
+    """The model's window: its rotary table's rows (model.seq_len)."""
+    return model.rope_cos.shape[0]
+
+
+def batched_loglikelihoods(
+    model: Llama, pairs: list[tuple[list[int], list[int]]], *, batch_rows: int = BATCH_ROWS
+) -> list[tuple[float, bool]]:
+    """loglikelihoods of every pair, `batch_rows` a forward pass (rows of different items padded together)."""
+    out: list[tuple[float, bool]] = []
+    for start in range(0, len(pairs), batch_rows):
+        out += loglikelihoods(model, pairs[start : start + batch_rows], window(model))
+    return out
 
 
 @torch.no_grad()
@@ -117,11 +130,11 @@ def greedy_tokens(model: Llama, ids: list[int], *, max_new_tokens: int, eot_id: 
     (not yielded); one at a time, so a caller stops it at a stop string. Every step reruns the whole window: no KV
     cache, which the tiny models evaluated here do not need (the window is the last seq_len tokens)."""
     model.eval()
-    device, seq_len = next(model.parameters()).device, model.rope_cos.shape[0]
+    device, seq_len = next(model.parameters()).device, window(model)
     out: list[int] = []
     while len(out) < max_new_tokens:
-        window = torch.tensor([(ids + out)[-seq_len:]], device=device)  # (1, T)
-        token = int(model(window)[0, -1].float().argmax())
+        last = torch.tensor([(ids + out)[-seq_len:]], device=device)  # (1, T)
+        token = int(model(last)[0, -1].float().argmax())
         if token == eot_id:
             return
         out.append(token)

@@ -168,7 +168,7 @@ def expected(t: Timeline) -> tuple[float, float, float]:
 
 
 def closed_form(t: Timeline) -> tuple[float, dict[str, float]]:
-    """The goodput the issue's first-order waste gives, and the waste by category (resilience.badput)."""
+    """The goodput the issue's first-order waste gives, and the waste by category (trainflow.badput)."""
     terms = {
         Badput.CHECKPOINT: t.blocking_s / t.interval_s,
         Badput.LOST_WORK: t.stretch_s / 2 / t.mtbf_s,

@@ -9,8 +9,8 @@ again after a hold the stage saw since its blame (HELD, recorded the first time 
 failed or rebooting). A host Slurm kept in service and never rebooted is not repaired, however long ago its blame was;
 a hold that began and ended between two reviews (every job start: each segment, each restart) is not seen, and the
 host then waits for its next hold or reboot. The gate's hosts (nccl-exclude.txt, blamed when the file was written) come
-back the same way. No health check returns a host yet: the gate's checks need an allocation
-of their own, which a drained node never gets (docs/fault-tolerance.md).
+back the same way. No health check returns a host yet: the gate's checks need an allocation of their own, which a
+drained node never gets (docs/fault-tolerance.md).
 
 `nodes` is the one way Slurm is asked (launch.slurm_nodes reads scontrol; a test gives the states it needs), and its
 output is parsed strictly here: anything that is not scontrol's record of a node asked for is one SlurmNodesError line.

@@ -144,9 +144,8 @@ def read_status(
     goodput = productive / wall if wall > 0 else None
     remaining = record.total_steps - (step := max((r.step + 1 for r in steps), default=0))
     eta = remaining * step_s if step_s is not None and state is not State.FINISHED else None
-    now_standing = standing(jobs, hosts_ledger(ckpts).read(live=True), gate_blames(run.nccl_exclude))
-    returned = now_standing.returned
-    excluded = set(now_standing.excluded)
+    hosts = standing(jobs, hosts_ledger(ckpts).read(live=True), gate_blames(run.nccl_exclude))
+    returned, excluded = hosts.returned, set(hosts.excluded)
     if jobs:
         excluded |= checked_hosts(jobs[-1].exclude, str(ledger.path)) - set(returned)
     return CampaignStatus(
