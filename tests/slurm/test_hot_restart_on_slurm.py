@@ -9,7 +9,9 @@ bash scripts/slurm_cluster.sh start --nodes 3 && .venv/bin/python -m pytest test
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from tests.conftest import make_config, run_segment
+from tests.conftest import REPO, make_config, run_segment
 from tests.slurm.conftest import idle_nodes
 from tests.support import RESTART_RUN as BASE
 from tests.support import ledgers
@@ -113,6 +115,58 @@ def test_a_node_slurm_marks_down_is_left_out_of_a_new_step_in_the_same_job(tmp_p
     jobs = assert_hot_restarted(tmp_path, summary, reference, *slow)
     assert jobs[0].outcome == "died" and f"node {jobs[0].left_out[0]} failed" in jobs[0].line, jobs[0].line
     assert len(idle_nodes()) == 3  # the node is back for the tests after this one
+
+
+def test_a_spare_whose_slurmd_is_dead_is_skipped_and_the_next_spare_used(tmp_path, tokens, reference):
+    # 2 + 2 spares. Once step 0 trains, the first spare's slurmd is killed (Slurm lists the node as allocated for
+    # minutes more, until its SlurmdTimeout); rank 1 then dies at step 3. The supervisor tries a task on each spare
+    # before it puts a step there, skips the dead one in a line, and step 1 runs on the healthy node and the second
+    # spare, bitwise. Before this, step 1 went on the dead spare, srun could not start it (the step LOST), and the
+    # restarts on the same hosts ran out.
+    if len(idle_nodes()) < 4:
+        pytest.skip("2 nodes + 2 spares need 4 idle nodes: bash scripts/slurm_cluster.sh start --nodes 4")
+    spares = (*SLURM[:2], "cluster.allocation.spare_nodes=2", "fault.rank=1", "fault.slow_ms=1000")
+    folder = Path(make_config("train_segment", tmp_path, *BASE, *spares).io.submitit)
+    killed: list[str] = []
+    drill = threading.Thread(target=kill_first_spare_slurmd, args=(folder, killed), daemon=True)
+    drill.start()
+    try:
+        summary = run_segment(tmp_path, tokens, *BASE, *spares, "fault.step=3", "fault.signal=KILL")
+    finally:
+        drill.join()
+        subprocess.run(["bash", str(REPO / "scripts/slurm_cluster.sh"), "start", "--nodes", "4"], capture_output=True)
+    (dead,) = killed
+    jobs = assert_hot_restarted(tmp_path, summary, reference, *spares)
+    assert dead not in step_hosts(tmp_path, jobs[1], *spares), jobs
+    supervisor_log = next(folder.glob("*_0_log.err")).read_text()
+    assert re.search(
+        rf"Skipped the spare {dead}: it cannot start a task \(Task launch for StepId=\S+ failed on node "
+        rf"{dead}: ",
+        supervisor_log,
+    ), supervisor_log[-3000:]
+
+
+def kill_first_spare_slurmd(folder: Path, killed: list[str]) -> None:
+    """Once step 0's rank 1 has trained a step, kill the slurmd of the job's first spare (its node in the job's list,
+    not one of step 0's), by the pid file scripts/slurm_cluster.sh wrote; its name goes in `killed`."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for marker in folder.glob("*.0/*_1_task.json"):
+            job_id = marker.name.split("_")[0]
+            job = submitit.SlurmJob(marker.parent, job_id, tasks=(0, 1))
+            markers = read_markers(job)
+            if len(markers) == 2 and markers[1].first_step is not None:
+                listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True)
+                names = subprocess.run(
+                    ["scontrol", "show", "hostnames", listed.stdout.strip()], capture_output=True, text=True
+                ).stdout.split()
+                spare = next(n for n in names if n not in {m.host for m in markers.values()})
+                pid = int(Path(f"/run/slurm/slurmd-{spare}.pid").read_text())
+                assert Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd"  # the cluster script's own daemon
+                os.kill(pid, signal.SIGKILL)
+                killed.append(spare)
+                return
+        time.sleep(0.3)
 
 
 def down_rank_1_node(folder: Path) -> None:

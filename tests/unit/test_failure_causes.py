@@ -121,3 +121,17 @@ def test_a_node_failure_srun_reports_in_a_job_that_outlives_it_blames_that_node(
     failure = analyse(job, "slurm", ("", 0), [None, None])
     assert failure.kind == JobOutcome.DIED and failure.host == "n2" and "node n2 failed" in failure.line
     assert judge(failure, [], max_restarts=3, restarts=0).exclude == {"n2"}
+
+
+def test_a_node_whose_slurmd_does_not_answer_is_blamed_for_the_step_that_could_not_start_there(tmp_path):
+    # srun's words (the local cluster, 2026-12-05, slurmd of n3 killed inside the allocation): no rank started, so no
+    # marker or result names anything; without this the step was LOST, restarted on the same nodes and LOST again.
+    job = submitit.SlurmJob(tmp_path, "489", tasks=(0, 1))
+    job.paths.stderr.write_text(
+        "srun: error: Task launch for StepId=489.2 failed on node n3: Communication connection failure\n"
+        "srun: error: Application launch failed: Communication connection failure\nsrun: Job step aborted\n"
+    )
+    failure = analyse(job, "slurm", ("", 0), [None, None])
+    assert failure.kind == JobOutcome.DIED and failure.host == "n3" and failure.rank is None
+    assert "node n3 could not start the step's tasks (Communication connection failure)" in failure.line
+    assert judge(failure, [], max_restarts=3, restarts=0).exclude == {"n3"}

@@ -33,6 +33,9 @@ TASK_END = re.compile(r"^(?:srun|trainflow-local): error: (\S+): tasks? ([\d,-]+
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.MULTILINE)
 """srun's line for a node of its step that failed (a job that survives it, sbatch --no-kill, loses only its steps
 there): the ranks it kills elsewhere are reported too, and are not the cause."""
+LAUNCH_FAILURE = re.compile(r"^srun: error: Task launch for \S+ failed on node (\S+): (.+)$", re.MULTILINE)
+"""srun's line for a node its step's tasks could not start on: its slurmd does not answer (dead, hung, unreachable)
+before Slurm has noticed (SlurmdTimeout); no rank ran, so no marker or result says anything."""
 SIGNAL_NAMES = {text: s.name for s in signal.Signals if (text := signal.strsignal(s))}
 """srun words a task's signal as strsignal(3) does ("Killed"); the signal's own name is what people search for."""
 
@@ -89,11 +92,12 @@ def analyse(job: submitit.Job, kind: str, end: tuple[str, int], outcomes: list, 
             host=hang.host,
             step=hang.step,
         )
-    lost = [*lost, *reported_node_failures(job.paths.stderr)]
+    reported = reported_node_failures(job.paths.stderr)
+    lost = [*lost, *reported]
     if state in NODE_FAULTS or lost:
         host = lost[0] if lost else ""
-        which = f"node {host}" if host else "a node Slurm no longer lists as down"
-        line = f"{kind} job {job.job_id} ended{ended}: {which} failed (full log: {job.paths.stderr})"
+        which = f"node {host} {reported.get(host, 'failed')}" if host else "a node Slurm no longer lists as down failed"
+        line = f"{kind} job {job.job_id} ended{ended}: {which} (full log: {job.paths.stderr})"
         return failure(
             line=line,
             kind=JobOutcome.DIED,
@@ -175,10 +179,16 @@ def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:
     return ends
 
 
-def reported_node_failures(log_file: Path) -> list[str]:
-    """The nodes srun reported failed in the job's (or job step's) log, in order."""
+def reported_node_failures(log_file: Path) -> dict[str, str]:
+    """The nodes srun reported failed in the job's (or job step's) log, in order, each with what it did: 'failed', or
+    could not start the step's tasks (LAUNCH_FAILURE)."""
     text = log_file.read_text(errors="replace") if log_file.exists() else ""
-    return list(dict.fromkeys(NODE_FAILURE.findall(text)))
+    found = [(m.start(), m[1], "failed") for m in NODE_FAILURE.finditer(text)]
+    found += [(m.start(), m[1], f"could not start the step's tasks ({m[2]})") for m in LAUNCH_FAILURE.finditer(text)]
+    nodes: dict[str, str] = {}
+    for _, host, what in sorted(found):
+        nodes.setdefault(host, what)
+    return nodes
 
 
 def remedy(what: str) -> str:

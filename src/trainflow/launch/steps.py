@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,10 @@ from trainflow.launch.task import MASTER_ADDR
 
 log = logging.getLogger(__name__)
 
+PROBE_S = 60
+"""How long a spare may take to run one task before a step is put on it: a live node's slurmd starts it in ~0.04 s on
+the local cluster, and srun gives up on a dead one's in ~11 s (2026-12-05: "Communication connection failure")."""
+
 
 class Steps(Protocol):
     """How the supervisor starts and waits for a step of training ranks on some of the allocation's hosts."""
@@ -49,6 +54,19 @@ class Steps(Protocol):
     def requeue(self) -> str:
         """After the time limit's signal, once a step's ranks stopped without a result: make sure the job is requeued
         (its rank 0 does it, having saved); how, in words. A LaunchError where it cannot be."""
+
+    def unanswered(self, hosts: list[str]) -> dict[str, str]:
+        """The hosts of `hosts` that cannot start a task, each with why (its slurmd dead or unreachable, which Slurm
+        notices only after its SlurmdTimeout)."""
+
+
+def answering(steps: Steps, spares: list[str]) -> list[str]:
+    """The spares that start a task, in order; each one that does not is skipped in one line (a step put on it would
+    fail to start, and a restart on the same hosts fail again)."""
+    dead = steps.unanswered(spares) if spares else {}
+    for host, why in dead.items():
+        log.warning("Skipped the spare %s: it cannot start a task (%s)", host, why)
+    return [h for h in spares if h not in dead]
 
 
 @dataclass
@@ -73,6 +91,9 @@ class LocalSteps:
         raise LaunchError(
             "a local job's supervisor is not requeued at its time limit: raise cluster.allocation.time_min"
         )
+
+    def unanswered(self, hosts: list[str]) -> dict[str, str]:
+        return {}  # this machine runs the supervisor
 
 
 @dataclass
@@ -134,3 +155,28 @@ class SrunSteps:
             )
         subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
         return "the supervisor requeued the job (its ranks had not)"
+
+    def unanswered(self, hosts: list[str]) -> dict[str, str]:
+        """One task (`true`) on each host as a step of the job, all at once, each given PROBE_S."""
+        probes = {
+            host: subprocess.Popen(
+                ["srun", "--overlap", "--quiet", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "true"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for host in hosts
+        }
+        deadline, dead = time.monotonic() + PROBE_S, {}
+        for host, probe in probes.items():
+            try:
+                _, err = probe.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                probe.kill()
+                probe.communicate()
+                dead[host] = f"srun started no task on it in {PROBE_S} s"
+                continue
+            if probe.returncode:
+                said = [line.removeprefix("srun: error: ") for line in err.splitlines() if line.startswith("srun: ")]
+                dead[host] = said[0] if said else f"srun exit status {probe.returncode}"
+        return dead

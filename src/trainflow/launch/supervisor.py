@@ -1,7 +1,8 @@
 """The hot restart on spare nodes (cluster.allocation.spare_nodes > 0): the job holds nodes + spare_nodes, and its one
 task, the Supervisor, runs training as a job step on `nodes` of them; after a dead or hung rank it judges the failure
-(resilience.verdict) and starts a new step on the healthy nodes plus a spare Slurm keeps in service (a drained one is
-skipped: launch.slurm_nodes), the failed node left out, which resumes from the newest verified checkpoint: no new job.
+(resilience.verdict) and starts a new step on the healthy nodes plus a spare Slurm keeps in service and that starts a
+task (a drained one is skipped: launch.slurm_nodes; so is one whose slurmd is dead: launch.steps.answering), the failed
+node left out, which resumes from the newest verified checkpoint: no new job.
 
     python -m trainflow.stages.train_segment cluster.allocation.spare_nodes=1 fault.step=3 fault.signal=KILL
 
@@ -9,11 +10,10 @@ A step is a Slurm job step or, on one machine, a local job of the rank processes
 supervisor restarts is a line of the run's jobs ledger (JobRun.step, job_id <job>.<step>), and each new step's line
 holds the seconds from the failure before it to its own first trained step (JobRun.first_step_s). A hang no rank's
 evidence pins (a symmetric hang: a failed link or switch), or an NCCL error no node confirms, is checked where it
-happened: a step of the gate's checks
-on the job's own hosts (launch.gate_job.checked) finds the slow host, which a spare replaces, or none, and training
-restarts in the same job either way; a check that cannot run blames nobody. What it does not restart it hands back
-to the stage (launch.segment_jobs), which judges it as a job's failure: a verdict of no restart, and a restart once
-the spares are used up (a new job, as with no spares).
+happened: a step of the gate's checks on the job's own hosts (launch.gate_job.checked) finds the slow host, which a
+spare replaces, or none, and training restarts in the same job either way; a check that cannot run blames nobody. What
+it does not restart it hands back to the stage (launch.segment_jobs), which judges it as a job's failure: a verdict of
+no restart, and a restart once the spares are used up (a new job, as with no spares).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from trainflow.launch.job_end import LaunchError
 from trainflow.launch.judgement import judgement, recorded
 from trainflow.launch.restart import first_step_at, job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
-from trainflow.launch.steps import LocalSteps, SrunSteps, Steps
+from trainflow.launch.steps import LocalSteps, SrunSteps, Steps, answering
 from trainflow.launch.task import configure_logging
 from trainflow.resilience.ledger import NO_FAILURE, FaultClass, JobOutcome, JobRun, jobs_ledger
 from trainflow.resilience.verdict import JobFailure, Verdict
@@ -108,7 +108,8 @@ class Supervisor:
                 run = self.step_run(job, index, job_id, failed_at, fields, err.failure)
                 if self.signalled and not err.failure.errors:  # the ranks stopped at the time limit, none raised
                     self.requeued(steps, run, ledger)
-                spares = usable_spares(spares, node_states(a.executor))  # Slurm may have drained one meanwhile
+                # Slurm may have drained a spare meanwhile, or its slurmd died (which Slurm sees only later)
+                spares = answering(steps, usable_spares(spares, node_states(a.executor)))
                 check = functools.partial(checked, self.cfg, steps, active, base / f"{job_id}-check.{index}")
                 verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares), check)
                 if why:
@@ -164,8 +165,9 @@ class Supervisor:
         check: Callable[[], tuple[list[str], str]],
     ) -> tuple[Verdict, str]:
         """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
-        step's and the spares; `check`: the gate's checks on the step's hosts, run after a hang no rank's evidence
-        pins or an NCCL error no node's evidence confirms (ncclSystemError, ncclRemoteError: a link, a switch)."""
+        step's and the spares that answer; `check`: the gate's checks on the step's hosts, run after a hang no rank's
+        evidence pins or an NCCL error no node's evidence confirms (ncclSystemError, ncclRemoteError: a link, a
+        switch)."""
         a, (active, spares) = self.cfg.cluster.allocation, hosts
         earlier = [*self.earlier, *failures]
         verdict = judgement(self.cfg, job, failure, earlier, history)
