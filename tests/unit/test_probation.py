@@ -183,3 +183,54 @@ def test_the_gates_hosts_return_as_a_failures_do(tmp_path):
     later = standing([blamed("n3", at=back.at + 60)], [back], gate)
     assert later.excluded["n3"].job == "job 12" and later.returned == {}
     assert gate_blames(tmp_path / "absent.txt") == {}
+
+
+class Checks:
+    """resilience.probation.HealthChecks whose jobs end as told (the real ones: tests/slurm/test_probation_on_slurm.py)."""
+
+    after_s = 3600.0
+
+    def __init__(self, *outcomes: tuple[bool, str] | None) -> None:
+        self.outcomes, self.submitted = list(outcomes), []
+
+    def submit(self, host: str) -> str:
+        self.submitted.append(host)
+        return str(100 + len(self.submitted))
+
+    def outcome(self, host: str, job_id: str) -> tuple[bool, str] | None:
+        return self.outcomes.pop(0)
+
+
+def test_a_host_slurm_keeps_in_service_returns_when_its_health_check_passes_and_is_checked_again_when_it_fails():
+    jobs, events, idle = [blamed()], [], slurm(n3=NodeState("n3", "IDLE"))
+    checks = Checks(None, (False, "failed: NVML: GPU 0: uncorrected ECC errors"), None, (True, "passed: 4 rank(s)"))
+
+    def at(hours: float) -> list[HostEvent]:
+        new = review(jobs, events, idle, BLAME + hours * 3600, checks=checks)
+        events.extend(new)
+        return new
+
+    assert at(0.5) == [] and checks.submitted == []  # not due: resilience.health_check_after_s after its blame
+    (submitted,) = at(1.0)
+    assert (submitted.kind, submitted.check_job, checks.submitted) == (HostEventKind.CHECKING, "101", ["n3"])
+    assert at(1.2) == []  # still running: nothing new, nothing submitted again
+    (failed,) = at(1.5)
+    assert failed.kind == HostEventKind.CHECK_FAILED and failed.evidence.endswith("uncorrected ECC errors")
+    assert standing(jobs, events).excluded.keys() == {"n3"}
+    assert at(2.0) == [] and len(checks.submitted) == 1  # due again an hour after the failed check
+    (again,) = at(2.5)
+    assert again.kind == HostEventKind.CHECKING and again.check_job == "102"
+    assert at(2.6) == []
+    (back,) = at(3.0)
+    assert back.kind == HostEventKind.RETURNED and back.evidence == "its health check (job 102) passed: 4 rank(s)"
+    assert standing(jobs, events).excluded == {} and standing(jobs, events).returned.keys() == {"n3"}
+
+
+def test_a_held_host_is_not_health_checked_and_an_altered_check_job_fails_its_check():
+    checks = Checks()
+    drained = slurm(n3=NodeState("n3", "IDLE+DRAIN", "Xid 79"))
+    (held,) = review([blamed()], [], drained, BLAME + 7200, checks=checks)
+    assert held.kind == HostEventKind.HELD and checks.submitted == []
+    altered = HostEvent("n3", BLAME + 10, HostEventKind.CHECKING, "x", "job 12", check_job="1;scancel -u root")
+    (failed,) = review([blamed()], [altered], slurm(n3=NodeState("n3", "IDLE")), BLAME + 20, checks=checks)
+    assert failed.kind == HostEventKind.CHECK_FAILED and "names no check job ('1;scancel -u root')" in failed.evidence

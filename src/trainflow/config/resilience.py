@@ -41,6 +41,11 @@ class ResilienceConfig:
     past it the stage stops in one line naming them, as a run that loses nodes faster than the site repairs them needs
     a person (seed: 1024 nodes; 32 is 3 %). A blamed host returns once Slurm shows it repaired
     (resilience.probation)."""
+    health_check_after_s: float = checked(3600.0, ge=0)
+    """A blamed host Slurm keeps in service is checked this long after its blame (and again this long after a check
+    that failed): a job of its own on that node alone runs the gate's in-node collectives, a matmul against a CPU
+    reference and the node's own evidence (launch.health_check), and returns it where all pass; 0: never checked,
+    only Slurm's repair returns it. A check runs beside training and is read at the next job's start."""
     max_pending_s: float = checked(86400.0, ge=0)
     """A training or gate job still pending in Slurm's queue after this long (a requeued one too) is cancelled and the
     stage stops in one line with Slurm's reason (0: wait however long)."""

@@ -4,8 +4,8 @@ one line, and keep each job in the run's jobs ledger; the stage (stages/train_se
     python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a restart, drilled
 
 Before each job: the hosts to leave out, the gate's and every one the run's ledger blames that Slurm has not shown
-repaired since (launch.slurm_nodes.on_probation; at most resilience.max_excluded_nodes at once) but those the stage
-excuses (the hosts of failures a drill injected, fault.mtbf_s).
+repaired since, nor a health check of its own passed (launch.slurm_nodes.on_probation, launch.health_check; at most
+resilience.max_excluded_nodes at once) but those the stage excuses (the hosts of failures a drill injected, fault.mtbf_s).
 After a failure: its verdict, with the restarts in a row that made no progress (resilience.max_restarts); after a
 hang whose evidence names nobody, the gate's checks on a new allocation first (launch.gate_job.slow_hosts), so no host
 is left out on a guess. With cluster.allocation.spare_nodes the job is a launch.supervisor, which restarts inside its
@@ -30,6 +30,7 @@ from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.launch.executors import build_executor
 from trainflow.launch.gate_job import slow_hosts
+from trainflow.launch.health_check import SlurmHealthChecks
 from trainflow.launch.job_end import LaunchError, wait_job
 from trainflow.launch.judgement import judgement, recorded
 from trainflow.launch.live_job import LiveJobs
@@ -73,7 +74,9 @@ def run_jobs(
         else:
             history, attempt = ledger.read(), len(failures)
             gate = gate_blames(RunFolder.of(cfg).nccl_exclude)
-            exclude = on_probation(cfg.io.checkpoints, history, node_states(a.executor), gate) - excused(history)
+            checks = SlurmHealthChecks(cfg) if a.executor == "slurm" else None
+            exclude = on_probation(cfg.io.checkpoints, history, node_states(a.executor), gate, checks)
+            exclude -= excused(history)
             if why := over_cap(exclude, r.max_excluded_nodes, ledger.path):
                 raise LaunchError(f"segment {cfg.segment} not started: {why}")
             submitted = time.time()

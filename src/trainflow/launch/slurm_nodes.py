@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 
 from trainflow.resilience.ledger import JobRun, Probation, hosts_ledger, standing
-from trainflow.resilience.probation import NodeState, NodeStates, SlurmNodesError, parse_nodes, review
+from trainflow.resilience.probation import HealthChecks, NodeState, NodeStates, SlurmNodesError, parse_nodes, review
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,19 @@ def node_states(executor: str) -> NodeStates:
 
 
 def on_probation(
-    checkpoints: str, jobs: list[JobRun], nodes: NodeStates, gate: Mapping[str, Probation] | None = None
+    checkpoints: str,
+    jobs: list[JobRun],
+    nodes: NodeStates,
+    gate: Mapping[str, Probation] | None = None,
+    checks: HealthChecks | None = None,
 ) -> frozenset[str]:
     """The hosts the run's jobs ledger `jobs` and the gate (`gate`: launch.restart.gate_blames) still leave out, once
-    the ones Slurm shows repaired have returned (each hold seen and each return a line of the hosts ledger beside the
-    checkpoints)."""
+    the ones Slurm shows repaired, or whose health check (`checks`: launch.health_check) passed, have returned (each
+    hold seen, check and return a line of the hosts ledger beside the checkpoints)."""
     ledger = hosts_ledger(checkpoints)
     events = ledger.read()
     try:
-        new = review(jobs, events, nodes, time.time(), gate)
+        new = review(jobs, events, nodes, time.time(), gate, checks)
     except SlurmNodesError as err:
         log.warning("Kept every blamed host out: %s", err)
         new = []

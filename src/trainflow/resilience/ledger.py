@@ -113,12 +113,17 @@ class JobRun(Record):
 
 
 class HostEventKind(StrEnum):
-    """What Slurm did with a host on probation (hosts.jsonl writes the value)."""
+    """What Slurm did with a host on probation, or a health check of it found (hosts.jsonl writes the value)."""
 
     HELD = "held"
     """Slurm held it out of jobs (drained, down, failed, rebooting) after its blame: a repair began."""
     RETURNED = "returned"
-    """It left probation: Slurm returned it to service after holding it, or it rebooted, after its blame."""
+    """It left probation: Slurm returned it to service after holding it, or it rebooted, or a health check of it
+    passed, after its blame."""
+    CHECKING = "checking"
+    """A health check job of it was submitted (HostEvent.check_job; launch.health_check)."""
+    CHECK_FAILED = "check failed"
+    """Its health check found a fault or did not run: it stays out until its next check or Slurm's repair."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,8 @@ class HostEvent(Record):
     """Slurm's state, reason and times, in one line."""
     blamed_by: str
     """The blame it answers: "job <id>", the job whose failure left the host out."""
+    check_job: str = ""
+    """A health check's Slurm job id (CHECKING, and the check's outcome); "" for Slurm's evidence."""
 
 
 def jobs_ledger(checkpoints: str | Path) -> Journal[JobRun]:

@@ -9,8 +9,15 @@ again after a hold the stage saw since its blame (HELD, recorded the first time 
 failed or rebooting). A host Slurm kept in service and never rebooted is not repaired, however long ago its blame was;
 a hold that began and ended between two reviews (every job start: each segment, each restart) is not seen, and the
 host then waits for its next hold or reboot. The gate's hosts (nccl-exclude.txt, blamed when the file was written) come
-back the same way. No health check returns a host yet: the gate's checks need an allocation of their own, which a
-drained node never gets (docs/fault-tolerance.md).
+back the same way.
+
+A health check is the other way back, for a host Slurm keeps in service (a blame on a guess: a healthy node the rank
+of a hang ran on, a node a kernel bug's error was taken for): resilience.health_check_after_s after its blame, a job
+of its own on that node alone (`checks`: launch.health_check.SlurmHealthChecks) runs the gate's in-node collectives,
+a matmul against a CPU reference and reads the node's own evidence; the host returns where all pass (RETURNED, the
+job's finding as evidence), and is checked again that long after a check that failed (CHECK_FAILED). A check runs
+beside training: it is submitted at one review (CHECKING, its job id) and read at a later one. A drained node is never
+checked (its job would wait for the repair that returns it anyway).
 
 `nodes` is the one way Slurm is asked (launch.slurm_nodes reads scontrol; a test gives the states it needs), and its
 output is parsed strictly here: anything that is not scontrol's record of a node asked for is one SlurmNodesError line.
@@ -18,10 +25,12 @@ output is parsed strictly here: anything that is not scontrol's record of a node
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from trainflow.errors import TrainflowError
 from trainflow.resilience.ledger import HOST, HostEvent, HostEventKind, JobRun, Probation, standing
@@ -34,6 +43,8 @@ HARMLESS_FLAGS = frozenset({"COMPLETING", "PLANNED", "RESERVED"})
 """State flags that leave a node in service; any other (DRAIN, FAIL, NOT_RESPONDING, REBOOT_*, POWER*...) holds it."""
 STATE = re.compile(r"[A-Z_]+(?:\+[A-Z_]+)*")
 TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d"
+CHECK_JOB = re.compile(r"\d{1,12}")
+"""A health check's Slurm job id as the hosts ledger may hold it: anything else there was altered."""
 
 
 class SlurmNodesError(TrainflowError):
@@ -98,20 +109,65 @@ def parse_node(line: str) -> NodeState:
     return NodeState(values["NodeName"], values["State"], reason[:200], boot)
 
 
+class HealthChecks(Protocol):
+    """How a host's health check job is run and read (launch.health_check)."""
+
+    after_s: float
+    """resilience.health_check_after_s: how long after a blame, or a failed check, a host is checked; 0: never."""
+
+    def submit(self, host: str) -> str:
+        """Submit the check of `host`; its job id ("" where it could not be submitted: said in a log line)."""
+
+    def outcome(self, host: str, job_id: str) -> tuple[bool, str] | None:
+        """(whether it passed, what it found, in one clause) once the check of `host`, job `job_id`, ended; None while
+        it may run."""
+
+
 def review(
     jobs: list[JobRun],
     events: list[HostEvent],
     nodes: NodeStates,
     now: float,
     gate: Mapping[str, Probation] | None = None,
+    checks: HealthChecks | None = None,
 ) -> list[HostEvent]:
     """What Slurm shows of the hosts the run leaves out (`jobs`, `events`: its ledgers; `gate`: the gate's blames)
-    that is new: a hold seen for the first time since a host's blame, or its return; each for the hosts ledger. One
-    SlurmNodesError where Slurm's answer does not read (the hosts stay out)."""
+    that is new: a hold seen for the first time since a host's blame, or its return; and where `checks` is given,
+    each health check submitted or ended (the module docstring); each for the hosts ledger. One SlurmNodesError where
+    Slurm's answer does not read (the hosts stay out)."""
     out = standing(jobs, events, gate).excluded
     found = nodes(sorted(out)) if out else {}
-    seen = ((host, found[host], probation) for host, probation in sorted(out.items()) if host in found)
-    return [HostEvent(host, now, *change, blamed_by=p.job) for host, node, p in seen if (change := changed(node, p))]
+    new = []
+    for host, probation in sorted(out.items()):
+        if host not in found:
+            continue
+        if change := changed(found[host], probation):
+            new.append(HostEvent(host, now, *change, blamed_by=probation.job))
+        elif checks and checks.after_s and found[host].in_service:
+            new += health_checked(host, probation, [e for e in events if e.host == host], checks, now)
+    return new
+
+
+def health_checked(
+    host: str, probation: Probation, events: list[HostEvent], checks: HealthChecks, now: float
+) -> list[HostEvent]:
+    """The event of a health check of `host` on probation, kept in service (its hosts ledger lines `events`): its
+    check's outcome where one ran, a check submitted where one is due; none else."""
+    kinds = (HostEventKind.CHECKING, HostEventKind.CHECK_FAILED)
+    last = next((e for e in reversed(events) if e.at >= probation.since and e.kind in kinds), None)
+    event = functools.partial(HostEvent, host, now, blamed_by=probation.job)
+    if last is not None and last.kind is HostEventKind.CHECKING:
+        job = last.check_job
+        if not CHECK_JOB.fullmatch(job):
+            return [event(HostEventKind.CHECK_FAILED, f"the hosts ledger names no check job ({job[:40]!r}): altered")]
+        if (ended := checks.outcome(host, job)) is None:
+            return []
+        passed, found = ended
+        kind = HostEventKind.RETURNED if passed else HostEventKind.CHECK_FAILED
+        return [event(kind, f"its health check (job {job}) {found}", check_job=job)]
+    if now - (last.at if last else probation.since) < checks.after_s or not (job := checks.submit(host)):
+        return []
+    return [event(HostEventKind.CHECKING, f"its health check submitted (job {job})", check_job=job)]
 
 
 def changed(node: NodeState, probation: Probation) -> tuple[HostEventKind, str] | None:
