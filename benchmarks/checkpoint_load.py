@@ -7,9 +7,9 @@ rank's plan from the files) and gloo's bare exchange of the same bytes.
     python benchmarks/checkpoint_load.py [--quick] [--mb 96 384] [--rounds 7] [--dir /tmp]
 
 Goals (issues 32 and 44): at dp4, bytes read per job start <= 1.1 x the checkpoint's size, and each rank's bytes read,
-sent (broadcast to the ranks that need what it read) and had from the others (received, or mapped from its host's
-memory) <= 1.1 x its ideal share (`ideal_per_rank_bytes`: 1/N of the checkpoint read and sent, (N - 1)/N had; the
-largest over the group's ranks, `per_rank_bytes`, against it in `per_rank_over_ideal`). The times beside dp1's
+sent (to each rank that needs what it read and cannot map it) and had from the others (received, or mapped from its
+host's memory) <= 1.1 x its ideal share (`ideal_per_rank_bytes`: 1/N of the checkpoint read, (N - 1)/N sent and had;
+the largest over the group's ranks, `per_rank_bytes`, against it in `per_rank_over_ideal`). The times beside dp1's
 (`s_over_dp1`, and `per_byte`: the growth of the time from the smaller state to the larger) are figures, no longer a
 goal: on this 2-core VM they measure the cores more than the load.
 
@@ -256,9 +256,10 @@ def load_main(rank: int, world: int, work: str, mb: int, rounds: int, saved_kind
 
 
 def ideal(size: int, dp: int) -> dict[str, int]:
-    """A rank's ideal share of a single read of `size` bytes at dpN: it reads 1/N of them and broadcasts what it
-    read, and has the other (N - 1)/N from the other ranks (received, or mapped from its host's memory)."""
-    return {"read": size // dp, "sent": size // dp * (dp > 1), "received": size * (dp - 1) // dp}
+    """A rank's ideal share of a single read of `size` bytes at dpN: it reads 1/N of them and sends what it read to
+    each of the other N - 1 ranks ((N - 1)/N on the wire, what each rank of a ring broadcast sends too), and has the
+    other (N - 1)/N from the other ranks (received, or mapped from its host's memory)."""
+    return {"read": size // dp, "sent": size * (dp - 1) // dp, "received": size * (dp - 1) // dp}
 
 
 def summary(rows: list[dict], size: int, dp: int) -> dict:

@@ -7,10 +7,10 @@ its own, which the item is then read from as the file would be.
 A received byte is written once, by the kernel's copy out of the socket into its final place: no buffer of the
 file's size per rank, whose fresh memory this VM's host backs slowly (see benchmarks/checkpoint_load.py), and no
 copy from that buffer into the state. The rank that read the file describes its records (checkpoint.tensor_record,
-shared with every rank), and each receiving rank chooses per item, from that description and its own destination,
-which bytes of the file it asks for: the data of a tensor it reads in place, the whole record otherwise, nothing
-for a small record, whose bytes came with the description. The bytes come by broadcast, in rounds
-(checkpoint.broadcast_rounds).
+told to the ranks that need the file, checkpoint.agreement), and each receiving rank chooses per item, from that
+description and its own destination, which bytes of the file it asks for: the data of a tensor it reads in place, the
+whole record otherwise, nothing for a small record, whose bytes came with the description. The bytes come from the
+reader, in rounds (checkpoint.exchange_rounds).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class HeldRange(HeldFile):
 class Landing:
     """One item of this rank's plan whose file another rank read: the file's bytes [start, start + nbytes) it asks
     for (nbytes 0: none travel) and `into`, the uint8 tensor they land in (None until its bytes come: a record's
-    buffer is made by checkpoint.broadcast_rounds in the round its first bytes arrive)."""
+    buffer is made by checkpoint.exchange_rounds in the round its first bytes arrive)."""
 
     item: ReadItem
     info: _StorageInfo

@@ -41,6 +41,14 @@ class RankShares:
     reads: tuple[FileShare, ...]
     incoming: tuple[Incoming, ...]
 
+    def receivers(self) -> list[int]:
+        """The ranks that need a file this rank reads: those it tells about them (checkpoint.agreement)."""
+        return sorted({r for s in self.reads for r in s.receivers})
+
+    def readers(self) -> list[int]:
+        """The ranks that read a file this rank needs: those it hears from."""
+        return sorted({s.reader for s in self.incoming})
+
 
 def schedule(files: dict[str, int], needs: dict[str, set[int]], ranks: int) -> list[FileShare]:
     """Who reads each of `files` (relative path -> bytes), given the ranks whose plans read from each (`needs`):

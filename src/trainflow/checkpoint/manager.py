@@ -30,7 +30,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainflow.checkpoint.async_saves import AsyncSaves
-from trainflow.checkpoint.broadcast_rounds import BroadcastGroups
 from trainflow.checkpoint.checked_read import CorruptFileError
 from trainflow.checkpoint.commit import Committer
 from trainflow.checkpoint.folders import list_steps, step_dir
@@ -60,8 +59,8 @@ CPU = torch.device("cpu")
 class LoadDone(Record):
     """What a load read (CheckpointManager.load): the bytes this rank and all ranks read from the checkpoint's
     files, beside the checkpoint's own size (its manifest's files), the bytes of the files this rank had from
-    other ranks' reads (mapped from a reader's memory on its host, received over the group) and those it broadcast
-    of its own reads (checkpoint.single_read's LoadTally)."""
+    other ranks' reads (mapped from a reader's memory on its host, received over the group) and those it sent of
+    its own reads, once per receiver (checkpoint.single_read's LoadTally)."""
 
     step: int
     seconds: float
@@ -94,8 +93,6 @@ class CheckpointManager:
         """Where the small tensors of the saves' and loads' own collectives live (NCCL takes device tensors only)."""
         self.host_memory = True
         """Whether a load's ranks of one host exchange through memory (checkpoint.host_shared), else over the group."""
-        self.broadcast_groups = BroadcastGroups(None)
-        """The process groups a load's broadcasts make (checkpoint.broadcast_rounds), kept for the next load."""
         self.mode = SaveMode(mode)
         self.saves = (
             AsyncSaves(
@@ -187,7 +184,6 @@ class CheckpointManager:
             thread_count=self.io_threads,
             device=self.collectives,
             host_memory=self.host_memory,
-            groups=self.broadcast_groups,
         )
         try:
             dcp.load(state, storage_reader=reader, planner=ExactLoadPlanner())

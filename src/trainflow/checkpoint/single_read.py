@@ -10,15 +10,17 @@ fewest bytes so far; a file no rank needs is still read and checked), and each r
 shares: what it reads and for whom, what it has from whom. A rank on the reader's host maps the memory the reader read
 the file into and loads from it as the reader does (checkpoint.host_shared), where gloo would copy every byte through
 TCP loopback. The other ranks that need the file (those on other hosts, or all of them where the bytes travel on a
-GPU) have its bytes by broadcast from the reader, inside the group of those ranks, in rounds of bounded memory
-(checkpoint.broadcast_rounds), each tensor's straight into its destination where it is that whole tensor
-(checkpoint.landing), a whole record otherwise, which that rank reads from memory as checkpoint.reader reads it from a
-file. FSDP's shards, which only their own rank needs, are read by that rank alone. The bytes read are the checkpoint's
-files once, plus `.metadata`, which every rank reads (DCP plans from it; each rank checks its CRC). A failed check
-anywhere raises the same error on every rank before any byte is exchanged or loaded (the state is untouched), so the
-caller can fall back to an older checkpoint. The cost: during a load a rank holds the files it read (its share) and
-one round of the exchange. LoadTally counts what each rank read, mapped, sent and received (benchmarks/
-checkpoint_load.py holds them against each rank's ideal share).
+GPU) have its bytes sent by the reader, point-to-point, in rounds of bounded memory (checkpoint.exchange_rounds), each
+tensor's straight into its destination where it is that whole tensor (checkpoint.landing), a whole record otherwise,
+which that rank reads from memory as checkpoint.reader reads it from a file. FSDP's shards, which only their own rank
+needs, are read by that rank alone. The bytes read are the checkpoint's files once, plus `.metadata`, which every rank
+reads (DCP plans from it; each rank checks its CRC). A failed check anywhere raises the same error on every rank before
+any byte is exchanged or loaded (the state is untouched), so the caller can fall back to an older checkpoint: the
+verdict is one number reduced over the group; what else the ranks agree on (each file's records and shared memory, the
+ranges asked of it, its pieces) passes only between its reader and the ranks that need it (checkpoint.agreement), so a
+rank's messages, like its plan, follow its own shares, not the world's size. The cost: during a load a rank holds the
+files it read (its share) and one round of the exchange. LoadTally counts what each rank read, mapped, sent and
+received (benchmarks/checkpoint_load.py holds them against each rank's ideal share).
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from trainflow.checkpoint.broadcast_rounds import ROUND_BYTES, BroadcastGroups, Piece, RoundExchange, pieces
+from trainflow.checkpoint.agreement import Described, asks_to, described_to, exchanged, pieces_to, raise_first_failure
 from trainflow.checkpoint.checked_read import read_checked
+from trainflow.checkpoint.exchange_rounds import ROUND_BYTES, Piece, RoundExchange
 from trainflow.checkpoint.host_shared import Address, SharedBytes, mapped
 from trainflow.checkpoint.landing import Landing, land
 from trainflow.checkpoint.load_plan import FileShare, rank_plans
@@ -50,17 +53,18 @@ from trainflow.checkpoint.tensor_record import SavedTensor, describe
 
 CPU = torch.device("cpu")
 PHASES = ("read", "agree", "own", "exchange")
-"""SingleReader.read_data's phases: this rank's files read and CRC-checked and their records described; every rank's
-verdicts, descriptions and shared memory, then asks, gathered (with the wait for the slowest reader); the files this
-rank read, and those it maps from a reader on its host, loaded; the broadcast rounds, each loading what it brought."""
+"""SingleReader.read_data's phases: this rank's files read and CRC-checked and their records described; the agreement
+(checkpoint.agreement: every rank's verdict, then the records, shared memory, asks and pieces of this rank's files and
+of those it needs, with the wait for the slowest reader); the files this rank read, and those it maps from a reader on
+its host, loaded; the exchange's rounds, each loading what it brought."""
 
 
 @dataclass
 class LoadTally:
     """What one rank's load moved (SingleReader.tally): bytes read from the checkpoint's files, copied from the memory
-    of a reader on its host (`mapped`), broadcast to the ranks that need the files it read (`sent`, each byte once
-    whatever the number of receivers), received from other ranks' broadcasts; the exchange's rounds and its peak of
-    extra memory; the wall time of each phase of read_data (PHASES)."""
+    of a reader on its host (`mapped`), sent to the ranks that need the files it read (`sent`, each byte once per
+    receiver), received from the ranks that read the others; the exchange's rounds and its peak of extra memory; the
+    wall time of each phase of read_data (PHASES)."""
 
     bytes_read: int = 0
     bytes_mapped: int = 0
@@ -85,8 +89,7 @@ class Clock:
 
 class SingleReader(InPlaceReader):
     """InPlaceReader whose ranks (of `group`, the default: all) read each file once between them (the module's
-    docstring), checking every CRC-32C of `manifest` as they read; `tally` counts what this rank moved (LoadTally).
-    `groups` keeps the broadcast groups it makes from one load to the next (checkpoint.broadcast_rounds)."""
+    docstring), checking every CRC-32C of `manifest` as they read; `tally` counts what this rank moved (LoadTally)."""
 
     def __init__(
         self,
@@ -98,14 +101,13 @@ class SingleReader(InPlaceReader):
         group: dist.ProcessGroup | None = None,
         host_memory: bool = True,
         round_bytes: int = ROUND_BYTES,
-        groups: BroadcastGroups | None = None,
     ):
         super().__init__(path, thread_count=thread_count)
         self.manifest, self.device, self.group, self.host_memory = manifest, device, group, host_memory
-        """`device`: where the exchanged bytes travel (NCCL broadcasts device tensors only). `host_memory`: whether
-        ranks of one host exchange through memory where the bytes travel on the CPU (else over the group, as across
-        hosts). `round_bytes`: the exchange's extra memory a round (checkpoint.broadcast_rounds)."""
-        self.round_bytes, self.groups = round_bytes, BroadcastGroups(group) if groups is None else groups
+        """`device`: where the exchanged bytes and the agreement's messages travel (NCCL sends device tensors only).
+        `host_memory`: whether ranks of one host exchange through memory where the bytes travel on the CPU (else over
+        the group, as across hosts). `round_bytes`: the exchange's extra memory a round (checkpoint.exchange_rounds)."""
+        self.round_bytes = round_bytes
         self.tally = LoadTally()
 
     def _checked_metadata(self) -> Metadata:
@@ -130,30 +132,32 @@ class SingleReader(InPlaceReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         clock = Clock(self.tally.seconds)
-        rank, shares = dist.get_rank(self.group), plan.storage_data  # a RankShares: prepare_global_plan's
+        shares = plan.storage_data  # a RankShares: prepare_global_plan's
         items: dict[str, list[ReadItem]] = {}
         for item in sorted(plan.items, key=self.item_offset):  # the order both ends of an exchange list it in
             items.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         sharing: dict[str, SharedBytes] = {}
         try:
             held, described, addresses = self.read_own(plan, list(shares.reads), sharing, clock)
-            near = {s.name: data for s in shares.incoming if (data := mapped(addresses.get(s.name))) is not None}
-            far = [s for s in shares.incoming if s.name not in near]
-            landings = {s.name: self.landings(items.get(s.name, []), described[s.name], planner) for s in far}
+            heard = self.exchanged(described_to(shares.reads, described, addresses), shares.readers())
+            about: dict[str, Described] = {name: d for by_file in heard.values() for name, d in by_file.items()}
+            near = {x.name: data for x in shares.incoming if (data := mapped(about[x.name].address)) is not None}
+            far = [x.name for x in shares.incoming if x.name not in near]
+            landings = {n: self.landings(items.get(n, []), about[n].records, planner) for n in far}
             self.tally.bytes_mapped += sum(data.numel() for data in near.values())
             asks = {n: [(x.start, x.nbytes) for x in ls if x.nbytes] for n, ls in landings.items()}
-            everyone = self.gathered((asks, {s.name: s.reader for s in far}))
+            asked = self.exchanged(asks_to(shares.incoming, asks), shares.receivers())
         finally:
-            for shared in sharing.values():  # every peer that maps a file has it mapped by now
+            for shared in sharing.values():  # every peer that maps a file mapped it before it asked the reader
                 shared.unshare()
+        sending, told = pieces_to(shares.reads, asked, self.round_bytes)
+        theirs = self.exchanged(told, shares.readers())
         clock.lap("agree")
         for name, data in (held | near).items():
             self.read_from(HeldFile(self.file_path(name), memoryview(data.numpy())), items.get(name, []), planner)
         clock.lap("own")
-        readers = {name: reader for _, far_readers in everyone for name, reader in far_readers.items()}
-        every = pieces(readers, [asks for asks, _ in everyone], self.round_bytes)
-        self.groups.made_for(every)
-        self.exchanged(held, landings, [p for p in every if rank in p.members], planner)
+        mine = sorted(sending + [p for ps in theirs.values() for p in ps], key=lambda p: (p.name, p.start))
+        self.sent_and_received(held, landings, mine, planner)
         for name, ls in landings.items():  # small records: their bytes came with their description
             for x in ls:
                 if not x.nbytes:
@@ -163,12 +167,18 @@ class SingleReader(InPlaceReader):
         done.set_result(None)
         return done
 
-    def exchanged(self, held: dict, landings: dict[str, list[Landing]], mine: list[Piece], planner: LoadPlanner):
-        """Broadcast the files this rank read to those that asked, receive the rest (checkpoint.broadcast_rounds)."""
+    def exchanged(self, outgoing: dict[int, object], sources: list[int]) -> dict[int, object]:
+        """The agreement's messages to the ranks of `outgoing`, and from `sources` (checkpoint.agreement)."""
+        return exchanged(outgoing, sources, group=self.group, device=self.device)
+
+    def sent_and_received(
+        self, held: dict, landings: dict[str, list[Landing]], mine: list[Piece], planner: LoadPlanner
+    ) -> None:
+        """Send the files this rank read to those that asked, receive the rest (checkpoint.exchange_rounds)."""
         exchange = RoundExchange(
             dist.get_rank(self.group),
             device=self.device,
-            group_of=self.groups,
+            group=self.group,
             loaded=lambda name, x: self.loaded(name, x, planner),
             round_bytes=self.round_bytes,
         )
@@ -197,20 +207,14 @@ class SingleReader(InPlaceReader):
             for item, info in zip(items, infos, strict=True)
         ]
 
-    def gathered(self, mine: object) -> list:
-        """`mine` from every rank of the group, by rank (a collective)."""
-        everyone: list = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(everyone, mine, group=self.group)
-        return everyone
-
     def read_own(
         self, plan: LoadPlan, mine: list[FileShare], sharing: dict[str, SharedBytes], clock: Clock
-    ) -> tuple[dict[str, torch.Tensor], dict, dict[str, Address]]:
+    ) -> tuple[dict[str, torch.Tensor], dict[str, dict], dict[str, Address]]:
         """Read this rank's share of the files, each checked against its CRC, and describe their records; then every
-        rank learns whether every rank's checks passed (a collective), and all raise the first failure, before any
-        byte is exchanged. This rank's files; every file's records by offset (None: not described); where each file
-        that others need and its reader holds in memory its host can share (checkpoint.host_shared) is found. The
-        shared memory this rank made goes into `sharing`, by file."""
+        rank learns whether every rank's checks passed (a collective), and all raise the lowest failing rank's error,
+        before any byte is exchanged (checkpoint.agreement). This rank's files; their records by offset (None: not
+        described); the address of those others need that its host can share (checkpoint.host_shared), whose shared
+        memory goes into `sharing`, by file."""
         held, described, error, addresses = {}, {}, None, {}
         try:
             for item in plan.items:
@@ -232,14 +236,8 @@ class SingleReader(InPlaceReader):
         except (ChecksumError, OSError) as err:
             error = err
         clock.lap("read")
-        everyone = self.gathered((error, described, addresses))
-        if failed := next((e for e, _, _ in everyone if e is not None), None):
-            raise failed
-        return (
-            held,
-            {n: records for _, d, _ in everyone for n, records in d.items()},
-            {n: a for _, _, near in everyone for n, a in near.items()},
-        )
+        raise_first_failure(error, group=self.group, device=self.device)
+        return held, described, addresses
 
     def shareable(self, share: FileShare, sharing: dict[str, SharedBytes]) -> torch.Tensor | None:
         """Memory the ranks of this host can map for the file `share`, where others need it and the exchange runs on
