@@ -1,9 +1,9 @@
 """The checkpoint read once per job start (checkpoint.single_read): who reads which file, that a rank's plan holds its
-own shares only (at the seed's 4096 ranks and 8192 files), how the exchange cuts its broadcasts, where a received
-tensor's bytes land (checkpoint.landing), and on 2 gloo ranks that a load reads each byte of the checkpoint once
-between them, loads what one rank would (into destinations of the saved layout and of another dtype) through the
-host's memory and over gloo alike, holds no more than a round of the exchange at a time, and that a damaged file is
-caught by the rank that read it and refused on both in one line."""
+own shares only and a rank's agreement messages follow them (at the seed's 4096 ranks and 8192 files as at 64), how
+the exchange cuts its pieces, where a received tensor's bytes land (checkpoint.landing), and on 2 gloo ranks that a
+load reads each byte of the checkpoint once between them, loads what one rank would (into destinations of the saved
+layout and of another dtype) through the host's memory and over gloo alike, holds no more than a round of the exchange
+at a time, and that a damaged file is caught by the rank that read it and refused on both in one line."""
 
 from __future__ import annotations
 
