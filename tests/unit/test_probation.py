@@ -186,7 +186,7 @@ def test_the_gates_hosts_return_as_a_failures_do(tmp_path):
 
 
 class Checks:
-    """resilience.probation.HealthChecks whose jobs end as told (the real ones: tests/slurm/test_probation_on_slurm.py)."""
+    """resilience.probation.HealthChecks whose jobs end as told (the real ones: tests/slurm/test_probation_on_slurm)."""
 
     after_s = 3600.0
 

@@ -3,9 +3,10 @@ one line, and keep each job in the run's jobs ledger; the stage (stages/train_se
 
     python -m trainflow.stages.train_segment fault.step=7 fault.rank=1 fault.signal=KILL   # a restart, drilled
 
-Before each job: the hosts to leave out, the gate's and every one the run's ledger blames that Slurm has not shown
-repaired since, nor a health check of its own passed (launch.slurm_nodes.on_probation, launch.health_check; at most
-resilience.max_excluded_nodes at once) but those the stage excuses (the hosts of failures a drill injected, fault.mtbf_s).
+Before each job: the hosts to leave out, the gate's and every one the run's ledger blames that Slurm has not
+shown repaired since, nor a health check of its own passed (launch.slurm_nodes.on_probation, launch.health_check; at
+most resilience.max_excluded_nodes at once) but those the stage excuses (the hosts of failures a drill injected,
+fault.mtbf_s).
 After a failure: its verdict, with the restarts in a row that made no progress (resilience.max_restarts); after a
 hang whose evidence names nobody, the gate's checks on a new allocation first (launch.gate_job.slow_hosts), so no host
 is left out on a guess. With cluster.allocation.spare_nodes the job is a launch.supervisor, which restarts inside its
