@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import make_config, run_segment
 from tests.support import RESTART_RUN, ledgers
+from trainflow.config.startup import RANK_PARTS
 
 HOT = ("cluster.allocation.spare_nodes=1",)
 
@@ -45,6 +46,12 @@ def test_a_dead_rank_is_restarted_inside_its_job_on_a_spare_bitwise(tmp_path, to
     assert 0 < jobs[1].first_step_s < 60, jobs[1]
     first = min(s.started + s.seconds for s in spans if s.kind == "step" and s.started > jobs[0].ended)
     assert jobs[1].first_step_s == pytest.approx(first - jobs[0].ended, abs=1.0)  # the marker's time is the span's
+    # first_step_s in parts: the supervisor's verdict (the failure seen to the new step asked for), then each part of
+    # the ranks' start-up as their task markers recorded it, in order (none negative), adding up to it.
+    parts = jobs[1].parts
+    assert list(parts) == [p.value for p in RANK_PARTS] and min(parts.values()) >= 0, parts
+    verdict = jobs[1].submitted - jobs[0].ended
+    assert verdict + sum(parts.values()) == pytest.approx(jobs[1].first_step_s, abs=0.5), (verdict, parts, jobs[1])
     assert summary["state_digest"] == reference["state_digest"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import submitit
@@ -17,8 +18,10 @@ from submitit.core.utils import JobPaths
 
 from trainflow.checkpoint.folders import list_steps
 from trainflow.config import TrainflowConfig
+from trainflow.config.startup import RANK_PARTS, StartupPart
 from trainflow.launch.failure import read_markers
 from trainflow.launch.heartbeat import timing_path
+from trainflow.launch.task import TaskMarker
 from trainflow.records import RecordError, read_file
 from trainflow.resilience.ledger import JobOutcome, JobRun, Probation, checked_hosts
 from trainflow.resilience.timing import RankTiming, stragglers
@@ -80,7 +83,21 @@ def job_run(
         exclude=sorted(exclude),
         checkpoint=steps[-1] if steps else -1,
         step=step,
+        parts=startup_parts(markers, submitted),
     )
+
+
+def startup_parts(markers: Iterable[TaskMarker], submitted: float) -> dict[str, float]:
+    """Seconds of each part of the ranks' start-up (config.startup.RANK_PARTS, in order), each ending when its last
+    rank ended it, the first from `submitted`; a part no rank recorded is left out (the next one holds its time)."""
+    markers = list(markers)
+    ends = {part: [m.parts[part] for m in markers if part in m.parts] for part in RANK_PARTS[:-1]}
+    ends[StartupPart.FIRST_STEP] = [m.first_step for m in markers if m.first_step is not None]
+    parts, since = {}, submitted
+    for part in RANK_PARTS:
+        if ends[part]:
+            parts[part.value], since = max(ends[part]) - since, max(ends[part])
+    return parts
 
 
 def first_step_at(job: submitit.Job) -> float | None:

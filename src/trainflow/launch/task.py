@@ -12,7 +12,7 @@ import logging.config
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,11 +22,12 @@ from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
 from trainflow.config import CONF_DIR, RuntimeConfig
+from trainflow.config.startup import StartupPart
 from trainflow.errors import TrainflowError
 from trainflow.host import hostname
 from trainflow.launch.hang import rank_environment
 from trainflow.launch.node_report import write_node_report
-from trainflow.records import Record, read_record
+from trainflow.records import Record, RecordError, fields_added, read_record
 from trainflow.resilience.verdict import DEVICE_FAULT, NETWORK_FAULT
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ takes the address from SLURM_JOB_NODELIST, which lists the whole allocation, who
 class TaskMarker(Record):
     """Where a task ran and how its code ended (<job>_<task>_task.json in the job's folder): written by marked_task
     as the task starts and again as its code ends, read by launch.failure and train_segment's jobs ledger."""
+
+    FORMAT = 2
+    MIGRATIONS = {1: fields_added}  # 2: parts
 
     rank: int
     host: str
@@ -60,6 +64,10 @@ class TaskMarker(Record):
     first_step: float | None = None
     """When the rank's first trained step ended (time.time(); launch.heartbeat writes it then): a hot restart's
     failure-to-first-step time (launch.supervisor)."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """When each part of the rank's start-up before its first step ended (time.time()), by config.startup.StartupPart:
+    launch (the process's start), imports (the task's code running), rendezvous, communicators, build, load; the
+    first step's end is `first_step`. A part the rank did not reach, or could not record, is absent."""
 
 
 @dataclass
@@ -87,6 +95,25 @@ def mark_first_step(paths: JobPaths) -> None:
         write_json(path, dataclasses.replace(read_marker(path), first_step=time.time()).to_json())
 
 
+def mark_part(paths: JobPaths, part: StartupPart) -> None:
+    """Record in this task's marker that `part` of its start-up has just ended (from the task's main thread). A
+    record that fails is left out: the start-up's figures never stop training."""
+    path, now = task_marker(paths), time.time()
+    with contextlib.suppress(OSError, RecordError):
+        marker = read_marker(path)
+        write_json(path, dataclasses.replace(marker, parts={**marker.parts, part.value: now}).to_json())
+
+
+def process_start() -> float | None:
+    """When this process started (time.time()): its start in clock ticks after boot (/proc/self/stat) placed on the
+    wall clock by the uptime now; None where /proc cannot say (not Linux)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        now, uptime = time.time(), float(Path("/proc/uptime").read_text().split()[0])
+        ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])  # field 22, starttime
+        return now - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    return None
+
+
 @contextlib.contextmanager
 def marked_task() -> Iterator[TaskNotes]:
     """Record in this task's marker where it runs and, when the block ends (returning or raising), that its code
@@ -94,8 +121,9 @@ def marked_task() -> Iterator[TaskNotes]:
     trainflow's own errors (resilience.verdict does not retry those); a device or interconnect error writes the host's
     node report too (launch.node_report). The block may note the step a training rank was at in the notes it is
     given."""
-    env = submitit.JobEnvironment()
-    marker = TaskMarker(rank=env.global_rank, host=hostname(), pid=os.getpid(), started=time.time())
+    env, started, launched = submitit.JobEnvironment(), time.time(), process_start()
+    parts = ({} if launched is None else {StartupPart.LAUNCH.value: launched}) | {StartupPart.IMPORTS.value: started}
+    marker = TaskMarker(rank=env.global_rank, host=hostname(), pid=os.getpid(), started=started, parts=parts)
     write_json(task_marker(env.paths), marker.to_json())
     notes = TaskNotes()
     try:
@@ -107,8 +135,10 @@ def marked_task() -> Iterator[TaskNotes]:
                 write_node_report(env.paths)  # its host's word, for the verdict (launch.judgement)
         raise
     finally:
-        first_step = read_marker(task_marker(env.paths)).first_step  # mark_first_step's, if the block trained a step
-        ended = dataclasses.replace(marker, ended=time.time(), step=notes.step, first_step=first_step)
+        written = read_marker(task_marker(env.paths))  # the block's marks: its parts, its first step if it trained one
+        ended = dataclasses.replace(
+            marker, ended=time.time(), step=notes.step, first_step=written.first_step, parts=written.parts
+        )
         write_json(task_marker(env.paths), ended.to_json())
 
 
@@ -143,6 +173,7 @@ def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.d
             timeout=datetime.timedelta(seconds=runtime.collective_timeout_s),
             device_id=device if backend == "nccl" else None,
         )
+        mark_part(submitit.JobEnvironment().paths, StartupPart.RENDEZVOUS)
         try:
             yield env.rank, env.world_size, device, marker
         finally:

@@ -78,8 +78,8 @@ NO_FAILURE = (JobOutcome.COMPLETED, JobOutcome.REQUEUED)
 class JobRun(Record):
     """One job train_segment submitted for a segment, and how it ended (jobs.jsonl)."""
 
-    FORMAT = 2
-    MIGRATIONS = {1: fields_added}  # 2: fault
+    FORMAT = 3
+    MIGRATIONS = {1: fields_added, 2: fields_added}  # 2: fault; 3: parts
 
     segment: int
     attempt: int
@@ -110,6 +110,11 @@ class JobRun(Record):
     supervisor saw it end) to the end of this step's first trained step (spans.jsonl): the measured hot restart."""
     fault: FaultClass | None = None
     """What its verdict took the failure for (None: no failure, or judged before format 2 recorded it)."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """Seconds of each part of its ranks' start-up (config.startup.StartupPart, by name, launch to first_step; each
+    ended when its last rank ended it, from its task markers), the first from `submitted`: a hot restart's
+    first_step_s is the supervisor's verdict (`submitted` less the step before's `ended`) and these. Empty before
+    format 3, or where no rank recorded one."""
 
 
 class HostEventKind(StrEnum):

@@ -36,6 +36,7 @@ from trainflow.journal import Journal
 from trainflow.launch import distributed_task
 from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.segment_jobs import run_jobs
+from trainflow.launch.task import mark_part
 from trainflow.resilience.arrivals import drilled_hosts, start_clock
 from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
 from trainflow.resilience.ledger import jobs_ledger
@@ -70,7 +71,10 @@ class TrainSegment(submitit.helpers.Checkpointable):
                     window.enter(kind)
 
             try:
-                trainer = Trainer(cfg, device, on_phase=on_phase, on_step=beat.timed, attempt=self.attempt)
+                on_part = functools.partial(mark_part, env.paths)  # the start-up's parts, in the task's marker
+                trainer = Trainer(
+                    cfg, device, on_phase=on_phase, on_step=beat.timed, on_part=on_part, attempt=self.attempt
+                )
                 summary = trainer.train()
             except BaseException:
                 marker.step = beat.step  # the failure's step, for the restart's judge (out of memory twice)

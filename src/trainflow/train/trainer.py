@@ -33,6 +33,7 @@ from trainflow.config.layout import cp_chunks
 from trainflow.config.run_folder import RunFolder
 from trainflow.config.shape import flops_per_token, mfu
 from trainflow.config.sources import sources_of
+from trainflow.config.startup import StartupPart
 from trainflow.data.mixture import SourceShare, realised
 from trainflow.data.sampler import TokenSampler
 from trainflow.fp8 import backend_reason
@@ -62,6 +63,9 @@ class Trainer:
     energy.node's window (DVFS acts on data and compute) and launch.heartbeat's progress."""
     on_step: Callable[[StepRecord], None] = lambda record: None
     """Told each step's record, on every rank (launch.heartbeat keeps each rank's compute time: stragglers)."""
+    on_part: Callable[[StartupPart], None] = lambda part: None
+    """Told as each part of the start-up the trainer runs ends (communicators, build, load): launch.task's marker
+    records when, the parts of a job's start-up (config.startup)."""
     attempt: int = 0
     """Which job of the segment this is: fault drills strike in the first only (train.faults)."""
     model: Parallelized = field(init=False)
@@ -74,6 +78,7 @@ class Trainer:
             cfg.parallel, cfg.model, world_size=dist.get_world_size(), global_batch=t.global_batch
         )
         self.mesh = build_mesh(self.dims, self.device.type)
+        self.on_part(StartupPart.COMMUNICATORS)
         self.rank, self.is_logger = dist.get_rank(), dist.get_rank() == 0
         self.model, self.parameters, self.offloader = build_model(cfg, self.device, self.dims, self.mesh, self.rank)
         self.clock = ForwardClock(self.model.named_parts(), self.device)
@@ -92,6 +97,7 @@ class Trainer:
             columns=columns,
         )
         self.build_records()
+        self.on_part(StartupPart.BUILD)
 
     def build_records(self) -> None:
         """Checkpoints and their interval, the stop signal, what the segment records of itself."""
@@ -191,6 +197,7 @@ class Trainer:
         t = self.cfg.train
         previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGUSR2, signal.SIGTERM)}
         step = self.ckpt.resume()
+        self.on_part(StartupPart.LOAD)
         self.recorder.resume(step)
         if step == 0:
             self.evaluate(0)
