@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from trainflow.config.domain import BIND_MOUNT, CONTAINER_FILE, SLURM_WORD, checked
+from trainflow.config.startup import StartupConfig
 
 GATE_PATTERNS = (
     "dp_all_reduce",
@@ -144,11 +145,15 @@ class HardwareConfig:
     goodput plan adds to those restarts (trainflow.plan.scenarios.check_times)."""
     requeue_wait_s: float = checked(ge=0)
     """How long a new job waits for its allocation: after a failure, or when a job reaches its time limit."""
-    startup_s: float = checked(ge=0)
+    startup_s: float | None = checked(None, ge=0)
     """From a job's start to its first step, the checkpoint load aside: processes, imports, process groups, the
-    model's build."""
-    hot_restart_s: float = checked(ge=0)
-    """The same for an in-job restart onto spare nodes the job already holds: no allocation wait, warm caches."""
+    model's build. None: the start-up model's sum at the campaign's world size (`startup`, trainflow.plan.startup)."""
+    hot_restart_s: float | None = checked(None, ge=0)
+    """The same for an in-job restart onto spare nodes the job already holds, from the failure: no allocation wait.
+    None: the start-up model's sum with the supervisor's verdict."""
+    startup: StartupConfig | None = None
+    """The start-up's parts, each a law in the world size fitted to the drills (config.startup); None: startup_s and
+    hot_restart_s must be set."""
     checkpoint_read_gbps: float = checked(ge=MIN_RATE, fix=GBPS)
     """Aggregate read bandwidth of storage.capacity when a job loads a checkpoint."""
     host_copy_gbps: float = checked(gt=0)
@@ -200,6 +205,7 @@ class ClusterConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     measured: dict[str, str] = field(default_factory=dict)
-    """Which goodput inputs (GOODPUT_INPUTS, cluster.hardware.<name>) a run at the campaign's own scale measured, each
-    with where ("run alps-70b, 2026-11-02, 4096 ranks: sacct Start - Submit"). The plan prints every other input "not
-    measured at scale": a figure from a drill of 2 ranks, a datasheet or an estimate is a guess at 4096."""
+    """Which goodput inputs (GOODPUT_INPUTS, cluster.hardware.<name>) and start-up parts (config.startup.StartupPart,
+    by name) a run at the campaign's own scale measured, each with where ("run alps-70b, 2026-11-02, 4096 ranks: sacct
+    Start - Submit"). The plan prints every other input and part "not measured at scale": a figure from a drill of 2
+    ranks, a datasheet or an estimate is a guess at 4096."""

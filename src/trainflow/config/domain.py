@@ -32,7 +32,9 @@ class Domain:
     """What to do instead, appended to the error."""
 
     def violation(self, value: Any) -> str | None:
-        """Why `value` lies outside the domain (None: it does not)."""
+        """Why `value` lies outside the domain (None: it does not, or it is an optional field left unset)."""
+        if value is None:
+            return None
         bounds = (
             (self.gt, ">", operator.gt),
             (self.ge, ">=", operator.ge),

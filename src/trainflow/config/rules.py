@@ -15,6 +15,7 @@ from trainflow.config.resilience import resilience_errors
 from trainflow.config.schema import BYTE_VOCAB, SPIKE_WINDOW, LrSchedule, ModelConfig, OptimConfig, TrainflowConfig
 from trainflow.config.shape import linear_shapes
 from trainflow.config.sources import source_errors
+from trainflow.config.startup import StartupPart
 
 FP8_TILE = 16  # fp8 tensor-core GEMMs (cuBLASLt's, and full tiles of kernels/) take features in multiples of 16
 
@@ -70,10 +71,19 @@ def table_errors(cluster: ClusterConfig) -> list[str]:
         for name, gbps in g.busbw_gbps.items()
         if not (isinstance(gbps, int | float) and gbps >= 0)
     ]
+    labelled = [*GOODPUT_INPUTS, *StartupPart]
     errors += [
-        f"cluster.measured has {name!r}, no input of the goodput plan: use {', '.join(GOODPUT_INPUTS)}"
+        f"cluster.measured has {name!r}, no input of the goodput plan nor part of the start-up: use "
+        f"{', '.join(labelled)}"
         for name in cluster.measured
-        if name not in GOODPUT_INPUTS
+        if name not in labelled
+    ]
+    h = cluster.hardware
+    errors += [
+        f"cluster.hardware.{name} is unset and cluster.hardware.startup gives no start-up model to sum: set "
+        f"{name}, or the parts' laws (config.startup)"
+        for name, value in (("startup_s", h.startup_s), ("hot_restart_s", h.hot_restart_s))
+        if value is None and h.startup is None
     ]
     errors += [
         f"cluster.measured.{name} must say where it was measured in one line of printable text (at most 200 "

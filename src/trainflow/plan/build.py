@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from trainflow.config.cluster import HardwareConfig
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan, plan_campaign
 from trainflow.plan.core import plan_core
@@ -17,6 +18,7 @@ from trainflow.plan.memory import MemoryEstimate
 from trainflow.plan.remedies import Remedy, remedies
 from trainflow.plan.seed import SeedComparison, is_seed_layout, seed_comparison
 from trainflow.plan.setup import PlanSetup
+from trainflow.plan.startup import StartupPlan, plan_startup
 from trainflow.plan.step import StepPlan
 from trainflow.preflight import local_world_errors
 from trainflow.records import Record
@@ -26,7 +28,8 @@ from trainflow.records import Record
 class Plan(Record):
     setup: PlanSetup
     hardware: dict[str, float | str]
-    """cluster.hardware as the plan assumed it (each preset in conf/cluster/ gives every value's source)."""
+    """cluster.hardware as the plan assumed it (each preset in conf/cluster/ gives every value's source), startup_s
+    and hot_restart_s as `startup` resolves them."""
     memory: MemoryEstimate
     """The fullest pipeline rank's bytes at the peak of a step, by term."""
     capacity_bytes: float
@@ -41,6 +44,9 @@ class Plan(Record):
     remedies: list[Remedy] = field(default_factory=list)
     seed: SeedComparison | None = None
     """The seed's observed figures beside the plan's, for the seed's layout only."""
+    startup: StartupPlan | None = None
+    """The start-up's parts at the campaign's world size, and startup_s and hot_restart_s (None: a plan written before
+    the start-up had parts)."""
 
 
 def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
@@ -49,14 +55,19 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
     core = plan_core(cfg)
     setup, step = core.setup, core.step
     campaign = plan_campaign(cfg, setup, step_s=step.step_s, memory=core.memory)
-    goodput = None if core.overflow else plan_goodput(cfg, setup, step_s=step.step_s, campaign=campaign)
+    startup = plan_startup(
+        cfg.cluster.hardware, cfg.cluster.measured, world=setup.layout.world_size, step_s=step.step_s
+    )
+    goodput = None
+    if not core.overflow:
+        goodput = plan_goodput(cfg, setup, step_s=step.step_s, campaign=campaign, startup=startup)
     rows = remedies(cfg, setup) if with_remedies else []
     seed = None
     if is_seed_layout(cfg):
         seed = seed_comparison(cfg, setup, step)
     return Plan(
         setup=setup,
-        hardware=asdict(cfg.cluster.hardware),
+        hardware=assumed(cfg.cluster.hardware, startup),
         memory=core.memory,
         capacity_bytes=core.capacity_bytes,
         overflow=core.overflow,
@@ -65,7 +76,15 @@ def build_plan(cfg: TrainflowConfig, *, with_remedies: bool = True) -> Plan:
         goodput=goodput,
         remedies=rows,
         seed=seed,
+        startup=startup,
     )
+
+
+def assumed(h: HardwareConfig, startup: StartupPlan) -> dict[str, float | str]:
+    """cluster.hardware's values as the plan took them: startup_s and hot_restart_s resolved, the parts' laws in
+    `startup`."""
+    values = {k: v for k, v in asdict(h).items() if k != "startup"}
+    return values | {"startup_s": startup.startup_s, "hot_restart_s": startup.hot_restart_s}
 
 
 def refusal(cfg: TrainflowConfig, plan: Plan) -> str | None:

@@ -38,6 +38,7 @@ from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
 from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, Remedies, plan_scenarios
 from trainflow.plan.setup import PlanSetup
+from trainflow.plan.startup import StartupPlan
 from trainflow.records import Record
 
 GOAL = 0.95
@@ -115,9 +116,11 @@ class GoodputPlan(Record):
         return next(s for s in self.scenarios if s.name == CONFIGURED)
 
 
-def plan_goodput(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> GoodputPlan:
-    """Every scenario's goodput for cfg's campaign."""
-    times = plan_scenarios(cfg, setup, step_s=step_s, campaign=campaign)
+def plan_goodput(
+    cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan, startup: StartupPlan
+) -> GoodputPlan:
+    """Every scenario's goodput for cfg's campaign (`startup`: its start-up, plan.startup)."""
+    times = plan_scenarios(cfg, setup, step_s=step_s, campaign=campaign, startup=startup)
     scenarios = [scenario(run.remedies, run.timeline, run.interval_steps) for run in times.runs]
     h, rt, jobs, loads = cfg.cluster.hardware, cfg.cluster.runtime, times.jobs, times.loads
     mtbf_s = h.mtbf_hours * 3600

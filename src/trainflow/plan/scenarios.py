@@ -37,6 +37,7 @@ from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.collectives import allreduce_seconds, group_link
 from trainflow.plan.failures import Timeline
 from trainflow.plan.setup import PlanSetup
+from trainflow.plan.startup import StartupPlan
 
 HOT_RESTART_BUILT = True
 """An in-job restart onto spare nodes (launch.supervisor, cluster.allocation.spare_nodes)."""
@@ -149,8 +150,11 @@ class ScenarioTimes:
     runs: list[ScenarioRun]
 
 
-def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan) -> ScenarioTimes:
-    """cfg's campaign under every listed scenario, each time it needs found once."""
+def plan_scenarios(
+    cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, campaign: CampaignPlan, startup: StartupPlan
+) -> ScenarioTimes:
+    """cfg's campaign under every listed scenario, each time it needs found once (`startup`: startup_s and
+    hot_restart_s as the plan takes them, plan.startup)."""
     jobs, share = job_count(cfg, campaign, step_s), eval_share(cfg)
     listed = [
         (r, r.interval_steps(cfg, campaign), r.uses_async(cfg, campaign), r.uses_hot_restart(cfg))
@@ -159,7 +163,8 @@ def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, cam
     ]
     loads = load_times(cfg, campaign, setup)
     dead, hung = detection_s(cfg, step_s)
-    h, rt, check = cfg.cluster.hardware, cfg.cluster.runtime, check_times(cfg, setup)
+    h, rt, check = cfg.cluster.hardware, cfg.cluster.runtime, check_times(cfg, setup, startup)
+    hot_restart_s, startup_s = startup.hot_restart_s, startup.startup_s
     fast = (1 - h.hang_share) * dead + h.hang_share * hung
     runs = []
     for r, steps, uses_async, hot in listed:
@@ -169,7 +174,7 @@ def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, cam
         else:
             blocking_s, write_s = campaign.save_s, 0.0
         load = loads.single_s if r.single_read else loads.per_replica_s
-        wait_s, held_s = (0.0, h.hot_restart_s + load) if hot else (h.requeue_wait_s, h.startup_s + load)
+        wait_s, held_s = (0.0, hot_restart_s + load) if hot else (h.requeue_wait_s, startup_s + load)
         if r.fast_detection:  # trainflow's restarts: after a failure no evidence pins, the hosts are checked first
             held_s += h.symmetric_share * check.seconds(hot=hot)
         timeline = Timeline(
@@ -181,7 +186,7 @@ def plan_scenarios(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, cam
             wait_s=wait_s,
             held_s=held_s,
             mtbf_s=h.mtbf_hours * 3600,
-            jobs_s=jobs * (h.requeue_wait_s + h.startup_s) + (jobs - 1) * (campaign.save_s + load),
+            jobs_s=jobs * (h.requeue_wait_s + startup_s) + (jobs - 1) * (campaign.save_s + load),
             eval_share=share,
         )
         runs.append(ScenarioRun(remedies=r, timeline=timeline, interval_steps=steps))
@@ -194,9 +199,9 @@ class CheckTimes:
     a hang every rank waits in, an NCCL error no node confirms): their start and their sweep."""
 
     hot_start_s: float
-    """With spares, a job step on the allocation (launch.supervisor): hardware.hot_restart_s."""
+    """With spares, a job step on the allocation (launch.supervisor): hot_restart_s (plan.startup)."""
     new_start_s: float
-    """Without, a job of its own (launch.segment_jobs): hardware.requeue_wait_s + startup_s."""
+    """Without, a job of its own (launch.segment_jobs): hardware.requeue_wait_s + startup_s (plan.startup)."""
     sweep_s: float
     """cluster.gate.sweep_iters of each cluster.gate.sweep_mb size over the world and over each of the layout's
     groups, each timed as an all-reduce on its link (plan.collectives)."""
@@ -205,7 +210,7 @@ class CheckTimes:
         return (self.hot_start_s if hot else self.new_start_s) + self.sweep_s
 
 
-def check_times(cfg: TrainflowConfig, setup: PlanSetup) -> CheckTimes:
+def check_times(cfg: TrainflowConfig, setup: PlanSetup, startup: StartupPlan) -> CheckTimes:
     """The checks' times on cfg's cluster and layout."""
     h, g, groups = cfg.cluster.hardware, cfg.cluster.gate, setup.groups
     world = cfg.parallel.world_size
@@ -215,7 +220,7 @@ def check_times(cfg: TrainflowConfig, setup: PlanSetup) -> CheckTimes:
         allreduce_seconds(mb * 1e6, world, link, h.allreduce_algorithm) + sum(x.allreduce_s(mb * 1e6) for x in layout)
         for mb in g.sweep_mb
     )
-    return CheckTimes(h.hot_restart_s, h.requeue_wait_s + h.startup_s, g.sweep_iters * sum(per_size))
+    return CheckTimes(startup.hot_restart_s, h.requeue_wait_s + startup.startup_s, g.sweep_iters * sum(per_size))
 
 
 def job_count(cfg: TrainflowConfig, campaign: CampaignPlan, step_s: float) -> int:

@@ -13,6 +13,7 @@ from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.goodput import GoodputPlan, Method
 from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
+from trainflow.plan.startup import StartupPlan
 
 GB = 1e9
 PARTS = ("compute", "tp", "cp", "bubble", "activation", "dp", "optimizer")
@@ -84,17 +85,42 @@ def render(plan: Plan, measured: dict[str, str] | None = None) -> str:
             ("tokens per joule", f"{camp.tokens_per_joule:.3g}"),
         ],
     )
-    lines += goodput_lines(plan.goodput) + input_lines(plan.hardware, measured or {})
+    lines += goodput_lines(plan.goodput) + input_lines(plan.hardware, measured or {}, plan.startup)
+    lines += startup_lines(plan.startup)
     lines += remedy_lines(plan.remedies) + seed_lines(plan.seed)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def input_lines(hardware: dict[str, float | str], measured: dict[str, str]) -> list[str]:
-    """Each input of the goodput plan, its value and whether a run at the campaign's scale measured it."""
+def input_lines(hardware: dict[str, float | str], measured: dict[str, str], startup: StartupPlan | None) -> list[str]:
+    """Each input of the goodput plan, its value and whether a run at the campaign's scale measured it; a start-up
+    the model sums says so (its parts are labelled one by one, startup_lines)."""
     lines = ["Goodput inputs (cluster.hardware; cluster.measured says which a run at scale measured)"]
+    summed = {"startup_s": not startup.startup_set, "hot_restart_s": not startup.hot_restart_set} if startup else {}
     for name, unit in GOODPUT_INPUTS.items():
         where = f"measured at scale: {measured[name]}" if name in measured else "not measured at scale"
+        if summed.get(name):
+            where = f"the start-up's parts at {startup.world} ranks (below), each labelled"
         lines.append(f"  {name:<22} {hardware[name]:>10g} {unit:<5} {where}")
+    return [*lines, ""]
+
+
+def startup_lines(startup: StartupPlan | None) -> list[str]:
+    """Each part of the start-up at the campaign's world size, its law and whether a run at that scale measured it;
+    then the sums, or the values set that override them."""
+    if startup is None or not startup.parts:
+        return []
+    lines = [f"Start-up at {startup.world} ranks (cluster.hardware.startup: {startup.fitted})"]
+    width = max(len(p.law) for p in startup.parts)
+    for p in startup.parts:
+        where = f"measured at scale: {p.measured}" if p.measured else "not measured at scale"
+        lines.append(f"  {p.part:<14} {seconds(p.seconds):>8}  {p.law:<{width}}  {where}")
+    for name, hot, value, overridden, what in (
+        ("startup_s", False, startup.startup_s, startup.startup_set, "a new job's: every part but the verdict"),
+        ("hot_restart_s", True, startup.hot_restart_s, startup.hot_restart_set, "a hot restart's: every part"),
+    ):
+        total = startup.summed(hot=hot)
+        said = f"set to {seconds(value)}, which overrides the parts' sum" if overridden else "the plan's"
+        lines.append(f"  {name:<14} {seconds(total):>8}  {what}; {said}")
     return [*lines, ""]
 
 
