@@ -1,9 +1,9 @@
 """The checkpoint read once per job start (checkpoint.single_read): who reads which file, that a rank's plan holds its
-own shares only and a rank's agreement messages follow them (at the seed's 4096 ranks and 8192 files as at 64), how
-the exchange cuts its pieces, where a received tensor's bytes land (checkpoint.landing), and on 2 gloo ranks that a
-load reads each byte of the checkpoint once between them, loads what one rank would (into destinations of the saved
-layout and of another dtype) through the host's memory and over gloo alike, holds no more than a round of the exchange
-at a time, and that a damaged file is caught by the rank that read it and refused on both in one line."""
+own shares only and a rank's agreement messages follow them (at the seed's 4096 ranks and 8192 files as at 64; the
+exchange's pieces and phases: test_exchange_rounds), where a received tensor's bytes land (checkpoint.landing), and on 2
+gloo ranks that a load reads each byte of the checkpoint once between them, loads what one rank would (into destinations
+of the saved layout and of another dtype) through the host's memory and over gloo alike, holds no more than a round of
+the exchange at a time, and that a damaged file is caught by the rank that read it and refused on both in one line."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from tests.support import blank_like, flat, free_port, sample_state
 from trainflow.checkpoint import single_read
 from trainflow.checkpoint.agreement import asks_to, described_to, pieces_to
-from trainflow.checkpoint.exchange_rounds import ROUND_BYTES, Piece, pieces
+from trainflow.checkpoint.exchange_rounds import ROUND_BYTES
 from trainflow.checkpoint.host_shared import Address
 from trainflow.checkpoint.landing import land
-from trainflow.checkpoint.load_plan import FileShare, RankShares, rank_plans, schedule
+from trainflow.checkpoint.load_plan import RankShares, rank_plans, schedule
 from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError, step_dir
 from trainflow.checkpoint.manifest import METADATA, read_manifest
 from trainflow.checkpoint.reader import ExactLoadPlanner
@@ -111,17 +111,6 @@ def test_a_ranks_agreement_messages_follow_its_own_shares_whatever_the_world_siz
     come from its dp peers only (8 ranks, 16 files), at 64 ranks as at the seed's 4096."""
     size = {n: max(agreement_bytes(seed_plans(n))) for n in (64, 4096)}
     assert size[4096] <= 1.1 * size[64] and size[4096] < 64 << 10, size  # longer names only: __4095_1 beside __63_1
-
-
-def test_a_files_asked_ranges_go_merged_and_cut_at_a_round_to_the_ranks_that_asked_for_them():
-    reads = (FileShare("f", 200, 0, (1, 2)), FileShare("g", 50, 0, (2,)))
-    asked = {1: {"f": [(0, 10), (10, 5)]}, 2: {"f": [(2, 6), (100, 30)], "g": []}}
-    assert pieces(reads, asked, 16) == [
-        Piece("f", 0, 10, (0, 1, 2)),
-        Piece("f", 10, 5, (0, 1)),
-        Piece("f", 100, 16, (0, 2)),
-        Piece("f", 116, 14, (0, 2)),
-    ]
 
 
 def landing_of(saved: torch.Tensor, target: torch.Tensor):
@@ -222,8 +211,8 @@ def test_two_ranks_read_each_byte_once_and_the_reader_catches_a_damaged_file(tmp
 
 
 ROUND = 48 << 10
-"""A round of 48 KB in the test below: two of its 18 KB records (a 64 x 64 float32 tensor and its zip); each rank
-receives four."""
+"""A round of 48 KB in the test below: half of it a phase's pieces, one of its 18 KB records (a 64 x 64 float32 tensor
+and its zip); each rank receives four."""
 
 
 def rounds_main(rank: int, world: int, port: int, folder: str) -> None:

@@ -10,10 +10,11 @@ lowest failing rank (a tensor of one number), then that rank's error broadcast t
 error before any byte is exchanged or loaded. The rest passes point-to-point between a file's reader and its
 receivers, whom each rank's plan names (checkpoint.load_plan's RankShares): the reader tells each receiver the records
 and the shared-memory address of the files it needs (`described_to`), each receiver tells the reader the ranges it
-asks for (`asks_to`, checkpoint.landing), and the reader tells each receiver the pieces it will send it (`pieces_to`,
-checkpoint.exchange_rounds), so a rank knows only the pieces it takes part in. What a rank sends and receives follows
-its own shares, whatever the world's size. The messages are pickled: they pass between the ranks of one job, as
-all_gather_object's did; nothing read from the run folder is unpickled here.
+asks for (`asks_to`, checkpoint.landing), and the reader tells each receiver the pieces it will send it, each with its
+round (`pieces_to`, checkpoint.exchange_rounds), so a rank knows only the pieces it takes part in and both ends of a
+piece know the phase it travels in. What a rank sends and receives follows its own shares, whatever the world's size.
+The messages are pickled: they pass between the ranks of one job, as all_gather_object's did; nothing read from the
+run folder is unpickled here.
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ def exchanged(
     outgoing: dict[int, object], sources: list[int], *, group: dist.ProcessGroup | None, device: torch.device
 ) -> dict[int, object]:
     """Send each rank of `group` in `outgoing` its object and receive one from each of `sources`, by rank: pickled,
-    their sizes then their bytes, each a set of point-to-point messages posted in one order on every rank (by sender,
-    then receiver: checkpoint.exchange_rounds says why) and waited for."""
+    their sizes then their bytes, each a set of point-to-point messages posted one at a time in one order on every rank
+    (by sender, then receiver), so no two ranks wait on each other in a cycle, and waited for. The messages are small;
+    on NCCL each waits for those before it at both its ends, a chain of ~N^2 latencies in a dp group of N (the exchange
+    of the bytes runs in phases instead, checkpoint.exchange_rounds): not yet measured."""
     data = {r: torch.frombuffer(bytearray(pickle.dumps(x)), dtype=torch.uint8).to(device) for r, x in outgoing.items()}
     sizes = {r: torch.zeros(1, dtype=torch.int64, device=device) for r in sources}
     posted(

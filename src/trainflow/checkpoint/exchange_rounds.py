@@ -1,7 +1,7 @@
 """The exchange of a single read (checkpoint.single_read): each file's bytes sent by the rank that read it to the
-ranks that asked for them, in rounds of bounded memory.
+ranks that asked for them, in phases that run between disjoint pairs at once, in rounds of bounded memory.
 
-    python -m pytest tests/unit/test_single_read.py -k round
+    python -m pytest tests/unit/test_exchange_rounds.py
 
 Megatron-Core's fully parallel load broadcasts each share inside the dp group; here the reader sends each piece
 point-to-point to the ranks that asked for it (those that cannot map the reader's memory, checkpoint.host_shared),
@@ -11,16 +11,24 @@ pieces; gloo hangs making overlapping groups each among its own ranks). The cost
 receiver, where NCCL's ring broadcast has each receiver pass it on; a rank's bytes sent are then what it puts on the
 wire, and where every rank reads its share of files that its peers need, each sends what each receives ((N - 1)/N of
 them in a group of N), as in a ring. A file's bytes travel as pieces: the union of its receivers' asked ranges
-(checkpoint.landing), cut at ROUND_BYTES, each sent to the receivers whose ranges it overlaps (the reader forms them,
-checkpoint.agreement). Each piece moves to the device once on the reader (a slice of the file it read, where the
-exchange runs on the CPU) and lands on each receiver straight in its place: in the destination tensor (in place) or in
-the buffer of the record it is part of; into a round's scratch only where it is not one landing's alone. Every rank
-issues its sends and receives one at a time in one global order (by file, then offset, then receiver), which both
-ends of each message share, so no two ranks wait on each other in a cycle whatever their rounds (a fused batch,
-batch_isend_irecv, would let NCCL serve its peers in an order of its own). A rank waits for a round's messages, loads
-the records they completed and frees their memory before it issues the next round: the extra memory it holds (device
-copies, scratch, record buffers) stays under one round, or one record where a record is bigger (torch.load reads a
-record from one buffer).
+(checkpoint.landing), cut at half a round, which the reader puts in rounds of at most half a round, in file and offset
+order (checkpoint.agreement tells each receiver its pieces, each with its round). A piece lands on each receiver
+straight in its place: in the destination tensor (in place) or in the buffer of the record it is part of; into a
+phase's scratch only where it is not one landing's alone.
+
+The schedule is a tournament's round-robin: in phase (j, k) each rank sends the pieces of its round j that the rank k
+after it in the group (mod its size) asked for, and receives those of round j of the rank k before it, so a phase has
+each rank send to one rank and receive from one, every link busy at once. Where each rank of N reads 1/N of the files
+and all need them, the exchange takes N - 1 phases of a file each; one global order of messages (by file, offset,
+receiver), each waiting on NCCL's stream for those before it at both its ends, took O(N^2) (2924 file-times against
+63 at N = 64, tests/unit/test_exchange_rounds.py). Both ends of a message know its phase from the piece (its reader and
+round) and the group's size. Every rank goes through its phases in one order (round, then distance), posts a phase's
+sends and receives at once (batch_isend_irecv: NCCL runs them as one group, so a ring of sends does not wait on the
+receives behind it) and waits for them before the next; a phase's partners are in that same phase, having finished
+their earlier ones, so no two ranks wait on each other in a cycle. After each phase a rank loads the records it
+completed and frees their memory: it holds the device copies of the round it sends and what the phase brings it
+(scratch, record buffers), at most half a round each, or a record where one bigger than half a round does not land in
+place (its buffer lives from its first piece to its last, through the phases between).
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ from trainflow.checkpoint.landing import Landing
 from trainflow.checkpoint.load_plan import FileShare
 
 ROUND_BYTES = 256 << 20
-"""A round's extra memory per rank: ~0.3 % of an 80 GB GPU; a 70B model's fp32 embedding (128256 x 8192, 4.2 GB)
-moves in 17 rounds. What a round costs in time on NVLink or InfiniBand: not yet measured."""
+"""A round's extra memory per rank (half for the round it sends, half for what it receives): ~0.3 % of an 80 GB GPU;
+a 70B model's fp32 embedding (128256 x 8192, 4.2 GB) moves in 34 rounds. What a phase costs in time on NVLink or
+InfiniBand: not yet measured."""
 
 Ranges = dict[str, list[tuple[int, int]]]
 """By file: the (start, nbytes) ranges of it one rank asks for."""
@@ -44,22 +53,25 @@ Ranges = dict[str, list[tuple[int, int]]]
 
 @dataclass(frozen=True)
 class Piece:
-    """Bytes [start, start + nbytes) of the file `name`, sent by members[0], its reader, to each of the rest."""
+    """Bytes [start, start + nbytes) of the file `name`, sent by members[0], its reader, to each of the rest, in the
+    reader's round `round`."""
 
     name: str
     start: int
     nbytes: int
     members: tuple[int, ...]
+    round: int
 
 
 @dataclass
 class Tally:
-    """What a rank's exchange moved and held: bytes it sent (once per receiver) and received, rounds, and the peak of
-    its extra memory (device copies, scratch, record buffers)."""
+    """What a rank's exchange moved and held: bytes it sent (once per receiver) and received, the rounds and phases it
+    took part in, and the peak of its extra memory (device copies, scratch, record buffers)."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
     rounds: int = 0
+    phases: int = 0
     peak_bytes: int = 0
     live: int = field(default=0, repr=False)
 
@@ -70,9 +82,9 @@ class Tally:
 
 def pieces(reads: Iterable[FileShare], asked: dict[int, Ranges], round_bytes: int) -> list[Piece]:
     """The pieces of the files one rank reads (`reads`), from the ranges its receivers ask for (`asked`, by rank): the
-    union of each file's overlapping ranges (one record's, in practice) cut at `round_bytes`, each to the receivers
-    whose ranges it overlaps, in the order every rank issues them (by file, then offset)."""
-    out = []
+    union of each file's overlapping ranges (one record's, in practice) cut at half of `round_bytes`, each to the
+    receivers whose ranges it overlaps, by file then offset, in rounds of at most half of `round_bytes`."""
+    half, out, round_, filled = max(1, round_bytes // 2), [], 0, 0
     for share in sorted(reads, key=lambda s: s.name):
         ranges = {r: asked.get(r, {}).get(share.name, ()) for r in share.receivers}
         merged: list[list[int]] = []
@@ -82,17 +94,48 @@ def pieces(reads: Iterable[FileShare], asked: dict[int, Ranges], round_bytes: in
             else:
                 merged.append([start, start + n])
         for start, end in merged:
-            for at in range(start, end, round_bytes):
-                n = min(round_bytes, end - at)
+            for at in range(start, end, half):
+                n = min(half, end - at)
                 to = tuple(r for r, xs in ranges.items() if any(s < at + n and at < s + k for s, k in xs))
-                out.append(Piece(share.name, at, n, (share.reader, *to)))
+                if filled and filled + n > half:
+                    round_, filled = round_ + 1, 0
+                filled += n
+                out.append(Piece(share.name, at, n, (share.reader, *to), round_))
     return out
 
 
 @dataclass
+class Phase:
+    """One phase of a rank's exchange: the pieces of round `round` it sends to the rank `distance` after it in the
+    group and those it receives from the rank `distance` before it, each by file then offset (the order both ends of
+    a pair list them in, so their messages match)."""
+
+    round: int
+    distance: int
+    sends: list[Piece] = field(default_factory=list)
+    receives: list[Piece] = field(default_factory=list)
+
+
+def phases(mine: Iterable[Piece], rank: int, size: int) -> list[Phase]:
+    """The phases of rank `rank` of a group of `size` that sends and receives `mine` (the pieces it is a member of),
+    in the order every rank goes through them: by round, then distance (the module's docstring)."""
+    out: dict[tuple[int, int], Phase] = {}
+    for p in sorted(mine, key=lambda p: (p.name, p.start)):
+        reader = p.members[0]
+        if reader == rank:
+            for r in p.members[1:]:
+                k = (r - rank) % size
+                out.setdefault((p.round, k), Phase(p.round, k)).sends.append(p)
+        elif rank in p.members:
+            k = (rank - reader) % size
+            out.setdefault((p.round, k), Phase(p.round, k)).receives.append(p)
+    return [out[key] for key in sorted(out)]
+
+
+@dataclass
 class Pending:
-    """One piece of a round: the tensor it is sent from or received into, the extra bytes that tensor holds until
-    the round ends, and the landings it brings bytes to (copied out of `data` where it is scratch)."""
+    """One piece a phase receives: the tensor it is received into, the extra bytes that tensor holds until the phase
+    ends, and the landings it brings bytes to (copied out of `data` where it is scratch)."""
 
     piece: Piece
     data: torch.Tensor
@@ -111,77 +154,81 @@ def direct(p: Piece, dests: list[Landing]) -> bool:
 
 
 class RoundExchange:
-    """One rank's side of the exchange (point-to-point messages between the ranks of `group`, its own rank `rank`),
-    `round_bytes` of extra memory a round; `loaded(name, landing)` loads a landing once all its bytes are here."""
+    """One rank's side of the exchange (point-to-point messages between the `size` ranks of `group`, its own rank
+    `rank`), in the rounds its pieces carry; `loaded(name, landing)` loads a landing once all its bytes are here."""
 
     def __init__(
         self,
         rank: int,
+        size: int,
         *,
         device: torch.device,
         group: dist.ProcessGroup | None,
         loaded: Callable[[str, Landing], None],
-        round_bytes: int = ROUND_BYTES,
     ) -> None:
-        self.rank, self.device, self.group, self.loaded = rank, device, group, loaded
-        self.round_bytes, self.tally = round_bytes, Tally()
+        self.rank, self.size, self.device, self.group, self.loaded = rank, size, device, group, loaded
+        self.tally = Tally()
 
     def run(self, held: dict[str, torch.Tensor], landings: dict[str, list[Landing]], mine: list[Piece]) -> None:
         """Send the pieces of `held` (the files this rank read) and receive those of `landings` (by file): `mine`, the
-        pieces this rank is a member of, in order, a round at a time."""
+        pieces this rank is a member of, a phase at a time."""
         self.names = {id(x): name for name, ls in landings.items() for x in ls}
         self.left = {  # the pieces each landing waits for
             id(x): sum(p.name == name and overlap(p, x) for p in mine) for name, ls in landings.items() for x in ls
         }
-        works: list[dist.Work] = []
-        pending: list[Pending] = []
-        for p in mine:
-            sender = p.members[0] == self.rank
-            dests = [] if sender else [x for x in landings.get(p.name, ()) if x.nbytes and overlap(p, x)]
-            if pending and self.tally.live + self.cost(p, dests) > self.round_bytes:
-                self.finish(works, pending)
-                works, pending = [], []
-            pending.append(self.staged(p, held, dests))
-            data = pending[-1].data
-            if sender:  # one at a time, in the module's global order (its docstring says why no batch)
-                works += [dist.isend(data, group=self.group, group_dst=r) for r in p.members[1:]]
-            else:
-                works.append(dist.irecv(data, group=self.group, group_src=p.members[0]))
-        self.finish(works, pending)
+        # A piece goes to the device once, at the first phase that sends it, and its copy stays until this rank's
+        # first phase of a later round: a round's phases come one after another in every rank's order, so the copies
+        # held at once are one round's, at most half of round_bytes (pieces puts the pieces in rounds).
+        copies: dict[Piece, torch.Tensor] = {}
+        schedule = phases(mine, self.rank, self.size)
+        self.tally.rounds += len({phase.round for phase in schedule})
+        for phase in schedule:
+            if copies and next(iter(copies)).round != phase.round:
+                self.release(copies)
+            to, source = (self.rank + phase.distance) % self.size, (self.rank - phase.distance) % self.size
+            ops = [self.op(dist.isend, self.copy(p, held, copies), to) for p in phase.sends]
+            pending = [self.staged(p, landings) for p in phase.receives]
+            ops += [self.op(dist.irecv, b.data, source) for b in pending]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            self.finish(pending)
+        self.release(copies)
 
-    def cost(self, p: Piece, dests: list[Landing]) -> int:
-        """The extra bytes piece `p` makes this rank hold: a device copy on its reader; new record buffers and any
-        scratch on a receiver."""
-        if p.members[0] == self.rank:
-            return p.nbytes * (self.device.type != "cpu")
-        return sum(x.nbytes for x in dests if x.into is None) + p.nbytes * (not direct(p, dests))
+    def op(self, fn: Callable, data: torch.Tensor, peer: int) -> dist.P2POp:
+        return dist.P2POp(fn, data, group=self.group, group_peer=peer)
 
-    def staged(self, p: Piece, held: dict[str, torch.Tensor], dests: list[Landing]) -> Pending:
-        """The tensor piece `p` is sent from (its reader's bytes, on the device) or received into (its place here)."""
-        if p.members[0] == self.rank:
-            data = held[p.name][p.start : p.start + p.nbytes].to(self.device)
-            extra = data.nbytes * (self.device.type != "cpu")
-            self.tally.bytes_sent += p.nbytes * (len(p.members) - 1)
+    def copy(self, p: Piece, held: dict[str, torch.Tensor], copies: dict[Piece, torch.Tensor]) -> torch.Tensor:
+        """Piece `p` of a file this rank read, on the device (a slice of the file where the exchange runs on the CPU),
+        counted as sent once per phase that sends it."""
+        if p not in copies:
+            copies[p] = held[p.name][p.start : p.start + p.nbytes].to(self.device)
+            self.tally.hold(p.nbytes * (self.device.type != "cpu"))
+        self.tally.bytes_sent += p.nbytes
+        return copies[p]
+
+    def release(self, copies: dict[Piece, torch.Tensor]) -> None:
+        self.tally.live -= sum(p.nbytes for p in copies) * (self.device.type != "cpu")
+        copies.clear()
+
+    def staged(self, p: Piece, landings: dict[str, list[Landing]]) -> Pending:
+        """The tensor piece `p` is received into: its place here, else scratch."""
+        dests = [x for x in landings.get(p.name, ()) if x.nbytes and overlap(p, x)]
+        for x in dests:
+            if x.into is None:  # a record's buffer, made when its first piece comes
+                x.into = torch.empty(x.nbytes, dtype=torch.uint8, device=self.device)
+                self.tally.hold(x.nbytes)
+        if direct(p, dests):
+            x = dests[0]
+            data, extra = x.into[p.start - x.start : p.start - x.start + p.nbytes], 0
         else:
-            for x in dests:
-                if x.into is None:  # a record's buffer, made when its first piece comes
-                    x.into = torch.empty(x.nbytes, dtype=torch.uint8, device=self.device)
-                    self.tally.hold(x.nbytes)
-            if direct(p, dests):
-                x = dests[0]
-                data, extra = x.into[p.start - x.start : p.start - x.start + p.nbytes], 0
-            else:
-                data = torch.empty(p.nbytes, dtype=torch.uint8, device=self.device)
-                extra = p.nbytes
-            self.tally.bytes_received += p.nbytes
+            data, extra = torch.empty(p.nbytes, dtype=torch.uint8, device=self.device), p.nbytes
+        self.tally.bytes_received += p.nbytes
         self.tally.hold(extra)
         return Pending(p, data, extra, dests, scratch=not direct(p, dests))
 
-    def finish(self, works: list[dist.Work], pending: list[Pending]) -> None:
-        """Wait for a round's messages, copy its scratch into place, load the landings it completed, free."""
-        for work in works:
-            work.wait()
-        self.tally.rounds += bool(pending)
+    def finish(self, pending: list[Pending]) -> None:
+        """After a phase's messages: copy its scratch into place, load the landings it completed, free."""
+        self.tally.phases += 1
         for b in pending:
             for x in b.dests:
                 if b.scratch:

@@ -9,18 +9,19 @@ coordinator, from every rank's load plan (checkpoint.load_plan: largest files fi
 fewest bytes so far; a file no rank needs is still read and checked), and each rank's plan carries only its own
 shares: what it reads and for whom, what it has from whom. A rank on the reader's host maps the memory the reader read
 the file into and loads from it as the reader does (checkpoint.host_shared), where gloo would copy every byte through
-TCP loopback. The other ranks that need the file (those on other hosts, or all of them where the bytes travel on a
-GPU) have its bytes sent by the reader, point-to-point, in rounds of bounded memory (checkpoint.exchange_rounds), each
-tensor's straight into its destination where it is that whole tensor (checkpoint.landing), a whole record otherwise,
-which that rank reads from memory as checkpoint.reader reads it from a file. FSDP's shards, which only their own rank
-needs, are read by that rank alone. The bytes read are the checkpoint's files once, plus `.metadata`, which every rank
-reads (DCP plans from it; each rank checks its CRC). A failed check anywhere raises the same error on every rank before
-any byte is exchanged or loaded (the state is untouched), so the caller can fall back to an older checkpoint: the
-verdict is one number reduced over the group; what else the ranks agree on (each file's records and shared memory, the
-ranges asked of it, its pieces) passes only between its reader and the ranks that need it (checkpoint.agreement), so a
-rank's messages, like its plan, follow its own shares, not the world's size. The cost: during a load a rank holds the
-files it read (its share) and one round of the exchange. LoadTally counts what each rank read, mapped, sent and
-received (benchmarks/checkpoint_load.py holds them against each rank's ideal share).
+TCP loopback. The other ranks that need the file (those on other hosts, or all of them where the bytes travel on a GPU)
+have its bytes sent by the reader, point-to-point, in phases in which disjoint pairs of ranks exchange at once and
+rounds of bounded memory (checkpoint.exchange_rounds), each tensor's straight into its destination where it is that
+whole tensor (checkpoint.landing), a whole record otherwise, which that rank reads from memory as checkpoint.reader
+reads it from a file. FSDP's shards, which only their own rank needs, are read by that rank alone. The bytes read are
+the checkpoint's files once, plus `.metadata`, which every rank reads (DCP plans from it; each rank checks its CRC). A
+failed check anywhere raises the same error on every rank before any byte is exchanged or loaded (the state is
+untouched), so the caller can fall back to an older checkpoint: the verdict is one number reduced over the group; what
+else the ranks agree on (each file's records and shared memory, the ranges asked of it, its pieces) passes only between
+its reader and the ranks that need it (checkpoint.agreement), so a rank's messages, like its plan, follow its own
+shares, not the world's size. The cost: during a load a rank holds the files it read (its share) and one round of the
+exchange. LoadTally counts what each rank read, mapped, sent and received (benchmarks/checkpoint_load.py holds them
+against each rank's ideal share).
 """
 
 from __future__ import annotations
@@ -56,21 +57,22 @@ PHASES = ("read", "agree", "own", "exchange")
 """SingleReader.read_data's phases: this rank's files read and CRC-checked and their records described; the agreement
 (checkpoint.agreement: every rank's verdict, then the records, shared memory, asks and pieces of this rank's files and
 of those it needs, with the wait for the slowest reader); the files this rank read, and those it maps from a reader on
-its host, loaded; the exchange's rounds, each loading what it brought."""
+its host, loaded; the exchange's phases, each loading what it brought."""
 
 
 @dataclass
 class LoadTally:
     """What one rank's load moved (SingleReader.tally): bytes read from the checkpoint's files, copied from the memory
     of a reader on its host (`mapped`), sent to the ranks that need the files it read (`sent`, each byte once per
-    receiver), received from the ranks that read the others; the exchange's rounds and its peak of extra memory; the
-    wall time of each phase of read_data (PHASES)."""
+    receiver), received from the ranks that read the others; the exchange's rounds and phases and its peak of extra
+    memory; the wall time of each phase of read_data (PHASES)."""
 
     bytes_read: int = 0
     bytes_mapped: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     rounds: int = 0
+    phases: int = 0
     peak_exchange_bytes: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
@@ -156,8 +158,7 @@ class SingleReader(InPlaceReader):
         for name, data in (held | near).items():
             self.read_from(HeldFile(self.file_path(name), memoryview(data.numpy())), items.get(name, []), planner)
         clock.lap("own")
-        mine = sorted(sending + [p for ps in theirs.values() for p in ps], key=lambda p: (p.name, p.start))
-        self.sent_and_received(held, landings, mine, planner)
+        self.sent_and_received(held, landings, sending + [p for ps in theirs.values() for p in ps], planner)
         for name, ls in landings.items():  # small records: their bytes came with their description
             for x in ls:
                 if not x.nbytes:
@@ -177,16 +178,17 @@ class SingleReader(InPlaceReader):
         """Send the files this rank read to those that asked, receive the rest (checkpoint.exchange_rounds)."""
         exchange = RoundExchange(
             dist.get_rank(self.group),
+            dist.get_world_size(self.group),
             device=self.device,
             group=self.group,
             loaded=lambda name, x: self.loaded(name, x, planner),
-            round_bytes=self.round_bytes,
         )
         exchange.run(held, landings, mine)
         t = exchange.tally
         self.tally.bytes_sent += t.bytes_sent
         self.tally.bytes_received += t.bytes_received
         self.tally.rounds += t.rounds
+        self.tally.phases += t.phases
         self.tally.peak_exchange_bytes = max(self.tally.peak_exchange_bytes, t.peak_bytes)
 
     def loaded(self, name: str, x: Landing, planner: LoadPlanner) -> None:
