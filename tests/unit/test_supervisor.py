@@ -17,10 +17,11 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.journal import Journal
 from trainflow.launch import build_executor
 from trainflow.launch import steps as launch_steps
+from trainflow.launch import supervisor as supervisor_module
 from trainflow.launch.gate_job import found_by
 from trainflow.launch.job_end import LaunchError
-from trainflow.launch.steps import SrunSteps
-from trainflow.launch.supervisor import Supervisor, allocated, swapped
+from trainflow.launch.steps import LocalSteps, SrunSteps, answering
+from trainflow.launch.supervisor import Supervisor, allocated, probed, swapped
 from trainflow.launch.task import MASTER_ADDR
 from trainflow.resilience.arrivals import Arrival, ArrivalKind, drilled_hosts
 from trainflow.resilience.ledger import NO_FAILURE, JobOutcome, JobRun, standing
@@ -187,3 +188,35 @@ def test_a_faults_file_written_into_a_run_without_a_drill_excuses_no_host(tmp_pa
     job = JobRun(0, 0, "7.0", 10.0, 10.0, 20.0, JobOutcome.DIED, left_out=["n2"])
     assert drill(plain) == {}
     assert drill(make_config("train_segment", tmp_path, "fault.mtbf_s=30"))["excused"]([job]) == {"n2"}
+
+
+def test_a_step_lost_with_no_node_named_is_checked_and_a_host_that_cannot_start_a_task_is_swapped(supervisor, job):
+    lost = JobFailure(line="job 7.2 ended without the results of ranks 0-1", kind=JobOutcome.LOST)
+    hosts = (["n1", "n2"], ["n3"])
+    verdict, why = supervisor.verdict(lost, job, [], [], hosts, lambda: (["n2"], "n2 cannot start a task (x)"))
+    assert (
+        verdict.restart
+        and verdict.exclude == {"n2"}
+        and why == ""
+        and verdict.why.endswith("(n2 cannot start a task (x))")
+    )
+
+
+class Unanswered(LocalSteps):
+    """One machine's steps whose hosts `dead` do not start a task."""
+
+    def __init__(self, dead: dict[str, str]) -> None:
+        super().__init__(None, 2)
+        self.dead = dead
+
+    def unanswered(self, hosts: list[str]) -> dict[str, str]:
+        return {h: why for h, why in self.dead.items() if h in hosts}
+
+
+def test_a_host_that_cannot_start_a_task_is_found_before_the_gates_checks(supervisor, tmp_path, monkeypatch):
+    said = "Task launch for StepId=7.3 failed on node n2: Communication connection failure"
+    steps = Unanswered({"n2": said})
+    assert probed(supervisor.cfg, steps, ["n1", "n2"], tmp_path) == (["n2"], f"n2 cannot start a task ({said})")
+    assert answering(steps, ["n2", "n3"]) == ["n3"]
+    monkeypatch.setattr(supervisor_module, "checked", lambda cfg, steps, hosts, folder: ([], "the gate's: none slow"))
+    assert probed(supervisor.cfg, Unanswered({}), ["n1", "n2"], tmp_path) == ([], "the gate's: none slow")

@@ -9,9 +9,10 @@ node left out, which resumes from the newest verified checkpoint: no new job.
 A step is a Slurm job step or, on one machine, a local job of the rank processes (launch.steps). Every step the
 supervisor restarts is a line of the run's jobs ledger (JobRun.step, job_id <job>.<step>), and each new step's line
 holds the seconds from the failure before it to its own first trained step (JobRun.first_step_s). A hang no rank's
-evidence pins (a symmetric hang: a failed link or switch), or an NCCL error no node confirms, is checked where it
-happened: a step of the gate's checks on the job's own hosts (launch.gate_job.checked) finds the slow host, which a
-spare replaces, or none, and training restarts in the same job either way; a check that cannot run blames nobody. What
+evidence pins (a symmetric hang: a failed link or switch), a step lost with no node named, or an NCCL error no node
+confirms, is checked where it happened: each of the step's hosts is tried with one task (a dead one is found so),
+then a step of the gate's checks on the job's own hosts (launch.gate_job.checked) finds the slow host, which a spare
+replaces, or none, and training restarts in the same job either way; a check that cannot run blames nobody. What
 it does not restart it hands back to the stage (launch.segment_jobs), which judges it as a job's failure: a verdict of
 no restart, and a restart once the spares are used up (a new job, as with no spares).
 """
@@ -110,7 +111,7 @@ class Supervisor:
                     self.requeued(steps, run, ledger)
                 # Slurm may have drained a spare meanwhile, or its slurmd died (which Slurm sees only later)
                 spares = answering(steps, usable_spares(spares, node_states(a.executor)))
-                check = functools.partial(checked, self.cfg, steps, active, base / f"{job_id}-check.{index}")
+                check = functools.partial(probed, self.cfg, steps, active, base / f"{job_id}-check.{index}")
                 verdict, why = self.verdict(err.failure, job, failures, [*ledger.read(), run], (active, spares), check)
                 if why:
                     return Supervised(run, failure=err.failure, failures=failures, why=why)
@@ -165,14 +166,14 @@ class Supervisor:
         check: Callable[[], tuple[list[str], str]],
     ) -> tuple[Verdict, str]:
         """The failure's verdict, and why the stage must act on it ('' where a hot restart follows); `hosts`: the
-        step's and the spares that answer; `check`: the gate's checks on the step's hosts, run after a hang no rank's
-        evidence pins or an NCCL error no node's evidence confirms (ncclSystemError, ncclRemoteError: a link, a
-        switch)."""
+        step's and the spares that answer; `check`: the checks of the step's hosts (probed), run after a hang no
+        rank's evidence pins, a step lost with no node named, or an NCCL error no node's evidence confirms
+        (ncclSystemError, ncclRemoteError: a link, a switch)."""
         a, (active, spares) = self.cfg.cluster.allocation, hosts
         earlier = [*self.earlier, *failures]
         verdict = judgement(self.cfg, job, failure, earlier, history)
         symmetric = failure.kind == JobOutcome.HANG and failure.rank is None
-        if verdict.restart and (symmetric or verdict.fault is FaultClass.NETWORK):
+        if verdict.restart and (symmetric or failure.kind == JobOutcome.LOST or verdict.fault is FaultClass.NETWORK):
             found, said = check()
             verdict = judgement(self.cfg, job, failure, earlier, history, slow=frozenset(found))
             verdict = dataclasses.replace(verdict, why=f"{verdict.why} ({said})")
@@ -181,6 +182,15 @@ class Supervisor:
         if len(verdict.exclude & set(active)) > len(spares):
             return verdict, f"the job's {a.spare_nodes} spare node(s) are used up: a new job"
         return verdict, ""
+
+
+def probed(cfg: TrainflowConfig, steps: Steps, hosts: list[str], folder: Path) -> tuple[list[str], str]:
+    """The hosts of a failed step that cannot start a task (each tried at once: launch.steps), found without the
+    gate's checks, which would not run on them; else the slow hosts the gate's checks find as a step on `hosts`."""
+    if dead := steps.unanswered(hosts):
+        first = next(iter(dead.values()))
+        return sorted(dead), f"{', '.join(sorted(dead))} cannot start a task ({first})"
+    return checked(cfg, steps, hosts, folder)
 
 
 def allocated(hosts: list[str], nodes: int, left_out: set[str]) -> tuple[list[str], list[str]]:
