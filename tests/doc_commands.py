@@ -47,6 +47,7 @@ SLURM_DRILL = (  # slow, slurm, 3 nodes
     "test_measured_goodput_with_hot_restarts_on_slurm_is_the_plan_from_the_runs_terms"
 )
 FROM_RUN = "tests/unit/test_plan_from_run.py::test_from_run_prints_the_plan_beside_the_measurement"
+HARDWARE_FROM = "tests/unit/test_measured_hardware.py::test_the_command_prints_the_values_as_overrides"
 CAMPAIGN = (
     "tests/workflow/test_campaign.py::test_an_extended_campaign_trains_one_segment_and_a_variant_and_back_trains_none"
 )
@@ -76,6 +77,9 @@ COMMANDS: dict[str, tuple[Ran | str, ...]] = {
         Ran(GOODPUT_DRILL, "fault.mtbf_s="),
     ),
     ".venv/bin/python -m trainflow.plan --from-run runs/mtbf": (Ran(FROM_RUN, '"--from-run"'),),
+    ".venv/bin/python -m trainflow.plan --hardware-from runs/mtbf experiment=smoke": (
+        Ran(HARDWARE_FROM, '"--hardware-from"'),
+    ),
     f'.venv/bin/snakemake {LOCAL} --config overrides="experiment=smoke train.segments=3"': (
         DRY_RUN,
         Ran(CAMPAIGN, "train.segments=3"),

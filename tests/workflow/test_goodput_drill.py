@@ -1,6 +1,8 @@
 """The drill campaign (issue 33): failures injected at a rate (fault.mtbf_s) through the whole DAG, local launcher,
 dead and hung ranks mixed, and the measured goodput against the plan from the run's own terms (plan.from_run); then
-the same campaign at a third of the MTBF, which loses the goodput the plan says it will."""
+the same campaign at a third of the MTBF, which loses the goodput the plan says it will. And a prediction, not an
+identity (issue 44): `python -m trainflow.plan` from config alone, with this machine's values an earlier drill without
+failures measured (plan.measured_hardware), frozen before the campaign runs at three seeds."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import pytest
 
 from tests.conftest import REPO
 from tests.support import SNAKEMAKE
+from trainflow.config import compose
 from trainflow.journal import Journal
 from trainflow.plan.from_run import plan_run, read_terms
+from trainflow.plan.measured_hardware import as_overrides, measured_hardware
 from trainflow.resilience.arrivals import Arrival, ArrivalKind
 
 DRILL = (
@@ -26,6 +30,7 @@ DRILL = (
     "resilience.start_s=60",  # a stall at a restart's first step boundary: its start-up is seconds, not 30 minutes
     "resilience.heartbeat_s=0.5",
     "resilience.max_restarts=40",
+    "resilience.failure_detect_s=1",  # the plan's: the local launcher ends the job at once, its stage polls each second
     "fault.seed=2",
 )
 MTBF_S = 30.0
@@ -52,8 +57,8 @@ def campaign(workdir, name: str, *overrides: str) -> tuple[float, object, list[A
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     run = workdir / "runs" / name
     plan = plan_run(read_terms(run))
-    (ledger,) = (p for p in run.glob("capacity/checkpoints/*/faults.jsonl") if p.stat().st_mtime >= started)
-    struck = [a for a in Journal(ledger, Arrival).read() if a.kind is not ArrivalKind.START]
+    ledgers = [p for p in run.glob("capacity/checkpoints/*/faults.jsonl") if p.stat().st_mtime >= started]
+    struck = [a for ledger in ledgers for a in Journal(ledger, Arrival).read() if a.kind is not ArrivalKind.START]
     print(json.dumps({"wall_s": time.time() - started, "plan": plan.to_json(), "struck": len(struck)}))
     return time.time() - started, plan, struck
 
@@ -76,3 +81,39 @@ def test_measured_goodput_is_the_plan_from_the_runs_terms_at_both_mtbfs(tmp_path
     assert short.measured == pytest.approx(short.met.goodput, abs=POINTS), short
     lost, planned_loss = long.measured - short.measured, long.met.goodput - short.met.goodput
     assert lost > POINTS and lost == pytest.approx(planned_loss, abs=POINTS)
+
+
+SEEDS = (1, 2, 3)
+
+
+@pytest.mark.slow
+def test_a_goodput_predicted_from_config_alone_is_met_at_three_seeds(tmp_path):
+    # An earlier drill (seed 0) measures this machine: its step, its saves, a restart's wait and start-up, a dead
+    # rank's detection (plan.measured_hardware).
+    quiet = [o for o in DRILL if not o.startswith("fault.")]
+    injected = f"fault.mtbf_s={MTBF_S:g}"
+    campaign(tmp_path, "earlier", *quiet, "fault.seed=0", injected)
+    measured = measured_hardware(compose("train_segment", quiet), read_terms(tmp_path / "runs/earlier"))
+    # The prediction, frozen before the campaign runs: the plan of the drill's config with those values, at the MTBF
+    # the drill injects; the drill injects no hang every rank waits in (symmetric_share 0).
+    config = [o for o in quiet if o.split("=")[0] not in measured]  # the measured value replaces the config's
+    config += [*as_overrides(measured), f"cluster.hardware.mtbf_hours={MTBF_S / 3600}"]
+    config.append("cluster.hardware.symmetric_share=0")
+    planned = subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "trainflow.plan", "--json", *config],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (configured,) = (s for s in json.loads(planned.stdout)["goodput"]["scenarios"] if s["name"] == "as configured")
+    frozen = {k: configured[k] for k in ("simulated", "simulated_low", "simulated_high", "failures")}
+    (tmp_path / "prediction.json").write_text(json.dumps({"config": config, **frozen}))
+    goodputs, failures = [], []
+    for seed in SEEDS:
+        _, plan, struck = campaign(tmp_path, f"seed{seed}", *quiet, f"fault.seed={seed}", injected)
+        goodputs.append(plan.measured)
+        failures.append(len(struck))
+    mean = sum(goodputs) / len(goodputs)
+    print(json.dumps({"prediction": frozen, "measured": goodputs, "mean": mean, "failures": failures}))
+    assert all(frozen["simulated_low"] <= g <= frozen["simulated_high"] for g in goodputs), (frozen, goodputs)
+    assert mean == pytest.approx(frozen["simulated"], abs=POINTS), (frozen, goodputs)
