@@ -50,6 +50,7 @@ def test_a_training_segment_is_named_by_its_series_never_by_how_it_runs():
     values = {
         "resilience.max_restarts": "0",
         "resilience.max_excluded_nodes": "2",
+        "resilience.health_check_after_s": "60",
         "resilience.max_pending_s": "60",
         "resilience.exclude_stragglers": "true",
         "resilience.max_rollbacks": "0",

@@ -43,7 +43,9 @@ def legacy_series(cfg: TrainflowConfig) -> str:
     train = tree["train"]
     del train["branch_from"]  # added since: at its default it changed nothing
     del tree["cluster"]["measured"]  # added since: the planner's labels of its inputs, which training never reads
-    del tree["cluster"]["hardware"]["symmetric_share"]  # added since: a planner's input, which training never reads
+    hardware = tree["cluster"]["hardware"]
+    del hardware["symmetric_share"]  # added since: a planner's input, which training never reads
+    del hardware["startup"]  # added since: the start-up's parts, a planner's input (startup_s stays as it was)
     optim = tree["optim"]
     if (optim["schedule"], optim["decay_steps"]) == (LrSchedule.COSINE, 0):  # added since: cosine was its only one
         for key in ("schedule", "decay_steps", "decay_shape"):  # (wsd names another series, as another lr does)
