@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import submitit
 from submitit.core.utils import FailedJobError, pickle_load
 
 from trainflow.config import TrainflowConfig, TrainflowError
 from trainflow.gate.patterns import sweep
 from trainflow.host import hostname
 from trainflow.launch.executors import build_executor
-from trainflow.launch.failure import ENDED, exception_line
-from trainflow.launch.job_end import show_job
+from trainflow.launch.failure import exception_line
+from trainflow.launch.job_end import job_state
 from trainflow.launch.node_report import kernel_log, nvml_health
 from trainflow.launch.task import distributed_task
 from trainflow.resilience.evidence import kernel_faults
@@ -143,12 +143,12 @@ class SlurmHealthChecks:
         return str(job.job_id)
 
     def outcome(self, host: str, job_id: str) -> tuple[bool, str] | None:
-        state = re.search(r"\bJobState=(\S+)", show_job(job_id).stdout)
-        if state and state[1] not in ENDED:
+        ended, _ = job_state(submitit.SlurmJob(self.folder, job_id), "slurm")  # None: it runs, or scontrol did not say
+        if ended is None:
             return None
         result = self.folder / f"{job_id}_0_result.pkl"
         if not result.exists():
-            return False, f"ended {state[1] if state else '(no longer known to Slurm)'} without a result"
+            return False, f"ended {ended[0]} without a result"
         outcome = pickle_load(result)  # submitit's ("success", ranks) or ("error", traceback)
         if outcome[0] != "success":
             return False, f"raised {exception_line(outcome[1])[:200]}"
