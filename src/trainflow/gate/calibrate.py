@@ -42,6 +42,7 @@ from trainflow.gate.report import Calibration, Constant, PatternRow, SweepRow
 from trainflow.model import Llama, cross_entropy
 from trainflow.parallel.tensor_parallel import apply_tp
 from trainflow.parallel.timing import median_seconds
+from trainflow.plan.measured_hardware import with_hardware
 from trainflow.plan.setup import PlanSetup, plan_setup
 from trainflow.plan.step import plan_step
 
@@ -194,8 +195,3 @@ def compute_rate(
 
     slowest = min(probes, key=rate)
     return rate(slowest), slowest
-
-
-def with_hardware(cfg: TrainflowConfig, **values: float) -> TrainflowConfig:
-    """cfg with the given cluster.hardware values replaced."""
-    return replace(cfg, cluster=replace(cfg.cluster, hardware=replace(cfg.cluster.hardware, **values)))

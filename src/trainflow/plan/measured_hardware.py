@@ -41,8 +41,9 @@ SHORTEST_S = 0.1
 """The least a fitted detection or start-up may be: a process's own start-up is never faster."""
 
 
-def with_values(cfg: TrainflowConfig, **values: float) -> TrainflowConfig:
-    """cfg with cluster.hardware's `values` replaced (the plan reads them from there)."""
+def with_hardware(cfg: TrainflowConfig, **values: float) -> TrainflowConfig:
+    """cfg with cluster.hardware's `values` replaced (the plan reads them from there; gate.calibrate's calibrated plan
+    too)."""
     hardware = dataclasses.replace(cfg.cluster.hardware, **values)
     return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, hardware=hardware))
 
@@ -69,22 +70,22 @@ def measured_hardware(cfg: TrainflowConfig, terms: RunTerms) -> dict[str, float]
             f"{cfg.checkpoint.mode}: calibrate from a run with checkpoint.mode=sync"
         )
     step = solved(
-        lambda eff: plan_core(with_values(cfg, matmul_efficiency=eff)).step.step_s,
+        lambda eff: plan_core(with_hardware(cfg, matmul_efficiency=eff)).step.step_s,
         terms.step_s,
         0.01,
         1.0,
         "median step",
     )
-    cfg = with_values(cfg, matmul_efficiency=step)
+    cfg = with_hardware(cfg, matmul_efficiency=step)
     core = plan_core(cfg)
 
     def save_s(gbps: float) -> float:
         return plan_campaign(
-            with_values(cfg, storage_write_gbps=gbps), core.setup, step_s=core.step.step_s, memory=core.memory
+            with_hardware(cfg, storage_write_gbps=gbps), core.setup, step_s=core.step.step_s, memory=core.memory
         ).save_s
 
     write = solved(save_s, terms.blocking_s, 1e-4, 1e4, "blocking save")
-    cfg = with_values(cfg, storage_write_gbps=write)
+    cfg = with_hardware(cfg, storage_write_gbps=write)
     campaign = plan_campaign(cfg, core.setup, step_s=core.step.step_s, memory=core.memory)
     load = load_times(cfg, campaign, core.setup).single_s
     if terms.failures:
