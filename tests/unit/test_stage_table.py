@@ -54,6 +54,7 @@ def test_a_training_segment_is_named_by_its_series_never_by_how_it_runs():
         "resilience.max_pending_s": "60",
         "resilience.exclude_stragglers": "true",
         "resilience.max_rollbacks": "0",
+        "resilience.recovery": "peers",
         "resilience.failure_detect_s": "5",
         "resilience.hang_detect_s": "15",
         "resilience.start_s": "60",

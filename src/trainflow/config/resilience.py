@@ -54,6 +54,13 @@ class ResilienceConfig:
     straggler_factor: float = checked(1.5, gt=1)
     """A straggler: a rank whose median forward exceeds this many times the median over ranks (the report flags it;
     a restart leaves its host out under exclude_stragglers)."""
+    recovery: str = checked("job", one_of=("job", "peers"))
+    """How a job with spare nodes (cluster.allocation.spare_nodes) recovers a rank that died: job, every rank
+    relaunched on the spare-patched nodes and the newest verified checkpoint re-read (launch.supervisor); peers, the
+    surviving ranks keep their processes, rebuild their communicators at a new rendezvous and keep their state in
+    memory, and the failed node's ranks start on a spare and take theirs from a live data-parallel replica, resuming
+    at the failed step (launch.peers). A failure peers cannot recover (a hang, no live replica, no spare) goes the job
+    way; the jobs ledger says which way each took."""
     max_rollbacks: int = checked(3, ge=0)
     """Rollbacks one job of a segment may make; the next ends it in one line (the loss diverges), naming each one's
     steps: a run that keeps diverging needs a lower learning rate or other data, not more rollbacks."""

@@ -27,7 +27,7 @@ def rule_errors(cfg: TrainflowConfig) -> list[str]:
     o, timeout_s, hang_s = cfg.observe, cfg.cluster.runtime.collective_timeout_s, cfg.resilience.hang_detect_s
     errors += observe_errors(o.wandb, o.mlflow, collective_timeout_s=timeout_s, hang_detect_s=hang_s)
     errors += resilience_errors(cfg.resilience) + fault_errors(cfg.fault) + optim_errors(cfg.optim)
-    errors += evaluate_errors(cfg.evaluate)
+    errors += evaluate_errors(cfg.evaluate) + recovery_errors(cfg)
     if d.tokenizer == "byte" and d.vocab_size != BYTE_VOCAB:
         errors.append(f"data.vocab_size({d.vocab_size}) must be {BYTE_VOCAB} with the byte tokenizer")
     if m.vocab_size < d.vocab_size:
@@ -55,6 +55,27 @@ def allocation_errors(cfg: TrainflowConfig) -> list[str]:
             f"node != cluster.allocation.gpus_per_node({a.gpus_per_node}); one task drives one GPU"
         ]
     return []
+
+
+def recovery_errors(cfg: TrainflowConfig) -> list[str]:
+    """Recovery from peers needs a spare node for the failed one's ranks and a live replica of every shard."""
+    p, spares = cfg.parallel, cfg.cluster.allocation.spare_nodes
+    if cfg.resilience.recovery != "peers":
+        return []
+    errors = []
+    if not spares:
+        errors.append(
+            "resilience.recovery=peers starts the failed node's ranks on a spare, and cluster.allocation.spare_nodes "
+            "is 0; set it to 1 or more, or resilience.recovery=job"
+        )
+    shard = p.dp if p.dp_mode == "shard" and p.dp_shard in (0, p.dp) else (p.dp_shard if p.dp_mode == "shard" else 1)
+    if p.dp // shard < 2:
+        errors.append(
+            f"resilience.recovery=peers takes a failed rank's state from a data-parallel replica, and layout {p.name} "
+            f"holds {p.dp // shard} copy of each shard (dp({p.dp}), dp_mode={p.dp_mode}, dp_shard={p.dp_shard}); "
+            "use a layout with dp >= 2 replicas (dp_mode=replicate, or HSDP), or resilience.recovery=job"
+        )
+    return errors
 
 
 def table_errors(cluster: ClusterConfig) -> list[str]:
