@@ -36,6 +36,7 @@ from trainflow.checkpoint.folders import list_steps, step_dir
 from trainflow.checkpoint.interval import SaveDone
 from trainflow.checkpoint.manifest import NO_PROVENANCE, ChecksumError, Provenance, check_complete, read_manifest
 from trainflow.checkpoint.reader import ExactLoadPlanner
+from trainflow.checkpoint.reads import count_read
 from trainflow.checkpoint.saves import SaveMode, SyncSaves, tensor_bytes
 from trainflow.checkpoint.single_read import SingleReader
 from trainflow.checkpoint.writer import CheckpointWriteError
@@ -200,6 +201,8 @@ class CheckpointManager:
                 "(lfs getstripe -c, seed: >= 4)"
             ) from err
         tally = reader.tally
+        count_read(tally.bytes_read)
+        count_read(tally.bytes_read)
         total = torch.tensor(tally.bytes_read, dtype=torch.int64, device=self.collectives)
         dist.all_reduce(total)
         done = LoadDone(

@@ -82,8 +82,15 @@ def build_executor(
     return executor
 
 
+KEEP_SURVIVORS = "TRAINFLOW_KEEP_SURVIVORS"
+"""Set to 1 in a local job's controller where a task's end must leave the others running (recovery from peers)."""
+
+
 class LocalExecutor(submitit.LocalExecutor):
-    """submitit's LocalExecutor, its jobs run by LocalController (`python -m trainflow.launch FOLDER`)."""
+    """submitit's LocalExecutor, its jobs run by LocalController (`python -m trainflow.launch FOLDER`), with `env`
+    added to their environment."""
+
+    env: dict[str, str] = {}  # noqa: RUF012 (replaced per instance, never mutated)
 
     def _submit_command(self, command: str) -> LocalJob:
         # The environment submitit 1.5.4's start_controller gives its controller; only the program differs.
@@ -100,6 +107,7 @@ class LocalExecutor(submitit.LocalExecutor):
             "SUBMITIT_STDERR_TO_STDOUT": "",
             "SUBMITIT_LOCAL_WITH_SHELL": "",
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
+            **self.env,
         }
         process = subprocess.Popen([sys.executable, "-m", "trainflow.launch", str(self.folder)], env=env)
         return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(tasks)))
@@ -109,11 +117,13 @@ class LocalController(Controller):
     """submitit's local job controller, which also writes each task's abnormal end into the job's log, worded
     as srun does (submitit's forgets how its tasks ended): the first such line names the first death. As srun's
     --kill-on-bad-exit does, a task's abnormal end (not a requeue's exit) kills the others at once (SIGKILL: a
-    stopped process receives nothing else)."""
+    stopped process receives nothing else), unless KEEP_SURVIVORS is set: recovery from peers (launch.peers) keeps
+    them."""
 
     def wait(self, freq: int = 24) -> list[int | None]:
         """submitit's wait: USR2 signal_delay_s before the time limit; the exit codes once every task ended."""
         start, codes, warned = time.monotonic(), [None] * len(self.tasks), False
+        keep = os.environ.get(KEEP_SURVIVORS) == "1"
         while time.monotonic() - start < self.timeout_s:
             for k, task in enumerate(self.tasks):
                 if codes[k] is None and (code := task.poll()) is not None:
@@ -125,7 +135,7 @@ class LocalController(Controller):
                             file=self.stderrs[0],
                             flush=True,
                         )
-                    if code and code != LOCAL_REQUEUE_RETURN_CODE:
+                    if code and code != LOCAL_REQUEUE_RETURN_CODE and not keep:
                         self._forward_signal(signal.SIGKILL)
             if None not in codes:
                 break

@@ -135,10 +135,21 @@ class Heartbeat:
     @classmethod
     @contextlib.contextmanager
     def start(
-        cls, runtime: RuntimeConfig, resilience: ResilienceConfig, *, rank: int, world: int, paths: JobPaths
+        cls,
+        runtime: RuntimeConfig,
+        resilience: ResilienceConfig,
+        *,
+        rank: int,
+        world: int,
+        paths: JobPaths,
+        store: object = None,
     ) -> Iterator[Heartbeat]:
-        """A running heartbeat for this rank (a single rank has no peer to wait for: it only beats)."""
-        store = heartbeat_store(runtime, period_s=resilience.heartbeat_s, rank=rank, world=world)
+        """A running heartbeat for this rank (a single rank has no peer to wait for: it only beats). `store`: where
+        the beats go instead of a store rank 0 serves (recovery from peers: its supervisor's, as rank 0 may die)."""
+        if store is None:
+            store = heartbeat_store(runtime, period_s=resilience.heartbeat_s, rank=rank, world=world)
+        elif rank == 0:
+            store.multi_set([beat_key(r) for r in range(world)], [NEVER] * world)
         beat = cls(runtime, resilience, rank=rank, world=world, paths=paths, store=store)
         beat.publish()
         beat.thread.start()

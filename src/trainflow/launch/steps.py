@@ -27,7 +27,7 @@ from submitit.helpers import DelayedSubmission
 from trainflow.config import AllocationConfig
 from trainflow.host import hostname
 from trainflow.launch.container import python_command, srun_args
-from trainflow.launch.executors import LocalExecutor
+from trainflow.launch.executors import KEEP_SURVIVORS, LocalExecutor
 from trainflow.launch.failure import analyse
 from trainflow.launch.job_end import LaunchError, show_job, wait_job
 from trainflow.launch.task import MASTER_ADDR
@@ -45,8 +45,11 @@ class Steps(Protocol):
     def hosts(self) -> list[str]:
         """The allocation's hosts, in order."""
 
-    def launch(self, task: Callable[[], object], hosts: list[str], folder: Path) -> submitit.Job:
-        """Start the task's ranks on `hosts`, its files in `folder`."""
+    def launch(
+        self, task: Callable[[], object], hosts: list[str], folder: Path, peers: dict[str, str] | None = None
+    ) -> submitit.Job:
+        """Start the task's ranks on `hosts`, its files in `folder`; `peers`: the variables of a recovery from peers
+        (launch.peer_recovery), whose ranks outlive a rank's end."""
 
     def wait(self, job: submitit.Job) -> list:
         """Every rank's result; a LaunchError holding the failure otherwise."""
@@ -79,8 +82,11 @@ class LocalSteps:
     def hosts(self) -> list[str]:
         return [hostname()] * (self.allocation.nodes + self.allocation.spare_nodes)
 
-    def launch(self, task: Callable[[], object], hosts: list[str], folder: Path) -> submitit.Job:
+    def launch(
+        self, task: Callable[[], object], hosts: list[str], folder: Path, peers: dict[str, str] | None = None
+    ) -> submitit.Job:
         executor = LocalExecutor(folder=folder)
+        executor.env = {**peers, KEEP_SURVIVORS: "1"} if peers else {}
         executor.update_parameters(timeout_min=self.allocation.time_min, tasks_per_node=self.world_size, nodes=1)
         return executor.submit(task)
 
@@ -109,7 +115,9 @@ class SrunSteps:
         command = ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]
         return subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
 
-    def launch(self, task: Callable[[], object], hosts: list[str], folder: Path) -> submitit.Job:
+    def launch(
+        self, task: Callable[[], object], hosts: list[str], folder: Path, peers: dict[str, str] | None = None
+    ) -> submitit.Job:
         folder.mkdir(parents=True, exist_ok=True)
         job = submitit.SlurmJob(folder, os.environ["SLURM_JOB_ID"], tasks=range(self.world_size))
         delayed = DelayedSubmission(task)
@@ -119,7 +127,7 @@ class SrunSteps:
         cloudpickle_dump(delayed, job.paths.submitted_pickle)
         python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
         command = [
-            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=1", "--open-mode=append"),
+            *("srun", "--unbuffered", "--overlap", f"--kill-on-bad-exit={0 if peers else 1}", "--open-mode=append"),
             *(f"--nodes={len(hosts)}", f"--ntasks={self.world_size}", f"--nodelist={','.join(hosts)}"),
             f"--ntasks-per-node={self.world_size // len(hosts)}",
             *(f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"),
@@ -129,7 +137,8 @@ class SrunSteps:
         ]
         log.info("Started job step on %s: %s", ",".join(hosts), shlex.join(command))
         with open(job.paths.stderr, "ab") as err:  # srun's own lines (a task's end: launch.failure) beside rank 0's
-            self.process = subprocess.Popen(command, stdout=err, stderr=err, env={**os.environ, MASTER_ADDR: hosts[0]})
+            env = {**os.environ, MASTER_ADDR: hosts[0], **(peers or {})}
+            self.process = subprocess.Popen(command, stdout=err, stderr=err, env=env)
         return job
 
     def wait(self, job: submitit.Job) -> list:

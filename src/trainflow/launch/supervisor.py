@@ -38,6 +38,7 @@ from trainflow.journal import Journal
 from trainflow.launch.gate_job import checked
 from trainflow.launch.job_end import LaunchError
 from trainflow.launch.judgement import judgement, recorded
+from trainflow.launch.peer_recovery import PeerRecovery
 from trainflow.launch.restart import first_step_at, job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
 from trainflow.launch.steps import LocalSteps, SrunSteps, Steps, answering
@@ -99,14 +100,18 @@ class Supervisor:
         attempts = self.attempt + sum(r.outcome not in NO_FAILURE for r in before)
         for index in itertools.count(first):
             folder, attempt = base / f"{job_id}.{index}", attempts + len(failures)
-            job = steps.launch(self.task(attempt), active, folder)
             fields = dict(attempt=attempt, submitted=submitted, exclude=self.exclude | left_out)
+            peers = self.peers(steps, active, spares, ledger, fields, f"{job_id}.{index}")
+            job = steps.launch(self.task(attempt), active, folder, peers.env if peers else None)
             try:
-                results = steps.wait(job)
+                results = (peers or steps).wait(job)
             except LaunchError as err:
                 if err.failure is None:
                     raise
-                run = self.step_run(job, index, job_id, failed_at, fields, err.failure)
+                run = self.step_run(job, index, job_id, failed_at, fields, err.failure, peers)
+                if peers:  # the nodes its recoveries replaced are out; a refused one's failure is judged below
+                    active, spares = peers.hosts, peers.spares
+                    left_out |= {h for r in ledger.read() if r.job_id == f"{job_id}.{index}" for h in r.left_out}
                 if self.signalled and not err.failure.errors:  # the ranks stopped at the time limit, none raised
                     self.requeued(steps, run, ledger)
                 # Slurm may have drained a spare meanwhile, or its slurmd died (which Slurm sees only later)
@@ -122,8 +127,16 @@ class Supervisor:
                 log.warning("Hot restart %d (job step %s.%d): %s; %s", index + 1, job_id, index + 1, err, verdict.why)
                 failed_at, submitted = run.ended, time.time()
                 continue
-            run = self.step_run(job, index, job_id, failed_at, fields, None)
+            run = self.step_run(job, index, job_id, failed_at, fields, None, peers)
             return Supervised(run, results=results, failures=failures)
+
+    def peers(
+        self, steps: Steps, active: list[str], spares: list[str], ledger: Journal, fields: dict, name: str
+    ) -> PeerRecovery | None:
+        """A step's recovery from peers where resilience.recovery=peers (launch.peer_recovery), else None."""
+        if self.cfg.resilience.recovery != "peers":
+            return None
+        return PeerRecovery(self.cfg, steps, list(active), list(spares), ledger, fields, name)
 
     def leave_to_ranks(self, signum: int, frame: object) -> None:
         """The supervisor's USR2 (Slurm's pre-timeout signal reaches every step): the ranks agree, save, and rank 0
@@ -150,11 +163,14 @@ class Supervisor:
         failed_at: float | None,
         fields: dict,
         failure: JobFailure | None,
+        peers: PeerRecovery | None = None,
     ) -> JobRun:
-        """The ledger's record of step `index`, with its failure-to-first-step time after a hot restart."""
+        """The ledger's record of step `index`, with its failure-to-first-step time after a hot restart (or, after a
+        recovery from peers, its last generation's record)."""
         run = job_run(self.cfg, job, failure=failure, step=index, job_id=f"{job_id}.{index}", **fields)
         first = first_step_at(job)
-        return dataclasses.replace(run, first_step_s=first - failed_at if first and failed_at else None)
+        run = dataclasses.replace(run, first_step_s=first - failed_at if first and failed_at else None)
+        return peers.last(run) if peers else run
 
     def verdict(
         self,

@@ -21,6 +21,7 @@ import yaml
 from submitit.core.utils import JobPaths
 
 from trainflow.atomic import write_json
+from trainflow.checkpoint.reads import checkpoint_bytes_read
 from trainflow.config import CONF_DIR, RuntimeConfig
 from trainflow.config.startup import StartupPart
 from trainflow.errors import TrainflowError
@@ -44,8 +45,8 @@ class TaskMarker(Record):
     """Where a task ran and how its code ended (<job>_<task>_task.json in the job's folder): written by marked_task
     as the task starts and again as its code ends, read by launch.failure and train_segment's jobs ledger."""
 
-    FORMAT = 2
-    MIGRATIONS = {1: fields_added}  # 2: parts
+    FORMAT = 3
+    MIGRATIONS = {1: fields_added, 2: fields_added}  # 2: parts; 3: checkpoint_bytes
 
     rank: int
     host: str
@@ -68,6 +69,9 @@ class TaskMarker(Record):
     """When each part of the rank's start-up before its first step ended (time.time()), by config.startup.StartupPart:
     launch (the process's start), imports (the task's code running), rendezvous, communicators, build, load; the
     first step's end is `first_step`. A part the rank did not reach, or could not record, is absent."""
+    checkpoint_bytes: int = 0
+    """Bytes the process had read from checkpoint files when its latest first step ended (a recovery from peers reads
+    none: launch.peer_recovery)."""
 
 
 @dataclass
@@ -92,7 +96,9 @@ def mark_first_step(paths: JobPaths) -> None:
     as marked_task's own writes are)."""
     path = task_marker(paths)
     if path.exists():
-        write_json(path, dataclasses.replace(read_marker(path), first_step=time.time()).to_json())
+        read = checkpoint_bytes_read()
+        marker = dataclasses.replace(read_marker(path), first_step=time.time(), checkpoint_bytes=read)
+        write_json(path, marker.to_json())
 
 
 def mark_part(paths: JobPaths, part: StartupPart) -> None:
@@ -137,7 +143,12 @@ def marked_task() -> Iterator[TaskNotes]:
     finally:
         written = read_marker(task_marker(env.paths))  # the block's marks: its parts, its first step if it trained one
         ended = dataclasses.replace(
-            marker, ended=time.time(), step=notes.step, first_step=written.first_step, parts=written.parts
+            marker,
+            ended=time.time(),
+            step=notes.step,
+            first_step=written.first_step,
+            parts=written.parts,
+            checkpoint_bytes=written.checkpoint_bytes,
         )
         write_json(task_marker(env.paths), ended.to_json())
 
@@ -153,20 +164,13 @@ def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.d
     marker's notes, which the block may add to)."""
     # Imported here, not at the top: the local controller (`python -m trainflow.launch`) imports this package
     # and would wait 3 s for torch.
-    import torch
     import torch.distributed as dist
 
     configure_logging()
     with marked_task() as marker:
-        os.environ.update(rank_environment(runtime, submitit.JobEnvironment().paths))
         env = submitit.helpers.TorchDistributedEnvironment()
         env.master_addr = os.environ.get(MASTER_ADDR, env.master_addr)
-        env.export(set_cuda_visible_devices=False)
-        if runtime.device == "cuda":
-            device = torch.device("cuda", env.local_rank)
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
+        device = task_device(runtime, env)
         backend = runtime.backend
         dist.init_process_group(
             backend=backend,
@@ -178,3 +182,17 @@ def distributed_task(runtime: RuntimeConfig) -> Iterator[tuple[int, int, torch.d
             yield env.rank, env.world_size, device, marker
         finally:
             dist.destroy_process_group()
+
+
+def task_device(runtime: RuntimeConfig, env: submitit.helpers.TorchDistributedEnvironment) -> torch.device:
+    """This task's device, once its rank's variables are set (the Flight Recorder's, torch.distributed's RANK,
+    WORLD_SIZE, LOCAL_RANK and the rendezvous address)."""
+    import torch
+
+    os.environ.update(rank_environment(runtime, submitit.JobEnvironment().paths))
+    env.export(set_cuda_visible_devices=False)
+    if runtime.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", env.local_rank)
+    torch.cuda.set_device(device)
+    return device

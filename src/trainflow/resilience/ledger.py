@@ -78,8 +78,8 @@ NO_FAILURE = (JobOutcome.COMPLETED, JobOutcome.REQUEUED)
 class JobRun(Record):
     """One job train_segment submitted for a segment, and how it ended (jobs.jsonl)."""
 
-    FORMAT = 3
-    MIGRATIONS = {1: fields_added, 2: fields_added}  # 2: fault; 3: parts
+    FORMAT = 4
+    MIGRATIONS = {1: fields_added, 2: fields_added, 3: fields_added}  # 2: fault; 3: parts; 4: generations
 
     segment: int
     attempt: int
@@ -115,6 +115,17 @@ class JobRun(Record):
     ended when its last rank ended it, from its task markers), the first from `submitted`: a hot restart's
     first_step_s is the supervisor's verdict (`submitted` less the step before's `ended`) and these. Empty before
     format 3, or where no rank recorded one."""
+    generation: int = 0
+    """Under resilience.recovery=peers, the generation of the step's process groups this line is (0 its first; each
+    recovery from peers one more: launch.peer_recovery); the step's job_id is the same for all of them."""
+    recovery: str = ""
+    """How the failure before this line was recovered: "peers" (the survivors kept their processes, the failed node's
+    ranks took their state from a live replica: launch.peers), "" for the job-level ways (a new job step or job)."""
+    kept_pids: dict[str, int] = field(default_factory=dict)
+    """After a recovery from peers: each surviving rank (as text) and the process id it kept."""
+    checkpoint_bytes_read: int | None = None
+    """After a recovery from peers: the bytes its ranks read from checkpoint files between the failure and the end of
+    this line (0 where every state came from memory and replicas); None where not counted."""
 
 
 class HostEventKind(StrEnum):

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import submitit
+import torch
 
 from trainflow.campaign.check import check_campaign, start_series
 from trainflow.campaign.segments import segment_span
@@ -30,13 +31,14 @@ from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
 from trainflow.energy.meter import cpu_seconds
 from trainflow.energy.metrics import StageFigures
-from trainflow.energy.node import actions_taken, node_window, sum_nodes
+from trainflow.energy.node import NodeWindow, actions_taken, node_window, sum_nodes
+from trainflow.errors import TrainflowError
 from trainflow.host import hostname
 from trainflow.journal import Journal
-from trainflow.launch import distributed_task
+from trainflow.launch import distributed_task, peers
 from trainflow.launch.heartbeat import Heartbeat
 from trainflow.launch.segment_jobs import run_jobs
-from trainflow.launch.task import mark_part
+from trainflow.launch.task import TaskNotes, configure_logging, mark_part, marked_task, task_device
 from trainflow.resilience.arrivals import drilled_hosts, start_clock
 from trainflow.resilience.goodput import Span, measure_goodput, segment_jobs
 from trainflow.resilience.ledger import jobs_ledger
@@ -44,8 +46,9 @@ from trainflow.stack import NodeStack, per_node, versions
 from trainflow.stage import StageError, stage_log, stage_main, write_json
 from trainflow.train.adopt import adopt_legacy
 from trainflow.train.kept import keep_segment, lineage_of, restore_segment
+from trainflow.train.peer_state import KeptState, restored
 from trainflow.train.run_terms import write_terms
-from trainflow.train.summary import RankEnergy, RankResult
+from trainflow.train.summary import RankEnergy, RankResult, SegmentSummary
 from trainflow.train.trainer import Trainer
 
 log = stage_log(__file__)
@@ -57,28 +60,7 @@ class TrainSegment(submitit.helpers.Checkpointable):
         """Which job of the segment this is (0: the first; a restart after a failure counts up)."""
 
     def __call__(self) -> RankResult:
-        cfg, env = self.cfg, submitit.JobEnvironment()
-        power = RunFolder.of(cfg).power
-        with (
-            distributed_task(cfg.cluster.runtime) as (rank, world, device, marker),
-            node_window(cfg.energy, local_rank=env.local_rank, folder=power, segment=cfg.segment) as window,
-            Heartbeat.start(cfg.cluster.runtime, cfg.resilience, rank=rank, world=world, paths=env.paths) as beat,
-        ):
-
-            def on_phase(kind: str, step: int) -> None:
-                beat.progress(kind, step)
-                if kind in PHASES:  # the DVFS policy acts on the steps' data and compute phases only
-                    window.enter(kind)
-
-            try:
-                on_part = functools.partial(mark_part, env.paths)  # the start-up's parts, in the task's marker
-                trainer = Trainer(
-                    cfg, device, on_phase=on_phase, on_step=beat.timed, on_part=on_part, attempt=self.attempt
-                )
-                summary = trainer.train()
-            except BaseException:
-                marker.step = beat.step  # the failure's step, for the restart's judge (out of memory twice)
-                raise
+        summary, window = self.with_peers() if os.environ.get(peers.STORE) else self.in_one_group()
         if summary.interrupted_by:
             self.stop(summary.interrupted_by)
         # Each rank's own CPU time (its whole process: the task is started for this job), and the node's counters
@@ -86,6 +68,79 @@ class TrainSegment(submitit.helpers.Checkpointable):
         energy = RankEnergy(cpu_s=cpu_seconds(), node=window.result())
         stack = NodeStack(hostname(), versions())
         return RankResult(summary=summary, energy=energy, stack=stack, slurm_job_id=os.environ.get("SLURM_JOB_ID"))
+
+    def in_one_group(self) -> tuple[SegmentSummary, NodeWindow]:
+        """Train in one process group for the job's life: a rank that dies ends the job (launch.restart)."""
+        cfg, env = self.cfg, submitit.JobEnvironment()
+        with (
+            distributed_task(cfg.cluster.runtime) as (rank, world, device, marker),
+            node_window(
+                cfg.energy, local_rank=env.local_rank, folder=RunFolder.of(cfg).power, segment=cfg.segment
+            ) as window,
+            Heartbeat.start(cfg.cluster.runtime, cfg.resilience, rank=rank, world=world, paths=env.paths) as beat,
+        ):
+            trainer = self.trainer(device, beat, window, attempt=self.attempt)
+            return self.trained(trainer, beat, marker), window
+
+    def with_peers(self) -> tuple[SegmentSummary, NodeWindow]:
+        """Train in generations of process groups (resilience.recovery=peers, launch.peers): where a peer dies, this
+        rank keeps its process and its state, and goes on in the next generation, or exits where its node is
+        replaced."""
+        cfg, env, runtime = self.cfg, submitit.JobEnvironment(), self.cfg.cluster.runtime
+        configure_logging()
+        power = RunFolder.of(cfg).power
+        with (
+            marked_task() as marker,
+            node_window(cfg.energy, local_rank=env.local_rank, folder=power, segment=cfg.segment) as window,
+        ):
+            device = task_device(runtime, submitit.helpers.TorchDistributedEnvironment())
+            link = peers.PeerLink(env.global_rank, env.num_tasks, runtime)
+            kept = None
+            while True:
+                with (
+                    link.group(device),
+                    Heartbeat.start(
+                        runtime,
+                        cfg.resilience,
+                        rank=link.rank,
+                        world=link.world,
+                        paths=env.paths,
+                        store=link.prefixed("heartbeat"),
+                    ) as beat,
+                ):
+                    trainer = None
+                    try:
+                        trainer = self.trainer(device, beat, window, attempt=self.attempt + link.generation)
+                        resumed = restored(trainer, link.rank, kept, link.plan)
+                        return self.trained(trainer, beat, marker, resumed=resumed), window
+                    except RuntimeError as err:
+                        if isinstance(err, TrainflowError):
+                            raise
+                        kept = KeptState.of(trainer) if hasattr(trainer, "boundary") else kept
+                        error = err
+                plan = link.broken(-1 if kept is None else kept.boundary.step, error, runtime.collective_timeout_s)
+                if link.rank in plan.replaced:
+                    log.warning("Rank %d leaves: its node is replaced in generation %d", link.rank, plan.generation)
+                    os._exit(peers.REPLACED_EXIT)
+                log.warning("Rank %d goes on in generation %d after %s", link.rank, plan.generation, error)
+
+    def trainer(self, device: torch.device, beat: Heartbeat, window: NodeWindow, *, attempt: int) -> Trainer:
+        def on_phase(kind: str, step: int) -> None:
+            beat.progress(kind, step)
+            if kind in PHASES:  # the DVFS policy acts on the steps' data and compute phases only
+                window.enter(kind)
+
+        on_part = functools.partial(mark_part, submitit.JobEnvironment().paths)  # the start-up's parts, in the marker
+        return Trainer(self.cfg, device, on_phase=on_phase, on_step=beat.timed, on_part=on_part, attempt=attempt)
+
+    def trained(
+        self, trainer: Trainer, beat: Heartbeat, marker: TaskNotes, resumed: int | None = None
+    ) -> SegmentSummary:
+        try:
+            return trainer.train(resumed)
+        except BaseException:
+            marker.step = beat.step  # the failure's step, for the restart's judge (out of memory twice)
+            raise
 
     def stop(self, signame: str) -> None:
         """After the agreed checkpoint every task ends without a result. On USR2 (Slurm's pre-timeout or

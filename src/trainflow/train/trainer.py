@@ -46,6 +46,7 @@ from trainflow.train.clock import ForwardClock
 from trainflow.train.controls import StopFlag, build_optimizer, set_determinism
 from trainflow.train.faults import maybe_arrive, maybe_inject_fault, maybe_poison, maybe_slow
 from trainflow.train.guard import LossGuard
+from trainflow.train.peer_state import Boundary
 from trainflow.train.profile import memory_mb
 from trainflow.train.recorder import StepRecorder
 from trainflow.train.step_log import StepRecord
@@ -192,19 +193,21 @@ class Trainer:
         self.recorder.evaluation(step, val, started, time.time() - started, sources=per_source)
         return val
 
-    def train(self) -> SegmentSummary:
-        """Train to the segment's end, or until a stop signal; the segment's summary."""
+    def train(self, resumed: int | None = None) -> SegmentSummary:
+        """Train to the segment's end, or until a stop signal; the segment's summary. `resumed`: the step a recovery
+        from peers restored in memory (train.peer_state), instead of a checkpoint's."""
         t = self.cfg.train
         previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGUSR2, signal.SIGTERM)}
-        step = self.ckpt.resume()
+        step = self.ckpt.resume() if resumed is None else resumed
         self.on_part(StartupPart.LOAD)
         self.recorder.resume(step)
-        if step == 0:
+        if step == 0 and resumed is None:
             self.evaluate(0)
         if self.ckpt.opened:  # a phase's series opens with its start, in its own layout (config.phases)
             self.ckpt.save(step)
         since_save, stop_signal = 0, 0
         while step < self.end_step:
+            self.mark_boundary(step)
             maybe_inject_fault(self.cfg.fault, step, during_save=False, attempt=self.attempt)
             maybe_arrive(self.arrivals, step)
             record = self.train_step(step)
@@ -237,6 +240,12 @@ class Trainer:
         if self.offloader is not None:
             self.offloader.close()
         return self.summary(step, stop_signal, profile=self.recorder.close())
+
+    def mark_boundary(self, step: int) -> None:
+        """What step `step`'s start holds beside the tensors (train.peer_state.Boundary): a recovery from peers
+        retries a step that failed part way from it, its rows drawn and its loss judged again."""
+        c = self.ckpt
+        self.boundary = Boundary(step, c.stream.position, c.schedule, self.guard.state(), c.init_from)
 
     def mfu(self, tokens_per_s_per_device: float) -> float:
         return mfu(self.cfg.model, tokens_per_s_per_device, peak_tflops=self.cfg.cluster.hardware.peak_tflops)

@@ -1,0 +1,167 @@
+"""A rank's training state carried across a recovery from peers (resilience.recovery=peers, launch.peers) without the
+file system: a surviving rank keeps its own in memory as its communicators break, and a replacement rank receives it
+from a live data-parallel replica over the new ones, each tensor checked against the sender's CRC-32C.
+
+    kept = KeptState.of(trainer)                 # a survivor, as its collective fails: the state at its step's start
+    step = restored(new_trainer, rank, kept, plan)   # in the next generation: sent, received, adopted
+
+The state is a checkpoint's: the model's and optimizer's local tensors (fp8's amax histories among the model's
+buffers), and what a manifest carries beside them (the step, the stream's position, the schedule, the guard's losses).
+A step that failed part way leaves the tensors as its start had them (a collective failed before the optimizer stepped:
+trainflow's steps have none after it), but it had drawn its rows and judged its loss: the stream's position and the
+guard's state are taken at each step's start (Trainer.boundary), so the retried step draws the same rows and the run
+continues bit for bit. Written by hand: torchft heals a replica from a live peer but owns the process groups and the
+quorum of every step, and NVRx's in-process restart re-runs the training function with state the caller must reload;
+neither sends a DTensor layout's shards between two given ranks of trainflow's own mesh (docs/fault-tolerance.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import crc32c
+import torch
+import torch.distributed as dist
+
+from trainflow.checkpoint.manifest import GuardState
+from trainflow.checkpoint.state import load_state
+from trainflow.config.schedule import Schedule
+from trainflow.data.stream import DataStream
+from trainflow.errors import TrainflowError
+from trainflow.records import Record, RecordError
+from trainflow.stream_position import StreamPosition
+from trainflow.tensors import local
+
+HEADER_BYTES = 64 << 20
+"""The most bytes a state's header may take (its CRCs and positions: kilobytes); a sender claiming more is refused."""
+
+
+class PeerStateError(TrainflowError):
+    """A replica's state that is not this rank's: another layout, a tensor that fails its CRC, a header that does not
+    read. The recovery from peers falls back to the checkpoint (launch.peers)."""
+
+
+@dataclass(frozen=True)
+class Boundary(Record):
+    """What a step's start holds beside the tensors: the rows it draws and the losses it is judged against."""
+
+    step: int
+    stream: StreamPosition
+    schedule: Schedule
+    guard: GuardState
+    init_from: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerHeader(Record):
+    """What a replica sends ahead of the tensors: the boundary, and each tensor's bytes and CRC-32C by key."""
+
+    boundary: Boundary
+    tensors: dict[str, list[int]]
+    """key -> [bytes, CRC-32C] of its local tensor, in the order they follow."""
+
+
+@dataclass
+class KeptState:
+    """One rank's state: the boundary and its local tensors by key ("model/<fqn>", "optim/<key>")."""
+
+    boundary: Boundary
+    tensors: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, trainer: object) -> KeptState:
+        """The trainer's state at its current step's start (its tensors, not copied: they outlive the trainer)."""
+        return cls(trainer.boundary, state_tensors(trainer.ckpt.state()))
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def state_tensors(state: dict) -> dict[str, torch.Tensor]:
+    """The local tensors of a checkpoint state (checkpoint.state.build_state), flat and sorted by key."""
+    flat = {f"{s}/{k}": v for s in ("model", "optim") for k, v in state[s].items() if isinstance(v, torch.Tensor)}
+    return {k: local(flat[k]).detach() for k in sorted(flat)}
+
+
+def adopt(trainer: object, state: dict, kept: KeptState) -> int:
+    """Copy `kept` into a trainer built for the same layout (its model, optimizer, stream, schedule and guard) through
+    its checkpoint state `state`; the step it continues from. One PeerStateError where the tensors are not this
+    layout's."""
+    into = state_tensors(state)
+    if (missing := into.keys() ^ kept.tensors.keys()) or any(into[k].shape != kept.tensors[k].shape for k in into):
+        wrong = sorted(missing) or [k for k in into if into[k].shape != kept.tensors[k].shape]
+        raise PeerStateError(f"the state held in memory is not this layout's (first differing key: {wrong[0]})")
+    with torch.no_grad():
+        for key, tensor in into.items():
+            tensor.copy_(kept.tensors[key])
+    b = kept.boundary
+    state["step"] = torch.tensor(b.step)
+    state["rng"] = torch.get_rng_state()
+    load_state(trainer.model.named_parts(), trainer.optimizers, state)
+    ckpt = trainer.ckpt
+    ckpt.guard.restore(b.guard)
+    ckpt.stream = DataStream(b.stream, weights=ckpt.weights, seed=trainer.cfg.train.seed)
+    ckpt.schedule, ckpt.init_from = b.schedule, b.init_from
+    return b.step
+
+
+def tensor_crc(t: torch.Tensor) -> int:
+    host = t.detach().contiguous().cpu()
+    return crc32c.crc32c(host.reshape(-1).view(torch.uint8).numpy())
+
+
+def send_state(kept: KeptState, *, to: int) -> int:
+    """Send `kept` to global rank `to` (its header, then each tensor); the bytes sent."""
+    tensors = {k: [t.nbytes, tensor_crc(t)] for k, t in kept.tensors.items()}
+    header = json.dumps(PeerHeader(kept.boundary, tensors).to_json()).encode()
+    dist.send(torch.tensor([len(header)], dtype=torch.int64), dst=to)
+    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), dst=to)
+    for tensor in kept.tensors.values():
+        dist.send(tensor.contiguous(), dst=to)
+    return len(header) + kept.nbytes()
+
+
+def receive_state(mine: dict[str, torch.Tensor], *, source: int) -> KeptState:
+    """The state global rank `source` sends (send_state), into tensors shaped as `mine` (this rank's state_tensors);
+    one PeerStateError where its header does not read, names other tensors, or a tensor fails its CRC."""
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, src=source)
+    if not 0 < int(size) <= HEADER_BYTES:
+        raise PeerStateError(f"rank {source} announced a state header of {int(size)} bytes (at most {HEADER_BYTES})")
+    raw = torch.empty(int(size), dtype=torch.uint8)
+    dist.recv(raw, src=source)
+    try:
+        header = PeerHeader.from_json(json.loads(raw.numpy().tobytes()), where=f"rank {source}'s state header")
+    except (ValueError, RecursionError, RecordError) as err:
+        raise PeerStateError(f"rank {source}'s state header does not read: {err}") from None
+    if list(header.tensors) != list(mine) or any(header.tensors[k][0] != t.nbytes for k, t in mine.items()):
+        raise PeerStateError(f"rank {source} holds another layout's state than this rank's (its tensors differ)")
+    received = {}
+    for key, tensor in mine.items():
+        buffer = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        dist.recv(buffer, src=source)
+        if (crc := tensor_crc(buffer)) != header.tensors[key][1]:
+            raise PeerStateError(
+                f"{key} from rank {source} fails its CRC-32C ({crc:#010x}, sent {header.tensors[key][1]:#010x})"
+            )
+        received[key] = buffer
+    return KeptState(header.boundary, received)
+
+
+def restored(trainer: object, rank: int, kept: KeptState | None, plan: object) -> int | None:
+    """Where this rank's state comes from in a generation after the first (its launch.peers.RecoveryPlan): a
+    replacement's from its replica (received), a survivor's from memory, after it sent its own to the replacements
+    it serves; the step they continue from. None: a checkpoint's (the first generation, or one whose survivors did not
+    agree on their step)."""
+    if plan is None or plan.step < 0:
+        return None
+    state = trainer.ckpt.state()  # on every rank before any sends: making the optimizer's state may be collective
+    if str(rank) in plan.sources:
+        kept = receive_state(state_tensors(state), source=plan.sources[str(rank)])
+    for replaced, source in sorted(plan.sources.items(), key=lambda item: int(item[0])):
+        if source == rank:
+            send_state(kept, to=int(replaced))
+    if kept.boundary.step != plan.step:
+        raise PeerStateError(f"rank {rank} holds step {kept.boundary.step}'s state, and the plan step {plan.step}'s")
+    return adopt(trainer, state, kept)

@@ -1,0 +1,53 @@
+"""Recovery from peers through the real local launcher (resilience.recovery=peers, launch.peers, launch.peer_recovery):
+a SIGKILLed rank's node is replaced inside the job's step, the surviving ranks keep their processes, the replacement
+takes its state from a live data-parallel replica, no checkpoint file is read, training goes on at the failed step, and
+the segment ends bit for bit where an uninterrupted run ends.
+
+Each drill trains RESTART_RUN's segment (6 steps, gloo, a checkpoint every 2 steps) on emulated nodes of one machine.
+
+.venv/bin/python -m pytest tests/integration/test_peer_recovery.py
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_config, run_segment
+from tests.support import RESTART_RUN, ledgers
+from trainflow.launch.task import read_marker
+
+PEERS = ("cluster.allocation.nodes=2", "cluster.allocation.spare_nodes=1", "resilience.recovery=peers")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tokens) -> dict:
+    return run_segment(tmp_path_factory.mktemp("reference"), tokens, *RESTART_RUN)
+
+
+def markers(root: Path, *extra: str) -> dict:
+    folder = Path(make_config("train_segment", root, *RESTART_RUN, *PEERS, *extra).io.submitit)
+    (step,) = [p for p in folder.iterdir() if p.is_dir()]
+    return {(m := read_marker(path)).rank: m for path in step.glob("*_task.json")}
+
+
+def test_a_killed_rank_is_replaced_from_its_live_replica_and_the_survivor_keeps_its_process(
+    tmp_path, tokens, reference
+):
+    summary = run_segment(tmp_path, tokens, *RESTART_RUN, *PEERS, "fault.step=3", "fault.rank=1", "fault.signal=KILL")
+    jobs, spans = ledgers(tmp_path, *PEERS)
+    assert [(j.outcome, j.step, j.generation) for j in jobs] == [("died", 0, 0), ("completed", 0, 1)], jobs
+    broken, recovered = jobs
+    assert broken.line.startswith("rank 1 on host ") and "killed by SIGKILL" in broken.line, broken.line
+    host = socket.gethostname()
+    assert broken.verdict == f"recovered from peers: rank(s) 1 started on {host}, their state from rank(s) 0 at step 3"
+    assert recovered.recovery == "peers" and recovered.checkpoint_bytes_read == 0, recovered
+    ends = markers(tmp_path)
+    assert recovered.kept_pids == {"0": ends[0].pid}  # the survivor's process trained to the end
+    assert ends[1].pid != ends[0].pid and ends[1].ended is not None
+    assert 0 < recovered.first_step_s < 30, recovered
+    steps = sorted(s.step for s in spans if s.kind == "step")
+    assert steps == [0, 1, 2, 3, 4, 5], steps  # step 3 retried once, nothing before it redone
+    assert summary["state_digest"] == reference["state_digest"]
