@@ -145,7 +145,7 @@ def test_every_input_of_the_seeds_goodput_says_whether_a_run_at_scale_measured_i
     labels = {line.split()[0]: line for line in shown}
     assert set(labels) == {
         "mtbf_hours", "hang_share", "symmetric_share", "requeue_wait_s", "startup_s", "hot_restart_s",
-        "storage_write_gbps", "checkpoint_read_gbps", "host_copy_gbps",
+        "storage_write_gbps", "checkpoint_read_gbps", "host_copy_gbps", "inter_node_gbps", "crc_gbps",
     }  # fmt: skip
     at_scale = {name for name, line in labels.items() if "measured at scale: the seed's 4096-GH200" in line}
     assert at_scale == {"mtbf_hours", "storage_write_gbps"}

@@ -159,6 +159,10 @@ class HardwareConfig:
     host_copy_gbps: float = checked(gt=0)
     """Device-to-host copy bandwidth per device: what an asynchronous checkpoint blocks training for is the copy of
     the rank's state into host memory; the storage write runs behind it."""
+    crc_gbps: float = checked(16.0, ge=MIN_RATE, fix=GBPS)
+    """CRC-32C rate of one core (the crc32c package on the CPU's CRC32 instruction, trainflow.crc: 15-16 GB/s measured
+    on the development VM's AMD EPYC core; not measured on a cluster's CPUs): a recovery from peers checks the state it
+    sends and receives at it (trainflow.plan.peers)."""
 
 
 @dataclass
@@ -192,6 +196,8 @@ GOODPUT_INPUTS = {
     "storage_write_gbps": "GB/s",
     "checkpoint_read_gbps": "GB/s",
     "host_copy_gbps": "GB/s",
+    "inter_node_gbps": "GB/s",
+    "crc_gbps": "GB/s",
 }
 """The cluster.hardware values the goodput plan rests on (trainflow.plan.goodput), with their units: each is printed
 "measured at scale" where cluster.measured says where, else "not measured at scale"."""

@@ -23,6 +23,9 @@ and lets failures strike only while nodes are held; the closed form counts them 
 3 % absolute while failures cost up to ~30 % (tests/unit/test_goodput_plan.py) and drift apart beyond: 6 points for the
 seed's baseline at MTBF 1 h. A campaign whose configured scenario keeps less than FINISH_FLOOR of its wall time, or
 whose detection and restart outlast the MTBF, cannot finish: `cannot_finish` says so in one line.
+
+Recovery from peers (plan.peers, plan.scenarios): `peers` holds its terms and its goodput, as configured or as a
+what-if of a config that recovers as a job, or why the rules refuse it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import numpy as np
 from trainflow.badput import Badput
 from trainflow.config.schema import TrainflowConfig
 from trainflow.plan.campaign import CampaignPlan
-from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, Timeline, closed_form, expected, failures, simulate
-from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, Remedies, plan_scenarios
+from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, closed_form, expected, failures, simulate
+from trainflow.plan.peers import PeersRecovery
+from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, ScenarioRun, ScenarioTimes, plan_scenarios
 from trainflow.plan.setup import PlanSetup
 from trainflow.plan.startup import StartupPlan
 from trainflow.records import Record
@@ -73,9 +77,9 @@ class GoodputScenario(Record):
     interval_s: float
     """tau: training between two checkpoints."""
     detect_s: float
-    """D: from the failure to the job's end."""
+    """D: from the failure to the job's end (with recovery from peers, both paths' weighted by their shares)."""
     restart_s: float
-    """R: allocation wait + start-up + checkpoint load."""
+    """R: allocation wait + start-up + checkpoint load (with recovery from peers, both paths' weighted)."""
     simulated: float
     simulated_low: float
     simulated_high: float
@@ -90,6 +94,21 @@ class GoodputScenario(Record):
     """Failures one campaign expects."""
     method: Method
     """Whether `simulated` and its band are the Monte Carlo's or, past MAX_FAILURES a trial, the expectation's."""
+
+
+@dataclass(frozen=True)
+class PeersGoodput(Record):
+    """Recovery from peers for this campaign: its terms, the job path's failure to first step beside it, and the
+    goodput with it, as configured (resilience.recovery=peers) or as a what-if; or why the rules refuse it."""
+
+    configured: bool
+    recovery: PeersRecovery | None = None
+    """None where the rules refuse recovery from peers for this config (`refused`)."""
+    job_first_step_s: float = 0.0
+    """The job path's failure to first step, its D + R: a hang's where peers recover the rest."""
+    scenario: GoodputScenario | None = None
+    """The goodput with it: the configured scenario, or the what-if (plan.scenarios.WHAT_IF)."""
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,8 @@ class GoodputPlan(Record):
     notes: list[str] = field(default_factory=list)
     cannot_finish: str | None = None
     """The one line saying the configured campaign cannot finish at this MTBF, and why; None when it can."""
+    peers: PeersGoodput | None = None
+    """Recovery from peers (PeersGoodput); None in a plan written before it was planned."""
 
     @property
     def configured(self) -> GoodputScenario:
@@ -121,7 +142,7 @@ def plan_goodput(
 ) -> GoodputPlan:
     """Every scenario's goodput for cfg's campaign (`startup`: its start-up, plan.startup)."""
     times = plan_scenarios(cfg, setup, step_s=step_s, campaign=campaign, startup=startup)
-    scenarios = [scenario(run.remedies, run.timeline, run.interval_steps) for run in times.runs]
+    scenarios = [scenario(run) for run in times.runs]
     h, rt, jobs, loads = cfg.cluster.hardware, cfg.cluster.runtime, times.jobs, times.loads
     mtbf_s = h.mtbf_hours * 3600
     configured = next(s for s in scenarios if s.name == CONFIGURED)
@@ -147,6 +168,22 @@ def plan_goodput(
         needed=needed(scenarios[-1], mtbf_s),
         notes=notes,
         cannot_finish=cannot_finish(configured, scenarios[-1], mtbf_s),
+        peers=peers_goodput(times, configured),
+    )
+
+
+def peers_goodput(times: ScenarioTimes, configured: GoodputScenario) -> PeersGoodput:
+    """Recovery from peers' terms and goodput: the configured scenario's where it recovers from peers, else the
+    what-if's; the rules' refusal where they refuse it."""
+    if times.peers is None:
+        return PeersGoodput(configured=False, refused=times.peers_refused)
+    run = times.what_if or next(r for r in times.runs if r.remedies.name == CONFIGURED)
+    t = run.timeline
+    return PeersGoodput(
+        configured=times.what_if is None,
+        recovery=times.peers,
+        job_first_step_s=t.detect_s + t.restart_s,
+        scenario=configured if times.what_if is None else scenario(times.what_if),
     )
 
 
@@ -184,8 +221,9 @@ def caveats(scenarios: list[GoodputScenario], *, refused: str | None, loads: Loa
     return notes
 
 
-def scenario(remedies: Remedies, t: Timeline, interval_steps: int) -> GoodputScenario:
+def scenario(run: ScenarioRun) -> GoodputScenario:
     """One scenario, simulated (or past MAX_FAILURES a trial, its expectation) and in closed form."""
+    t = run.timeline
     expects = failures(t)
     sim = simulate(t, trials=TRIALS, seed=SEED) if expects <= MAX_FAILURES else None
     if sim is not None:
@@ -194,14 +232,14 @@ def scenario(remedies: Remedies, t: Timeline, interval_steps: int) -> GoodputSce
         (mean, low, high), method = expected(t), Method.EXPECTED
     closed, terms = closed_form(t)
     return GoodputScenario(
-        name=remedies.name,
-        built=remedies.built,
+        name=run.remedies.name,
+        built=run.built,
         blocking_s=t.blocking_s,
         write_s=t.write_s,
-        interval_steps=interval_steps,
+        interval_steps=run.interval_steps,
         interval_s=t.interval_s,
-        detect_s=t.detect_s,
-        restart_s=t.restart_s,
+        detect_s=t.mean_detect_s,
+        restart_s=t.mean_restart_s,
         simulated=mean,
         simulated_low=float(low),
         simulated_high=float(high),

@@ -19,7 +19,14 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
   interval shorter than the write adds its wait for the last one to C. Where campaign refuses async (host memory),
   the scenario checkpoints synchronously, and a note says why.
 - + hot restart (built; listed where the experiment holds no spare nodes): R = hot_restart_s + the load.
-- all remedies: every one of them.
+- all remedies: every one of them (recovery from peers as configured).
+
+Recovery from peers (resilience.recovery=peers, plan.peers): the failures but the hangs (1 - hardware.hang_share) cost
+the recovery's terms and half a step each, no lost interval, no load, no queue (plan.failures.PeersPath); the hangs
+take the job path, whose detection is then the heartbeat's alone, and the failures no evidence pins are among them
+(as the preset's network failures are: symmetric_share / hang_share of the job path's restarts check the hosts, at
+most all). Every scenario but the baseline recovers as configured; where a config recovering as a job allows peers
+(config.rules: a spare node, dp replicas), the configured campaign with it is a what-if (WHAT_IF, not in the table).
 
 Every scenario with trainflow's detection adds to its restarts the gate's checks of the job's hosts that trainflow
 runs after a failure no evidence pins (hardware.symmetric_share of them; check_times): their start (a job step with
@@ -33,9 +40,12 @@ from dataclasses import dataclass
 
 from trainflow.config.resilience import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
+from trainflow.errors import ConfigError
 from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.collectives import allreduce_seconds, group_link
-from trainflow.plan.failures import Timeline
+from trainflow.plan.failures import PeersPath, Timeline
+from trainflow.plan.peers import PeersRecovery, plan_peers
+from trainflow.plan.remedies import apply
 from trainflow.plan.setup import PlanSetup
 from trainflow.plan.startup import StartupPlan
 
@@ -43,6 +53,8 @@ HOT_RESTART_BUILT = True
 """An in-job restart onto spare nodes (launch.supervisor, cluster.allocation.spare_nodes)."""
 SINGLE_READ_BUILT = True
 """Replicated state read once per job start and exchanged over the dp group (checkpoint.single_read)."""
+PEERS_BUILT = True
+"""Recovery from peers (resilience.recovery=peers: launch.peer_recovery, launch.peers, train.peer_state)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,8 @@ class Remedies:
     fast_detection: bool
     hot_restart: bool | None
     single_read: bool
+    peers: bool | None = None
+    """Recovery from peers (None: resilience.recovery as configured)."""
     only_if_sync: bool = False
     """Listed only where the experiment checkpoints synchronously (else it is what "as configured" does)."""
     only_if_no_spares: bool = False
@@ -76,6 +90,9 @@ class Remedies:
     def uses_hot_restart(self, cfg: TrainflowConfig) -> bool:
         return cfg.cluster.allocation.spare_nodes > 0 if self.hot_restart is None else self.hot_restart
 
+    def uses_peers(self, cfg: TrainflowConfig) -> bool:
+        return cfg.resilience.recovery == "peers" if self.peers is None else self.peers
+
     def interval_steps(self, cfg: TrainflowConfig, campaign: CampaignPlan) -> int:
         return campaign.asynchronous.interval_steps if self.uses_async(cfg, campaign) else campaign.interval_steps
 
@@ -83,12 +100,14 @@ class Remedies:
 CONFIGURED = "as configured"
 """The scenario of the campaign as its config runs it."""
 SCENARIOS = (
-    Remedies("baseline (sync, timeout)", False, False, False, False),
+    Remedies("baseline (sync, timeout)", False, False, False, False, peers=False),
     Remedies(CONFIGURED, None, True, None, True),
     Remedies("+ async checkpoints", True, True, None, True, only_if_sync=True),
     Remedies("+ hot restart", None, True, True, True, only_if_no_spares=True),
     Remedies("all remedies", True, True, True, True),
 )
+WHAT_IF = Remedies(f"{CONFIGURED} + recovery from peers", None, True, None, True, peers=True)
+"""The configured campaign recovering from peers, where it recovers as a job and the rules allow peers."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,8 @@ class ScenarioRun:
     remedies: Remedies
     timeline: Timeline
     interval_steps: int
+    built: bool
+    """Whether trainflow builds every remedy it assumes (Remedies.built; PEERS_BUILT where it recovers from peers)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,11 @@ class ScenarioTimes:
     """How long the job runs on after a rank dies or hangs, with trainflow's detection (detection_s)."""
     check: CheckTimes
     runs: list[ScenarioRun]
+    peers: PeersRecovery | None
+    """A recovery from peers' terms; None where the rules refuse it for this config (peers_refused)."""
+    what_if: ScenarioRun | None
+    """WHAT_IF where the config recovers as a job and the rules allow peers; else None."""
+    peers_refused: str | None
 
 
 def plan_scenarios(
@@ -156,41 +182,74 @@ def plan_scenarios(
     """cfg's campaign under every listed scenario, each time it needs found once (`startup`: startup_s and
     hot_restart_s as the plan takes them, plan.startup)."""
     jobs, share = job_count(cfg, campaign, step_s), eval_share(cfg)
-    listed = [
-        (r, r.interval_steps(cfg, campaign), r.uses_async(cfg, campaign), r.uses_hot_restart(cfg))
-        for r in SCENARIOS
-        if r.listed(cfg)
-    ]
     loads = load_times(cfg, campaign, setup)
     dead, hung = detection_s(cfg, step_s)
     h, rt, check = cfg.cluster.hardware, cfg.cluster.runtime, check_times(cfg, setup, startup)
-    hot_restart_s, startup_s = startup.hot_restart_s, startup.startup_s
+    refused = peers_refusal(cfg)
+    recovery = None
+    if refused is None:
+        state = campaign.asynchronous.staging_bytes  # the fullest rank's weights and moments (plan.memory)
+        recovery = plan_peers(
+            h,
+            cfg.cluster.measured,
+            detect_s=dead,
+            timeout_s=rt.collective_timeout_s,
+            state_bytes=state,
+            step_s=step_s,
+            startup=startup,
+        )
     fast = (1 - h.hang_share) * dead + h.hang_share * hung
-    runs = []
-    for r, steps, uses_async, hot in listed:
-        a = campaign.asynchronous
-        if uses_async:  # a save due before the last one's write ends waits for it
+    a = campaign.asynchronous
+
+    def run(r: Remedies) -> ScenarioRun:
+        steps, hot, peers = r.interval_steps(cfg, campaign), r.uses_hot_restart(cfg), r.uses_peers(cfg)
+        if r.uses_async(cfg, campaign):  # a save due before the last one's write ends waits for it
             blocking_s, write_s = a.blocking_s + max(0.0, a.background_s - a.interval_s), a.background_s
         else:
             blocking_s, write_s = campaign.save_s, 0.0
         load = loads.single_s if r.single_read else loads.per_replica_s
-        wait_s, held_s = (0.0, hot_restart_s + load) if hot else (h.requeue_wait_s, startup_s + load)
+        wait_s, held_s = (0.0, startup.hot_restart_s + load) if hot else (h.requeue_wait_s, startup.startup_s + load)
+        path = recovery.path() if peers and recovery else PeersPath()
         if r.fast_detection:  # trainflow's restarts: after a failure no evidence pins, the hosts are checked first
-            held_s += h.symmetric_share * check.seconds(hot=hot)
+            job_share = 1 - path.share  # the job path's share of failures, which holds every unpinned one
+            held_s += (min(1.0, h.symmetric_share / job_share) if job_share else 0.0) * check.seconds(hot=hot)
         timeline = Timeline(
             work_s=cfg.train.total_steps * step_s,
             interval_s=steps * step_s,
             blocking_s=blocking_s,
             write_s=write_s,
-            detect_s=fast if r.fast_detection else rt.collective_timeout_s,
+            detect_s=(hung if peers else fast) if r.fast_detection else rt.collective_timeout_s,
             wait_s=wait_s,
             held_s=held_s,
             mtbf_s=h.mtbf_hours * 3600,
-            jobs_s=jobs * (h.requeue_wait_s + startup_s) + (jobs - 1) * (campaign.save_s + load),
+            jobs_s=jobs * (h.requeue_wait_s + startup.startup_s) + (jobs - 1) * (campaign.save_s + load),
             eval_share=share,
+            peers=path,
         )
-        runs.append(ScenarioRun(remedies=r, timeline=timeline, interval_steps=steps))
-    return ScenarioTimes(jobs=jobs, eval_share=share, loads=loads, dead_s=dead, hung_s=hung, check=check, runs=runs)
+        return ScenarioRun(r, timeline, steps, built=r.built and (PEERS_BUILT or not peers))
+
+    return ScenarioTimes(
+        jobs=jobs,
+        eval_share=share,
+        loads=loads,
+        dead_s=dead,
+        hung_s=hung,
+        check=check,
+        runs=[run(r) for r in SCENARIOS if r.listed(cfg)],
+        peers=recovery,
+        what_if=run(WHAT_IF) if recovery and cfg.resilience.recovery == "job" else None,
+        peers_refused=refused,
+    )
+
+
+def peers_refusal(cfg: TrainflowConfig) -> str | None:
+    """Why the rules refuse recovery from peers for cfg (config.rules: no spare node, no dp replica); None where
+    they allow it or it is configured."""
+    try:
+        apply(cfg, {"resilience.recovery": "peers"})
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 @dataclass(frozen=True)

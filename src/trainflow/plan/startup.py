@@ -65,13 +65,19 @@ def parts_sum(parts: list[PartFigure], *, hot: bool) -> float:
     return sum(p.seconds for p in parts if hot or p.part is not StartupPart.VERDICT)
 
 
-def part_figure(part: StartupPart, law: PartLaw, *, world: int, step_s: float, measured: str) -> PartFigure:
-    """`part` at `world` ranks (the first step's with one step of `step_s`)."""
+def law_terms(law: PartLaw, *, world: int) -> list[tuple[float, str]]:
+    """(seconds, as printed) of each term of `law` at `world` ranks: its constant, then its scale terms where set."""
     terms = [(law.seconds, f"{law.seconds:.3g} s")]
     if law.per_rank_s:
         terms.append((law.per_rank_s * world, f"{law.per_rank_s:.3g} s x {world} ranks"))
     if law.per_doubling_s:
         terms.append((law.per_doubling_s * math.log2(world), f"{law.per_doubling_s:.3g} s x log2 {world}"))
+    return terms
+
+
+def part_figure(part: StartupPart, law: PartLaw, *, world: int, step_s: float, measured: str) -> PartFigure:
+    """`part` at `world` ranks (the first step's with one step of `step_s`)."""
+    terms = law_terms(law, world=world)
     if part is StartupPart.FIRST_STEP:
         terms.append((step_s, f"one step {step_s:.3g} s"))
     return PartFigure(part, sum(s for s, _ in terms), " + ".join(text for _, text in terms), measured)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from trainflow.config.cluster import GOODPUT_INPUTS
 from trainflow.plan.build import Plan
 from trainflow.plan.campaign import CampaignPlan
-from trainflow.plan.goodput import GoodputPlan, Method
+from trainflow.plan.goodput import GoodputPlan, Method, PeersGoodput
 from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
 from trainflow.plan.startup import StartupPlan
@@ -85,7 +85,8 @@ def render(plan: Plan, measured: dict[str, str] | None = None) -> str:
             ("tokens per joule", f"{camp.tokens_per_joule:.3g}"),
         ],
     )
-    lines += goodput_lines(plan.goodput) + input_lines(plan.hardware, measured or {}, plan.startup)
+    lines += goodput_lines(plan.goodput) + peers_lines(plan.goodput and plan.goodput.peers)
+    lines += input_lines(plan.hardware, measured or {}, plan.startup)
     lines += startup_lines(plan.startup)
     lines += remedy_lines(plan.remedies) + seed_lines(plan.seed)
     return "\n".join(lines).rstrip() + "\n"
@@ -146,6 +147,34 @@ def goodput_lines(g: GoodputPlan | None) -> list[str]:
         lines.append(f"  {s.name:<27} {times}  {band:<24} {s.closed_form:6.1%}  {verdict}{built}")
     lines += [f"  - {note}" for note in [*g.notes, *([g.needed] if g.needed else [])]]
     return [*lines, *([f"CANNOT FINISH: {g.cannot_finish}"] if g.cannot_finish else []), ""]
+
+
+def peers_lines(p: PeersGoodput | None) -> list[str]:
+    """Recovery from peers: each term with its figures and label, the recovery, the lost work, failure to first step
+    beside the job path's, and the goodput with it (as configured, or a what-if); or the rules' refusal."""
+    if p is None:
+        return []
+    if p.recovery is None or p.scenario is None:
+        return [f"Recovery from peers (resilience.recovery=peers): refused by the rules: {p.refused}", ""]
+    r, s = p.recovery, p.scenario
+    how = "as configured" if p.configured else "a what-if (the campaign recovers as a job)"
+    lines = [
+        f"Recovery from peers at {r.world} ranks, {how}: {r.share:.0%} of failures (all but the hangs, which the "
+        "heartbeat finds and the job path restarts)"
+    ]
+    width = max(len(t.how) for t in r.terms)
+    lines += [f"  {t.name:<13} {seconds(t.seconds):>8}  {t.how:<{width}}  {t.label}" for t in r.terms]
+    band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%}){MARKS[s.method]}"
+    lines += [
+        f"  {'recovery':<13} {seconds(r.recover_s):>8}  the terms' sum: no checkpoint read, no queue",
+        f"  {'lost work':<13} {seconds(r.lost_s):>8}  half a step on average: training resumes at the failed step",
+        f"  {'first step':<13} {seconds(r.first_step_s):>8}  failure to first step: the recovery and the failed step "
+        f"({seconds(r.step_s)}); a hang's on the job path {seconds(p.job_first_step_s)} (D + R)",
+        f"  {'goodput':<13} {band}, closed form {s.closed_form:.1%} ({s.name}{'' if s.built else '; not built'})",
+        f"  - detection is the process-death case: a node lost without a TCP reset is seen only at the collective "
+        f"timeout, {seconds(r.timeout_s)} (cluster.runtime.collective_timeout_s), not modelled",
+    ]
+    return [*lines, ""]
 
 
 def checkpoint_rows(camp: CampaignPlan) -> list[tuple[str, str]]:
