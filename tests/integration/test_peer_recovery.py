@@ -51,3 +51,24 @@ def test_a_killed_rank_is_replaced_from_its_live_replica_and_the_survivor_keeps_
     steps = sorted(s.step for s in spans if s.kind == "step")
     assert steps == [0, 1, 2, 3, 4, 5], steps  # step 3 retried once, nothing before it redone
     assert summary["state_digest"] == reference["state_digest"]
+
+
+@pytest.mark.slow  # four ranks and a reference: ~90 s on the 2-core VM
+def test_a_killed_tp_rank_s_node_is_replaced_and_both_its_ranks_take_their_shards_from_the_other_replica(
+    tmp_path, tokens
+):
+    # dp2 x tp2 on two emulated nodes of two ranks (a replica each): rank 2 dies; its node's ranks 2 and 3 start anew,
+    # each taking its tensor-parallel shard from rank 0 and 1, the live ranks of the other replica.
+    # Rank 1 waits in a collective with ranks 0 and 3 only, which gloo cannot abort: it leaves at the timeout.
+    layout = ("parallel=dp2_tp2", "cluster.allocation.nodes=2", "cluster.runtime.collective_timeout_s=15")
+    reference = run_segment(tmp_path / "reference", tokens, *RESTART_RUN, layout[0])  # one job: one node here
+    fault = ("fault.step=3", "fault.rank=2", "fault.signal=KILL")
+    summary = run_segment(tmp_path / "peers", tokens, *RESTART_RUN, *PEERS, *layout, *fault)
+    jobs, _ = ledgers(tmp_path / "peers", *PEERS, *layout)
+    assert [(j.outcome, j.generation) for j in jobs] == [("died", 0), ("completed", 1)], jobs
+    assert jobs[0].verdict.endswith(
+        "rank(s) 2,3 started on " + socket.gethostname() + ", their state from rank(s) 0,1 at step 3"
+    )
+    ends = markers(tmp_path / "peers", *layout)
+    assert jobs[1].kept_pids == {"0": ends[0].pid, "1": ends[1].pid} and jobs[1].checkpoint_bytes_read == 0, jobs[1]
+    assert summary["state_digest"] == reference["state_digest"]

@@ -62,8 +62,10 @@ def test_a_training_segment_is_named_by_its_series_never_by_how_it_runs():
         "resilience.straggler_factor": "2",
     }
     assert set(values) == {f"resilience.{f.name}" for f in dataclasses.fields(ResilienceConfig)}
+    needs = {"resilience.recovery": ["cluster.allocation.spare_nodes=1", "parallel=dp2"]}  # what peers requires
     for path, value in values.items():
-        assert stage_hash(compose("train_segment", [f"{path}={value}"]), "train_segment") == base, path
+        extra = needs.get(path, [])
+        assert stage_hash(compose("train_segment", [*extra, f"{path}={value}"]), "train_segment") == base, path
     settings = ["cluster.allocation.spare_nodes=2", "cluster.runtime.collective_timeout_s=7", "optim.lr=1e-4"]
     settings += ["parallel=tp2", "train.segments=9", "checkpoint.interval_steps=9", "cluster.hardware.mtbf_hours=2"]
     for setting in settings:  # how the next steps run: applied from the next segment, never a rerun

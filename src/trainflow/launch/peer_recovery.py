@@ -22,6 +22,7 @@ read from checkpoint files meanwhile (recovery "peers").
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -41,6 +42,7 @@ from trainflow.host import hostname
 from trainflow.journal import Journal
 from trainflow.launch.container import python_command, srun_args
 from trainflow.launch.failure import analyse, read_markers, reported_ends
+from trainflow.launch.heartbeat import beat_key
 from trainflow.launch.job_end import LaunchError
 from trainflow.launch.peers import JOINS, STORE, Broken, RecoveryPlan, generation_key, replica_source
 from trainflow.launch.rejoin import RANK_BASE, WORLD
@@ -147,8 +149,8 @@ class PeerRecovery:
     def recover(self) -> None:
         """Plan the broken generation's next one, start its replacement ranks, and record the broken one."""
         job, number, seen = self.job, self.now.number, time.time()
-        reports, ends = self.collect()
-        missing = sorted(set(range(self.world)) - set(reports))
+        reports, ends, alive = self.collect()
+        missing = sorted(set(range(self.world)) - set(reports) - alive)
         plan = self.plan(reports, missing)
         hosts = {r: m.host for r, m in read_markers(job).items()}  # before a replacement rewrites its rank's marker
         said = [f"rank {r} on host {hosts.get(r, '?')} {ends.get(r, 'did not report')}" for r in missing]
@@ -185,7 +187,8 @@ class PeerRecovery:
         )
         self.ledger.append(broken)
         log.warning("Generation %d broke (%s); %s", number, "; ".join(said), verdict)
-        kept = {str(r): b.pid for r, b in reports.items() if r not in plan.replaced}
+        pids = {r: m.pid for r, m in read_markers(job).items() if r in alive} | {r: b.pid for r, b in reports.items()}
+        kept = {str(r): pid for r, pid in sorted(pids.items()) if r not in plan.replaced}
         read = {r: b.checkpoint_bytes for r, b in reports.items()}
         failed_at = min((b.at for b in reports.values()), default=seen)
         self.now = Generation(plan.generation, time.time(), failed_at, kept, read)
@@ -194,12 +197,17 @@ class PeerRecovery:
     def step_index(self) -> int:
         return int(self.job_id.rpartition(".")[2])
 
-    def collect(self) -> tuple[dict[int, Broken], dict[int, str]]:
-        """The reports of the broken generation's ranks, and how each rank that ended did: until every rank did one
-        or the other, or resilience.failure_detect_s passed."""
-        number, deadline = self.now.number, time.monotonic() + self.cfg.resilience.failure_detect_s
+    def collect(self) -> tuple[dict[int, Broken], dict[int, str], set[int]]:
+        """The reports of the broken generation's ranks, how each rank that ended did, and the ranks alive without a
+        report: until every rank did one or the other, or beats on (a rank waiting in a collective with survivors
+        only, which gloo cannot abort: launch.peers; it leaves once a replaced rank exits, and reports then), or
+        resilience.failure_detect_s passed."""
+        number, start = self.now.number, time.monotonic()
+        short, settle = self.cfg.resilience.failure_detect_s, 2 * self.cfg.resilience.heartbeat_s + 1
+        beats, alive = self.beats(number), set()
         reports: dict[int, Broken] = {}
         while True:
+            alive |= {r for r, beat in self.beats(number).items() if beat != beats.get(r)}
             for rank in set(range(self.world)) - set(reports):
                 key = generation_key(number, f"broken/{rank}")
                 if self.store.check([key]):
@@ -208,9 +216,17 @@ class PeerRecovery:
                     except (ValueError, RecordError) as err:
                         log.warning("Rank %d's report does not read (%s): taken for lost", rank, err)
             ends = self.ended()
-            if set(reports) | set(ends) >= set(range(self.world)) or time.monotonic() > deadline:
-                return {r: b for r, b in reports.items() if r not in ends}, ends
+            waiting, waited = set(range(self.world)) - set(reports) - set(ends), time.monotonic() - start
+            if not waiting or (waiting <= alive and waited > settle) or waited > short:
+                return {r: b for r, b in reports.items() if r not in ends}, ends, waiting & alive
             time.sleep(POLL_S)
+
+    def beats(self, number: int) -> dict[int, bytes]:
+        """Each rank's heartbeat in generation `number` (launch.heartbeat, in this store): one that changes is alive."""
+        keys = [generation_key(number, f"heartbeat/{beat_key(r)}") for r in range(self.world)]
+        with contextlib.suppress(Exception):  # a beat not yet seeded
+            return dict(enumerate(self.store.multi_get(keys)))
+        return {}
 
     def ended(self) -> dict[int, str]:
         """Rank -> how it ended, for the ranks of the generation that ended: the step's log's lines (srun's, the

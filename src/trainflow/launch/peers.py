@@ -42,10 +42,17 @@ JOINS = "TRAINFLOW_JOINS"
 REPLACED_EXIT = 75
 """How a rank whose node the plan replaced exits (its state lives on in the replacement)."""
 PREFIX = "trainflow/peers"
+PLAN_MARGIN_S = 120.0
+"""How much longer than the supervisor's longest wait for a broken generation's reports (a collective timeout, then
+resilience.failure_detect_s) a rank waits for its plan: the spares' probe (launch.steps.PROBE_S) and the verdict."""
 
 
 def generation_key(generation: int, name: str) -> str:
     return f"{PREFIX}/{generation}/{name}"
+
+
+class PeerLost(RuntimeError):
+    """The error that broke a rank's generation, in words (the original's traceback would keep its trainer alive)."""
 
 
 class RecoveryRefused(TrainflowError):
@@ -143,8 +150,20 @@ class PeerLink:
         try:
             yield
         finally:
-            with contextlib.suppress(Exception):  # a broken group may not close cleanly: its sockets die with it
+            with contextlib.suppress(Exception):  # aborted already where it broke
                 dist.destroy_process_group()
+
+    @staticmethod
+    def abort() -> None:
+        """Abort this generation's process groups, so that a collective another rank waits in with this one ends now
+        (NCCL's communicators abort; NVRx's in-process restart does the same). Gloo's do not: a rank waiting only on
+        survivors leaves its collective at cluster.runtime.collective_timeout_s (measured: aborting, destroying and
+        unregistering every group left a tp peer's pending all-reduce waiting), which the supervisor waits for while
+        its heartbeat beats. Private in torch 2.13."""
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()
 
     def broken(self, step: int, error: BaseException, timeout_s: float) -> RecoveryPlan:
         """Report that this generation broke at `step`, and wait for the supervisor's plan of the next one."""

@@ -37,6 +37,7 @@ from trainflow.host import hostname
 from trainflow.journal import Journal
 from trainflow.launch import distributed_task, peers
 from trainflow.launch.heartbeat import Heartbeat
+from trainflow.launch.peers import PLAN_MARGIN_S, PeerLost
 from trainflow.launch.segment_jobs import run_jobs
 from trainflow.launch.task import TaskNotes, configure_logging, mark_part, marked_task, task_device
 from trainflow.resilience.arrivals import drilled_hosts, start_clock
@@ -116,9 +117,14 @@ class TrainSegment(submitit.helpers.Checkpointable):
                     except RuntimeError as err:
                         if isinstance(err, TrainflowError):
                             raise
+                        log.warning("Rank %d lost its generation %d: %s", link.rank, link.generation, err)
+                        link.abort()
                         kept = KeptState.of(trainer) if hasattr(trainer, "boundary") else kept
-                        error = err
-                plan = link.broken(-1 if kept is None else kept.boundary.step, error, runtime.collective_timeout_s)
+                        error = PeerLost(f"{type(err).__name__}: {err}")  # not its traceback: it holds the trainer
+                        trainer = None
+                # The supervisor waits up to a collective timeout for a rank that beats on, then probes its spares.
+                wait_s = runtime.collective_timeout_s + cfg.resilience.failure_detect_s + PLAN_MARGIN_S
+                plan = link.broken(-1 if kept is None else kept.boundary.step, error, wait_s)
                 if link.rank in plan.replaced:
                     log.warning("Rank %d leaves: its node is replaced in generation %d", link.rank, plan.generation)
                     os._exit(peers.REPLACED_EXIT)
