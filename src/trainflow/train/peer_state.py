@@ -131,22 +131,32 @@ def receive_state(mine: dict[str, torch.Tensor], *, source: int) -> KeptState:
         raise PeerStateError(f"rank {source} announced a state header of {int(size)} bytes (at most {HEADER_BYTES})")
     raw = torch.empty(int(size), dtype=torch.uint8)
     dist.recv(raw, src=source)
-    try:
-        header = PeerHeader.from_json(json.loads(raw.numpy().tobytes()), where=f"rank {source}'s state header")
-    except (ValueError, RecursionError, RecordError) as err:
-        raise PeerStateError(f"rank {source}'s state header does not read: {err}") from None
-    if list(header.tensors) != list(mine) or any(header.tensors[k][0] != t.nbytes for k, t in mine.items()):
-        raise PeerStateError(f"rank {source} holds another layout's state than this rank's (its tensors differ)")
+    header = read_header(raw.numpy().tobytes(), mine, source=source)
     received = {}
     for key, tensor in mine.items():
         buffer = torch.empty_like(tensor, memory_format=torch.contiguous_format)
         dist.recv(buffer, src=source)
-        if (crc := tensor_crc(buffer)) != header.tensors[key][1]:
-            raise PeerStateError(
-                f"{key} from rank {source} fails its CRC-32C ({crc:#010x}, sent {header.tensors[key][1]:#010x})"
-            )
-        received[key] = buffer
+        received[key] = checked(key, buffer, header, source=source)
     return KeptState(header.boundary, received)
+
+
+def read_header(raw: bytes, mine: dict[str, torch.Tensor], *, source: int) -> PeerHeader:
+    """The header rank `source` sent, for this rank's tensors `mine`; one PeerStateError where it does not read as
+    one (a peer's bytes are input like a file's: parsed as JSON records, never unpickled) or names other tensors."""
+    try:
+        header = PeerHeader.from_json(json.loads(raw), where=f"rank {source}'s state header")
+    except (ValueError, RecursionError, RecordError) as err:
+        raise PeerStateError(f"rank {source}'s state header does not read: {err}") from None
+    if list(header.tensors) != list(mine) or any(header.tensors[k][0] != t.nbytes for k, t in mine.items()):
+        raise PeerStateError(f"rank {source} holds another layout's state than this rank's (its tensors differ)")
+    return header
+
+
+def checked(key: str, received: torch.Tensor, header: PeerHeader, *, source: int) -> torch.Tensor:
+    """`received` where its CRC-32C is the one its header gives; one PeerStateError naming it otherwise."""
+    if (crc := tensor_crc(received)) != (sent := header.tensors[key][1]):
+        raise PeerStateError(f"{key} from rank {source} fails its CRC-32C ({crc:#010x}, sent {sent:#010x})")
+    return received
 
 
 def restored(trainer: object, rank: int, kept: KeptState | None, plan: object) -> int | None:
