@@ -41,7 +41,7 @@ from trainflow.config import ParallelDims, TrainflowConfig
 from trainflow.host import hostname
 from trainflow.journal import Journal
 from trainflow.launch.container import python_command, srun_args
-from trainflow.launch.failure import analyse, read_markers, reported_ends
+from trainflow.launch.failure import NODE_FAILURE, analyse, read_markers, reported_ends
 from trainflow.launch.heartbeat import beat_key
 from trainflow.launch.job_end import LaunchError
 from trainflow.launch.peers import JOINS, STORE, Broken, RecoveryPlan, generation_key, replica_source
@@ -233,6 +233,10 @@ class PeerRecovery:
         local controller's) for its first ranks, a replacement's process's end for later ones."""
         replaced = {r for _, ranks in self.replacements for r in ranks}
         ends = {r: what for r, (_, what) in reported_ends(self.job.paths.stderr).items() if r not in replaced}
+        text = self.job.paths.stderr.read_text(errors="replace") if self.job.paths.stderr.exists() else ""
+        if failed := set(NODE_FAILURE.findall(text)):  # srun's word for a node Slurm lost: its ranks went with it
+            on = {r: m.host for r, m in read_markers(self.job).items()}
+            ends |= {r: f"was lost: node {h} failed" for r, h in on.items() if h in failed and r not in replaced}
         for process, ranks in self.replacements:
             if (code := process.poll()) is not None:
                 ends.update({r: f"exited with code {code}" for r in ranks})
@@ -273,7 +277,7 @@ class PeerRecovery:
         python = python_command(a, folder=job.paths.folder) or shlex.quote(sys.executable)
         logs = f"{job.paths.folder}/%j_g{generation}_%t_log"
         command = [
-            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=0", "--open-mode=append"),
+            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=0", "--no-kill", "--open-mode=append"),
             *("--nodes=1", f"--ntasks={len(ranks)}", f"--ntasks-per-node={len(ranks)}", f"--nodelist={host}"),
             *(f"--output={logs}.out", f"--error={logs}.err"),
             *srun_args(a.container),

@@ -127,7 +127,9 @@ class SrunSteps:
         cloudpickle_dump(delayed, job.paths.submitted_pickle)
         python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
         command = [
-            *("srun", "--unbuffered", "--overlap", f"--kill-on-bad-exit={0 if peers else 1}", "--open-mode=append"),
+            *("srun", "--unbuffered", "--overlap", "--open-mode=append"),
+            # Recovery from peers: a task's end or its node's failure leaves the step's other tasks running.
+            *(("--kill-on-bad-exit=0", "--no-kill") if peers else ("--kill-on-bad-exit=1",)),
             *(f"--nodes={len(hosts)}", f"--ntasks={self.world_size}", f"--nodelist={','.join(hosts)}"),
             f"--ntasks-per-node={self.world_size // len(hosts)}",
             *(f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"),
