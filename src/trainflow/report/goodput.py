@@ -93,12 +93,22 @@ def planned_against_measured(plan: RunPlan | None) -> list[str]:
 
 
 def jobs(segments: Sequence[SegmentSummary]) -> list[str]:
-    """The failed jobs and what was done about each."""
-    failed = [(s.segment, j) for s in segments for j in s.goodput.jobs if j.outcome not in NO_FAILURE]
-    if not failed:
+    """The failed jobs and what was done about each: the verdict, the way it was recovered (peers: the survivors
+    kept their processes and the failed node's ranks took their state from a live replica; job: every rank
+    relaunched from the newest checkpoint) and the seconds from the failure to the next trained step."""
+    rows = []
+    for s in segments:
+        runs = s.goodput.jobs
+        for j, after in zip(runs, [*runs[1:], None]):
+            if j.outcome in NO_FAILURE:
+                continue
+            way = ("peers" if after.recovery == "peers" else "job") if after else "none"
+            first = f"{after.first_step_s:.1f}" if after and after.first_step_s is not None else ""
+            rows.append([s.segment, j.attempt, j.job_id, j.outcome, j.line, j.verdict, way, first])
+    if not rows:
         return []
-    rows = [[seg, j.attempt, j.job_id, j.outcome, j.line, j.verdict] for seg, j in failed]
-    return ["### Failed jobs", "", table(rows, ["segment", "job", "id", "kind", "failure", "verdict"]), ""]
+    header = ["segment", "job", "id", "kind", "failure", "verdict", "recovery", "to first step (s)"]
+    return ["### Failed jobs", "", table(rows, header), ""]
 
 
 def guard(segments: Sequence[SegmentSummary]) -> list[str]:
