@@ -72,3 +72,25 @@ def test_a_killed_tp_rank_s_node_is_replaced_and_both_its_ranks_take_their_shard
     ends = markers(tmp_path / "peers", *layout)
     assert jobs[1].kept_pids == {"0": ends[0].pid, "1": ends[1].pid} and jobs[1].checkpoint_bytes_read == 0, jobs[1]
     assert summary["state_digest"] == reference["state_digest"]
+
+
+@pytest.mark.slow  # a reference and a recovery: ~60 s on the 2-core VM
+def test_a_node_without_a_replica_is_restored_from_its_partner_s_snapshot_losing_at_most_snapshot_steps(
+    tmp_path, tokens
+):
+    # pp2 on two emulated nodes: each node holds one pipeline stage, no replica anywhere. Snapshots every 2 steps, the
+    # only file-system checkpoint at the end: rank 1 (stage 1, node 1's only rank) dies at step 5. It starts on the
+    # spare from the copy of its step-4 snapshot rank 0 holds (another stage's tensors, held as bytes); rank 0 goes
+    # back to its own; step 4 is trained again (1 step lost, at most 2), nothing read from a checkpoint.
+    layout = ("parallel=pp2_1f1b", "cluster.allocation.nodes=2", "checkpoint.interval_steps=6")
+    reference = run_segment(tmp_path / "reference", tokens, *RESTART_RUN, layout[0], layout[2])
+    snapshots = ("checkpoint.snapshot_steps=2", "fault.step=5", "fault.rank=1", "fault.signal=KILL")
+    summary = run_segment(tmp_path / "peers", tokens, *RESTART_RUN, *PEERS, *layout, *snapshots)
+    jobs, spans = ledgers(tmp_path / "peers", *PEERS, *layout, snapshots[0])
+    assert [(j.outcome, j.generation) for j in jobs] == [("died", 0), ("completed", 1)], jobs
+    assert jobs[0].verdict.endswith("their state from the snapshots held by rank(s) 0 at step 4"), jobs[0].verdict
+    ends = markers(tmp_path / "peers", *layout, snapshots[0])
+    assert jobs[1].kept_pids == {"0": ends[0].pid} and jobs[1].checkpoint_bytes_read == 0, jobs[1]
+    trained = sorted(s.step for s in spans if s.kind == "step")
+    assert trained == [0, 1, 2, 3, 4, 4, 5], trained  # step 4 again: one step lost
+    assert summary["state_digest"] == reference["state_digest"]

@@ -68,7 +68,11 @@ def test_a_training_segment_is_named_by_its_series_never_by_how_it_runs():
         assert stage_hash(compose("train_segment", [*extra, f"{path}={value}"]), "train_segment") == base, path
     settings = ["cluster.allocation.spare_nodes=2", "cluster.runtime.collective_timeout_s=7", "optim.lr=1e-4"]
     settings += ["parallel=tp2", "train.segments=9", "checkpoint.interval_steps=9", "cluster.hardware.mtbf_hours=2"]
+    settings += [
+        "resilience.recovery=peers parallel=tp2 cluster.allocation.nodes=2 cluster.allocation.spare_nodes=1 "
+        "checkpoint.snapshot_steps=2"
+    ]
     for setting in settings:  # how the next steps run: applied from the next segment, never a rerun
-        assert stage_hash(compose("train_segment", [setting]), "train_segment") == base, setting
+        assert stage_hash(compose("train_segment", setting.split()), "train_segment") == base, setting
     for identity in ("model.dim=256", "data.tokenizer=bpe", "train.branch_from=12", "model.rope_scaling=llama3"):
         assert stage_hash(compose("train_segment", [identity]), "train_segment") != base, identity

@@ -59,21 +59,33 @@ def allocation_errors(cfg: TrainflowConfig) -> list[str]:
 
 def recovery_errors(cfg: TrainflowConfig) -> list[str]:
     """Recovery from peers needs a spare node for the failed one's ranks and a live replica of every shard."""
-    p, spares = cfg.parallel, cfg.cluster.allocation.spare_nodes
+    p, spares, snapshots = cfg.parallel, cfg.cluster.allocation.spare_nodes, cfg.checkpoint.snapshot_steps
     if cfg.resilience.recovery != "peers":
+        if snapshots:
+            return [
+                f"checkpoint.snapshot_steps({snapshots}) keeps snapshots for a recovery from peers, and "
+                f"resilience.recovery is {cfg.resilience.recovery}; set resilience.recovery=peers or "
+                "checkpoint.snapshot_steps=0"
+            ]
         return []
     errors = []
+    if snapshots and cfg.cluster.allocation.nodes < 2:
+        errors.append(
+            f"checkpoint.snapshot_steps({snapshots}) sends each rank's snapshot to another node, and "
+            f"cluster.allocation.nodes is {cfg.cluster.allocation.nodes}; use 2 or more nodes or snapshot_steps=0"
+        )
     if not spares:
         errors.append(
             "resilience.recovery=peers starts the failed node's ranks on a spare, and cluster.allocation.spare_nodes "
             "is 0; set it to 1 or more, or resilience.recovery=job"
         )
     shard = p.dp if p.dp_mode == "shard" and p.dp_shard in (0, p.dp) else (p.dp_shard if p.dp_mode == "shard" else 1)
-    if p.dp // shard < 2:
+    if p.dp // shard < 2 and not snapshots:
         errors.append(
             f"resilience.recovery=peers takes a failed rank's state from a data-parallel replica, and layout {p.name} "
             f"holds {p.dp // shard} copy of each shard (dp({p.dp}), dp_mode={p.dp_mode}, dp_shard={p.dp_shard}); "
-            "use a layout with dp >= 2 replicas (dp_mode=replicate, or HSDP), or resilience.recovery=job"
+            "use a layout with dp >= 2 replicas (dp_mode=replicate, or HSDP), keep peer snapshots "
+            "(checkpoint.snapshot_steps > 0), or resilience.recovery=job"
         )
     return errors
 

@@ -32,11 +32,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import submitit
 from submitit.core.utils import pickle_load
 
+from trainflow.checkpoint.folders import list_steps
 from trainflow.config import ParallelDims, TrainflowConfig
 from trainflow.host import hostname
 from trainflow.journal import Journal
@@ -151,7 +154,7 @@ class PeerRecovery:
         job, number, seen = self.job, self.now.number, time.time()
         reports, ends, alive = self.collect()
         missing = sorted(set(range(self.world)) - set(reports) - alive)
-        plan = self.plan(reports, missing)
+        plan = self.plan(reports, missing, alive)
         hosts = {r: m.host for r, m in read_markers(job).items()}  # before a replacement rewrites its rank's marker
         said = [f"rank {r} on host {hosts.get(r, '?')} {ends.get(r, 'did not report')}" for r in missing]
         self.store.set(generation_key(number, "plan"), json.dumps(plan.to_json()))
@@ -166,11 +169,12 @@ class PeerRecovery:
             ranks = list(range(n * self.per_node, (n + 1) * self.per_node))
             self.replacements += self.start(ranks, self.hosts[n], plan.generation)
         sources = ",".join(str(plan.sources[str(r)]) for r in plan.replaced)
+        held = "the snapshots held by " if plan.snapshot else ""
         verdict = (
             f"recovered from peers: rank(s) {','.join(map(str, plan.replaced))} started on "
             f"{','.join(self.hosts[n] for n in nodes)}, "
             + (
-                f"their state from rank(s) {sources} at step {plan.step}"
+                f"their state from {held}rank(s) {sources} at step {plan.step}"
                 if plan.step >= 0
                 else "every rank loading the newest checkpoint (the survivors' steps differ)"
             )
@@ -242,7 +246,7 @@ class PeerRecovery:
                 ends.update({r: f"exited with code {code}" for r in ranks})
         return ends
 
-    def plan(self, reports: dict[int, Broken], missing: list[int]) -> RecoveryPlan:
+    def plan(self, reports: dict[int, Broken], missing: list[int], alive: set[int]) -> RecoveryPlan:
         """The next generation's plan, or a refusal saying why none follows."""
         number = self.now.number + 1
 
@@ -260,10 +264,32 @@ class PeerRecovery:
         sources = {str(r): replica_source(r, self.dims, set(replaced)) for r in replaced}
         if None in sources.values():
             lost = next(r for r, s in sources.items() if s is None)
-            return refused(f"no live data-parallel replica holds rank {lost}'s shard")
+            if not self.cfg.checkpoint.snapshot_steps:
+                return refused(f"no live data-parallel replica holds rank {lost}'s shard")
+            return self.from_snapshots(reports, replaced, alive, refused)
         steps = {b.step for r, b in reports.items() if r not in replaced}
         step = steps.pop() if len(steps) == 1 and -1 not in steps else -1
         return RecoveryPlan(generation=number, replaced=replaced, step=step, sources=sources)
+
+    def from_snapshots(
+        self, reports: dict[int, Broken], replaced: list[int], alive: set[int], refused: Callable
+    ) -> RecoveryPlan:
+        """Every rank back to the peer snapshots' step (train.snapshots): each replaced rank's from its partner, the
+        rank of its local index on the next node, live; every survivor's own of the same step (as reported: a rank
+        alive without a report sends what it holds, which its replacement checks against the plan's step). A newer
+        checkpoint than that step: every rank loads it instead, in process."""
+        holders = {str(r): (r + self.per_node) % self.world for r in replaced}
+        if lost := [r for r, h in holders.items() if h in replaced or (h not in reports and h not in alive)]:
+            return refused(f"no live replica holds rank {lost[0]}'s shard, nor a live partner its snapshot")
+        held = {reports[h].held for h in holders.values() if h in reports}
+        steps = {b.snapshot for r, b in reports.items() if r not in replaced} | held
+        if len(steps) != 1 or -1 in steps:
+            return refused(f"no live replica holds a lost shard and the snapshots differ (steps {sorted(steps)})")
+        step = steps.pop()
+        number = self.now.number + 1
+        if (saved := list_steps(Path(self.cfg.io.checkpoints))) and saved[-1] > step:
+            return RecoveryPlan(generation=number, replaced=replaced, step=-1, sources=holders)
+        return RecoveryPlan(generation=number, replaced=replaced, step=step, sources=holders, snapshot=True)
 
     def start(self, ranks: list[int], host: str, generation: int) -> list[tuple[subprocess.Popen, list[int]]]:
         """The replacement ranks `ranks` (one node's) on `host`, joining `generation`, in the step's folder: a Slurm

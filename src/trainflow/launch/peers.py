@@ -73,6 +73,10 @@ class Broken(Record):
     error: str
     checkpoint_bytes: int = 0
     """Bytes its process had read from checkpoint files by then."""
+    snapshot: int = -1
+    """The step of its own newest peer snapshot (-1: none)."""
+    held: int = -1
+    """The step of the snapshot it holds for the previous node's rank of its local index (-1: none)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class RecoveryPlan(Record):
     """Replaced rank (as text) -> the live data-parallel replica that sends it its state."""
     refused: str = ""
     """Why no recovery from peers follows ('' where one does): the ranks end with their errors."""
+    snapshot: bool = False
+    """The state comes from peer snapshots (train.snapshots): every survivor goes back to its own of `step`, and each
+    source sends the copy it holds of its replaced rank's."""
 
 
 def replica_source(rank: int, dims: ParallelDims, lost: set[int]) -> int | None:
@@ -165,10 +172,15 @@ class PeerLink:
         with contextlib.suppress(Exception):
             dist.distributed_c10d._abort_process_group()
 
-    def broken(self, step: int, error: BaseException, timeout_s: float) -> RecoveryPlan:
-        """Report that this generation broke at `step`, and wait for the supervisor's plan of the next one."""
+    def broken(
+        self, step: int, error: BaseException, timeout_s: float, snapshots: tuple[int, int] = (-1, -1)
+    ) -> RecoveryPlan:
+        """Report that this generation broke at `step` (and the steps of the snapshots this rank holds: its own, its
+        ward's), and wait for the supervisor's plan of the next one."""
         said = f"{type(error).__name__}: {error}"[:500]
-        report = Broken(self.rank, step, os.getpid(), hostname(), time.time(), said, checkpoint_bytes_read())
+        report = Broken(
+            self.rank, step, os.getpid(), hostname(), time.time(), said, checkpoint_bytes_read(), *snapshots
+        )
         self.store.set(generation_key(self.generation, f"broken/{self.rank}"), json.dumps(report.to_json()))
         self.store.add(generation_key(self.generation, "broken"), 1)
         key = generation_key(self.generation, "plan")

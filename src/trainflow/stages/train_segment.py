@@ -49,6 +49,7 @@ from trainflow.train.adopt import adopt_legacy
 from trainflow.train.kept import keep_segment, lineage_of, restore_segment
 from trainflow.train.peer_state import KeptState, restored
 from trainflow.train.run_terms import write_terms
+from trainflow.train.snapshots import PeerSnapshots
 from trainflow.train.summary import RankEnergy, RankResult, SegmentSummary
 from trainflow.train.trainer import Trainer
 
@@ -96,6 +97,8 @@ class TrainSegment(submitit.helpers.Checkpointable):
         ):
             device = task_device(runtime, submitit.helpers.TorchDistributedEnvironment())
             link = peers.PeerLink(env.global_rank, env.num_tasks, runtime)
+            every, nodes = cfg.checkpoint.snapshot_steps, cfg.cluster.allocation.nodes
+            snapshots = PeerSnapshots(every, link.rank, link.world, link.world // nodes) if every else None
             kept = None
             while True:
                 with (
@@ -112,19 +115,21 @@ class TrainSegment(submitit.helpers.Checkpointable):
                     trainer = None
                     try:
                         trainer = self.trainer(device, beat, window, attempt=self.attempt + link.generation)
-                        resumed = restored(trainer, link.rank, kept, link.plan)
+                        trainer.snapshots = snapshots
+                        resumed = restored(trainer, link.rank, kept, link.plan, snapshots)
                         return self.trained(trainer, beat, marker, resumed=resumed), window
                     except RuntimeError as err:
                         if isinstance(err, TrainflowError):
                             raise
                         log.warning("Rank %d lost its generation %d: %s", link.rank, link.generation, err)
                         link.abort()
-                        kept = KeptState.of(trainer) if hasattr(trainer, "boundary") else kept
+                        kept = KeptState.of(trainer) or kept
                         error = PeerLost(f"{type(err).__name__}: {err}")  # not its traceback: it holds the trainer
                         trainer = None
                 # The supervisor waits up to a collective timeout for a rank that beats on, then probes its spares.
                 wait_s = runtime.collective_timeout_s + cfg.resilience.failure_detect_s + PLAN_MARGIN_S
-                plan = link.broken(-1 if kept is None else kept.boundary.step, error, wait_s)
+                held = snapshots.steps() if snapshots else (-1, -1)
+                plan = link.broken(-1 if kept is None else kept.boundary.step, error, wait_s, held)
                 if link.rank in plan.replaced:
                     log.warning("Rank %d leaves: its node is replaced in generation %d", link.rank, plan.generation)
                     os._exit(peers.REPLACED_EXIT)

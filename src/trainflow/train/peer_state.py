@@ -70,8 +70,12 @@ class KeptState:
     tensors: dict[str, torch.Tensor]
 
     @classmethod
-    def of(cls, trainer: object) -> KeptState:
-        """The trainer's state at its current step's start (its tensors, not copied: they outlive the trainer)."""
+    def of(cls, trainer: object) -> KeptState | None:
+        """The trainer's state at its current step's start (its tensors, not copied: they outlive the trainer); None
+        before its first step (no boundary yet, or an optimizer without state, which reading would make: a zero
+        step, checkpoint.state.state_bytes)."""
+        if not hasattr(trainer, "boundary") or not all(opt.state for opt in trainer.optimizers):
+            return None
         return cls(trainer.boundary, state_tensors(trainer.ckpt.state()))
 
     def nbytes(self) -> int:
@@ -106,6 +110,12 @@ def adopt(trainer: object, state: dict, kept: KeptState) -> int:
     return b.step
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bytes, flat (a view where it is contiguous): what goes over the wire, whatever its dtype and shape (a
+    snapshot is held as bytes by a rank of another layout's stage: train.snapshots)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
 def tensor_crc(t: torch.Tensor) -> int:
     host = t.detach().contiguous().cpu()
     return crc32c.crc32c(host.reshape(-1).view(torch.uint8).numpy())
@@ -118,7 +128,7 @@ def send_state(kept: KeptState, *, to: int) -> int:
     dist.send(torch.tensor([len(header)], dtype=torch.int64), dst=to)
     dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), dst=to)
     for tensor in kept.tensors.values():
-        dist.send(tensor.contiguous(), dst=to)
+        dist.send(as_bytes(tensor), dst=to)
     return len(header) + kept.nbytes()
 
 
@@ -135,7 +145,7 @@ def receive_state(mine: dict[str, torch.Tensor], *, source: int) -> KeptState:
     received = {}
     for key, tensor in mine.items():
         buffer = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        dist.recv(buffer, src=source)
+        dist.recv(as_bytes(buffer), src=source)
         received[key] = checked(key, buffer, header, source=source)
     return KeptState(header.boundary, received)
 
@@ -159,19 +169,27 @@ def checked(key: str, received: torch.Tensor, header: PeerHeader, *, source: int
     return received
 
 
-def restored(trainer: object, rank: int, kept: KeptState | None, plan: object) -> int | None:
+def restored(trainer: object, rank: int, kept: KeptState | None, plan: object, snapshots: object = None) -> int | None:
     """Where this rank's state comes from in a generation after the first (its launch.peers.RecoveryPlan): a
     replacement's from its replica (received), a survivor's from memory, after it sent its own to the replacements
-    it serves; the step they continue from. None: a checkpoint's (the first generation, or one whose survivors did not
-    agree on their step)."""
+    it serves; under a plan from snapshots (train.snapshots), every survivor's from its own snapshot and a
+    replacement's from its partner's copy. The step they continue from; None: a checkpoint's (the first generation,
+    or one whose survivors did not agree on their step)."""
     if plan is None or plan.step < 0:
         return None
     state = trainer.ckpt.state()  # on every rank before any sends: making the optimizer's state may be collective
+    if plan.snapshot:
+        kept = snapshots.own if snapshots is not None else None
     if str(rank) in plan.sources:
         kept = receive_state(state_tensors(state), source=plan.sources[str(rank)])
     for replaced, source in sorted(plan.sources.items(), key=lambda item: int(item[0])):
         if source == rank:
-            send_state(kept, to=int(replaced))
+            sent = snapshots.held if plan.snapshot and snapshots is not None else kept
+            if sent is None:
+                raise PeerStateError(f"rank {rank} holds no state to send replacement rank {replaced}")
+            send_state(sent, to=int(replaced))
+    if kept is None:
+        raise PeerStateError(f"rank {rank} holds no state of step {plan.step}")
     if kept.boundary.step != plan.step:
         raise PeerStateError(f"rank {rank} holds step {kept.boundary.step}'s state, and the plan step {plan.step}'s")
     return adopt(trainer, state, kept)

@@ -49,6 +49,7 @@ from trainflow.train.guard import LossGuard
 from trainflow.train.peer_state import Boundary
 from trainflow.train.profile import memory_mb
 from trainflow.train.recorder import StepRecorder
+from trainflow.train.snapshots import PeerSnapshots
 from trainflow.train.step_log import StepRecord
 from trainflow.train.summary import Fp8Use, ProfileSummary, SegmentSetup, SegmentSpeed, SegmentSummary
 
@@ -69,6 +70,8 @@ class Trainer:
     records when, the parts of a job's start-up (config.startup)."""
     attempt: int = 0
     """Which job of the segment this is: fault drills strike in the first only (train.faults)."""
+    snapshots: PeerSnapshots | None = None
+    """Peer snapshots to take at step starts (checkpoint.snapshot_steps; kept by the rank across its generations)."""
     model: Parallelized = field(init=False)
     optimizers: list[torch.optim.Optimizer] = field(init=False)
 
@@ -208,6 +211,8 @@ class Trainer:
         since_save, stop_signal = 0, 0
         while step < self.end_step:
             self.mark_boundary(step)
+            if self.snapshots is not None and self.snapshots.due(step):
+                self.snapshots.take(self)
             maybe_inject_fault(self.cfg.fault, step, during_save=False, attempt=self.attempt)
             maybe_arrive(self.arrivals, step)
             record = self.train_step(step)
