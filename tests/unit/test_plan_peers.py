@@ -1,6 +1,7 @@
 """trainflow.plan.peers and the failure model's two kinds: a recovery from peers' terms from known inputs, each with its
 label; the peers path in the expectation against the Monte Carlo, and nothing changed where no failure takes it; the
-seed's 70B campaign recovering from peers, as configured and as a what-if, printed term by term."""
+seed's 70B campaign recovering from peers, as configured and as a what-if, printed term by term; peer snapshots'
+blocking terms, host memory and lost work."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from trainflow.plan.build import build_plan
 from trainflow.plan.failures import PeersPath, Timeline, closed_form, expected, failures, simulate
 from trainflow.plan.goodput import GoodputPlan
 from trainflow.plan.peers import plan_peers
+from trainflow.plan.snapshots import plan_snapshots
 from trainflow.plan.startup import plan_startup
 
 SEED = ("experiment=llama70b_alps",)
 PEERS = (*SEED, "resilience.recovery=peers")
+SNAPSHOTS = (*PEERS, "checkpoint.snapshot_steps=10")
 LAWS = StartupConfig(
     fitted="round numbers",
     verdict=PartLaw(1.0),
@@ -172,3 +175,98 @@ def test_a_config_the_rules_refuse_peers_prints_why(capsys):
     table = capsys.readouterr().out
     assert "Recovery from peers (resilience.recovery=peers): refused by the rules: invalid config: " in table
     assert goodput(*SEED, "cluster.allocation.spare_nodes=0").peers.scenario is None
+
+
+def snapshots_at(*, replicas: int = 64, capacity_gb: float = 100.0, other_gb: float = 0.0):
+    """10 GB of a rank's state every 10 steps of 8 s, 4 ranks a node, 40 GB/s to host, 20 GB/s of network, 10 GB/s
+    of CRC; only the network measured at scale."""
+    h = dataclasses.replace(
+        compose("train_segment", list(SEED)).cluster.hardware, host_copy_gbps=40.0, inter_node_gbps=20.0, crc_gbps=10.0
+    )
+    return plan_snapshots(
+        h,
+        {"inter_node_gbps": "run c"},
+        steps=10,
+        step_s=8.0,
+        replicas=replicas,
+        state_bytes=10e9,
+        ranks_per_node=4,
+        other_bytes_per_node=other_gb * 1e9,
+        capacity_bytes=capacity_gb * 1e9,
+    )
+
+
+def test_each_snapshot_term_follows_its_inputs():
+    """By hand: the copy 10/40 = 0.25 s, the exchange 10/20 = 0.5 s, the CRC of both copies 2 x 10/10 = 2 s: 2.75 s
+    once every 80 s of steps, 3.4375 % of their time; 2 x 10 GB x 4 ranks = 80 GB a node. With 64 replicas a failure
+    loses half a step; with one copy of each shard, half the snapshot interval, 5 steps."""
+    n = snapshots_at()
+    assert {t.name: t.seconds for t in n.terms} == pytest.approx({"host copy": 0.25, "exchange": 0.5, "crc": 2.0})
+    assert n.blocking_s == pytest.approx(2.75) and n.share == pytest.approx(0.034375)
+    assert n.host_bytes_per_node == 80e9 and n.refused is None
+    labels = {t.name: t.label for t in n.terms}
+    assert labels == {
+        "host copy": "not measured at scale",
+        "exchange": "measured at scale: run c",
+        "crc": labels["crc"],
+    }
+    assert labels["crc"] == "not measured at scale"
+    assert n.lost_steps == 0.5 and snapshots_at(replicas=1).lost_steps == 5.0
+
+
+def test_snapshots_a_nodes_host_memory_cannot_hold_are_refused_in_one_line(capsys):
+    """80 GB of copies beside 30 GB of async staging in 100 GB: refused, the values and the fix named; in 110 GB they
+    fit. The seed at mem_gb 150: 4 x 2 x 14.41 GB = 115 GB beside 57.7 GB of async staging, printed."""
+    assert snapshots_at(capacity_gb=110.0, other_gb=30.0).refused is None
+    refused = snapshots_at(capacity_gb=100.0, other_gb=30.0).refused
+    assert refused == (
+        "checkpoint.snapshot_steps does not fit: 4 ranks per node hold 2 x 10 GB each, 80 GB beside 30 GB of other "
+        "host memory of 100 GB (cluster.allocation.mem_gb); give the job more host memory, spread the state over more "
+        "ranks, or set checkpoint.snapshot_steps=0"
+    )
+    assert main([*SNAPSHOTS, "cluster.allocation.mem_gb=150"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SNAPSHOTS REFUSED")]
+    assert len(lines) == 1 and "115 GB beside 57.7 GB of other host memory of 150 GB" in lines[0]
+
+
+def test_without_snapshots_the_peers_goodput_is_unchanged():
+    """snapshot_steps=0 (the default) plans no snapshot and leaves every figure of the peers campaign as it was:
+    half a step lost, no snapshot share, 97.8 %."""
+    peers, zero = goodput(*PEERS), goodput(*PEERS, "checkpoint.snapshot_steps=0")
+    assert peers.peers.snapshots is None and zero == peers
+    assert peers.peers.recovery.lost_s == pytest.approx(peers.peers.recovery.step_s / 2)
+    assert peers.configured.simulated == pytest.approx(0.978, abs=0.001)
+    assert closed_form(dataclasses.replace(MIXED, snapshot_share=0.0)) == closed_form(MIXED)
+
+
+def test_snapshots_cost_the_seed_their_blocking_share_and_no_more():
+    """The seed with snapshots every 10 steps: 14.41 GB at 450, 25 and 2 x 16 GB/s, 2.41 s every 114 s of steps
+    (2.12 %), paid on every step; 64 replicas, so no failure restores from them and the lost work stays half a step.
+    Its goodput is the one without them over 1 + that share, within what the longer stretches add to lost work."""
+    plain, snap = goodput(*PEERS), goodput(*SNAPSHOTS)
+    n = snap.peers.snapshots
+    assert n.blocking_s == pytest.approx(14.41 / 450 + 14.41 / 25 + 2 * 14.41 / 16, rel=1e-3)
+    assert n.share == pytest.approx(n.blocking_s / (10 * snap.peers.recovery.step_s)) and n.share > 0.02
+    assert snap.peers.recovery.lost_s == plain.peers.recovery.lost_s
+    bound = plain.configured.simulated / (1 + n.share)
+    assert bound - 0.002 < snap.configured.simulated <= bound + 0.0005
+    assert snap.configured.terms["checkpoint"] == pytest.approx(plain.configured.terms["checkpoint"] + n.share)
+    baseline = [plain.scenarios[0].simulated, snap.scenarios[0].simulated]
+    assert baseline[0] == baseline[1]  # the baseline recovers as a job: no snapshots
+
+
+def test_without_replicas_a_failure_loses_half_the_snapshot_interval(capsys):
+    """dp64 fully sharded holds one copy of each shard: the rules take it with snapshots, every peers-path failure
+    goes back to the snapshot, 5 steps lost on average, printed with the snapshots' terms and labels."""
+    shard = (*SNAPSHOTS, "parallel.dp_mode=shard")
+    p = goodput(*shard).peers
+    assert p.snapshots.replicas == 1 and p.recovery.lost_s == pytest.approx(5 * p.recovery.step_s)
+    assert main(list(shard)) == 0
+    table = capsys.readouterr().out
+    section = table[table.index("Recovery from peers at 4096 ranks") :].split("\n\n")[0]
+    assert "half the snapshot interval on average" in section
+    rows = {line.split()[0]: line for line in section.splitlines() if line.startswith("    ") and "-" not in line[:6]}
+    assert list(rows)[:3] == ["host", "exchange", "crc"] and all(
+        rows[r].endswith("not measured at scale") for r in ("host", "exchange", "crc")
+    )
+    assert "every failure above: the layout holds 1 copy of each shard" in section

@@ -28,8 +28,9 @@ strikes in it (the model's one simplification beyond the job path's). So the job
   stretch every exposed piece x of a leg to x + cost_s N, N Poisson of mean x share/M: mean k x and variance
   k^2 var(x) + share/M cost_s^2 E[x], k = 1 + share cost_s/M.
 - closed_form: waste ~ C/tau + (tau/2 + D + R)/M (Young, Daly), taken as time:
-  wall = (work (1 + C/tau + e) + job starts) / (1 - (tau (1 + e)/2 + D + R)/M), e the evaluation's share; 0 where
-  failures cost all the time. With the peers path, each of lost work, D and R is the two paths' weighted by their
+  wall = (work (1 + C/tau + e) + job starts) / (1 - (tau (1 + e)/2 + D + R)/M), e the evaluation's share (and peer
+  snapshots' blocking share, Timeline.snapshot_share, which counts as checkpoint time); 0 where failures cost all the
+  time. With the peers path, each of lost work, D and R is the two paths' weighted by their
   shares (the peers path's lost work half a step).
 """
 
@@ -87,6 +88,8 @@ class Timeline:
     """Evaluation's seconds per second of training (held nodes, no kept steps)."""
     peers: PeersPath = PeersPath()
     """The share of failures recovered from peers and its costs; detect_s, wait_s and held_s are the job path's."""
+    snapshot_share: float = 0.0
+    """Peer snapshots' blocking seconds per second of training (plan.snapshots): held nodes, no kept steps."""
 
     @property
     def job_share(self) -> float:
@@ -109,13 +112,13 @@ class Timeline:
 
     @property
     def run_s(self) -> float:
-        """The campaign's training and evaluation, failures aside."""
-        return self.work_s * (1 + self.eval_share)
+        """The campaign's training, evaluation and snapshots, failures aside."""
+        return self.work_s * (1 + self.eval_share + self.snapshot_share)
 
     @property
     def stretch_s(self) -> float:
-        """One interval's training and its evaluations."""
-        return self.interval_s * (1 + self.eval_share)
+        """One interval's training, its evaluations and its snapshots."""
+        return self.interval_s * (1 + self.eval_share + self.snapshot_share)
 
     @property
     def period_s(self) -> float:
@@ -231,7 +234,7 @@ def expected(t: Timeline) -> tuple[float, float, float]:
 def closed_form(t: Timeline) -> tuple[float, dict[str, float]]:
     """The goodput the issue's first-order waste gives, and the waste by category (trainflow.badput)."""
     terms = {
-        Badput.CHECKPOINT: t.blocking_s / t.interval_s,
+        Badput.CHECKPOINT: t.blocking_s / t.interval_s + t.snapshot_share,
         Badput.LOST_WORK: (t.job_share * t.stretch_s / 2 + t.peers.share * t.peers.lost_s) / t.mtbf_s,
         Badput.DETECTION: t.mean_detect_s / t.mtbf_s,
         Badput.RESTART: t.mean_restart_s / t.mtbf_s,

@@ -42,6 +42,7 @@ from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, closed_form, expec
 from trainflow.plan.peers import PeersRecovery
 from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, ScenarioRun, ScenarioTimes, plan_scenarios
 from trainflow.plan.setup import PlanSetup
+from trainflow.plan.snapshots import SnapshotPlan
 from trainflow.plan.startup import StartupPlan
 from trainflow.records import Record
 
@@ -109,6 +110,8 @@ class PeersGoodput(Record):
     scenario: GoodputScenario | None = None
     """The goodput with it: the configured scenario, or the what-if (plan.scenarios.WHAT_IF)."""
     refused: str | None = None
+    snapshots: SnapshotPlan | None = None
+    """Peer snapshots' terms (checkpoint.snapshot_steps > 0); None without them."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ def peers_goodput(times: ScenarioTimes, configured: GoodputScenario) -> PeersGoo
         recovery=times.peers,
         job_first_step_s=t.detect_s + t.restart_s,
         scenario=configured if times.what_if is None else scenario(times.what_if),
+        snapshots=times.snapshots,
     )
 
 

@@ -75,6 +75,9 @@ class PeersRecovery(Record):
     step_s: float
     timeout_s: float
     """cluster.runtime.collective_timeout_s: when a node lost without a TCP reset is seen (not modelled)."""
+    lost_steps: float = 0.5
+    """Steps a failure loses on average: half the failed step, or with peer snapshots and no replica half the
+    snapshot interval (plan.snapshots)."""
 
     @property
     def recover_s(self) -> float:
@@ -83,8 +86,9 @@ class PeersRecovery(Record):
 
     @property
     def lost_s(self) -> float:
-        """Half a step on average: the failed step's part done before the failure."""
-        return self.step_s / 2
+        """Half a step on average, the failed step's part done before the failure; with snapshots and no replica,
+        half the snapshot interval (lost_steps)."""
+        return self.lost_steps * self.step_s
 
     @property
     def first_step_s(self) -> float:

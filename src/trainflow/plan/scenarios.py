@@ -22,11 +22,13 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
 - all remedies: every one of them (recovery from peers as configured).
 
 Recovery from peers (resilience.recovery=peers, plan.peers): the failures but the hangs (1 - hardware.hang_share) cost
-the recovery's terms and half a step each, no lost interval, no load, no queue (plan.failures.PeersPath); the hangs
-take the job path, whose detection is then the heartbeat's alone, and the failures no evidence pins are among them
-(as the preset's network failures are: symmetric_share / hang_share of the job path's restarts check the hosts, at
-most all). Every scenario but the baseline recovers as configured; where a config recovering as a job allows peers
-(config.rules: a spare node, dp replicas), the configured campaign with it is a what-if (WHAT_IF, not in the table).
+the recovery's terms and half a step each (with peer snapshots and no replica, half the snapshot interval; the
+snapshots' blocking is paid on every step: plan.snapshots), no lost interval, no load, no queue
+(plan.failures.PeersPath); the hangs take the job path, whose detection is then the heartbeat's alone, and the failures
+no evidence pins are among them (as the preset's network failures are: symmetric_share / hang_share of the job path's
+restarts check the hosts, at most all). Every scenario but the baseline recovers as configured; where a config
+recovering as a job allows peers (config.rules: a spare node, dp replicas), the configured campaign with it is a what-if
+(WHAT_IF, not in the table).
 
 Every scenario with trainflow's detection adds to its restarts the gate's checks of the job's hosts that trainflow
 runs after a failure no evidence pins (hardware.symmetric_share of them; check_times): their start (a job step with
@@ -36,7 +38,7 @@ spares, a new job without) and their sweep.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainflow.config.resilience import hang_threshold_s
 from trainflow.config.schema import TrainflowConfig
@@ -47,6 +49,7 @@ from trainflow.plan.failures import PeersPath, Timeline
 from trainflow.plan.peers import PeersRecovery, plan_peers
 from trainflow.plan.remedies import apply
 from trainflow.plan.setup import PlanSetup
+from trainflow.plan.snapshots import SnapshotPlan, campaign_snapshots
 from trainflow.plan.startup import StartupPlan
 
 HOT_RESTART_BUILT = True
@@ -171,6 +174,8 @@ class ScenarioTimes:
     runs: list[ScenarioRun]
     peers: PeersRecovery | None
     """A recovery from peers' terms; None where the rules refuse it for this config (peers_refused)."""
+    snapshots: SnapshotPlan | None
+    """Peer snapshots' terms (checkpoint.snapshot_steps > 0, where peers recover); else None."""
     what_if: ScenarioRun | None
     """WHAT_IF where the config recovers as a job and the rules allow peers; else None."""
     peers_refused: str | None
@@ -198,6 +203,9 @@ def plan_scenarios(
             step_s=step_s,
             startup=startup,
         )
+    snapshots = campaign_snapshots(cfg, setup, campaign=campaign, step_s=step_s) if recovery else None
+    if recovery and snapshots:
+        recovery = replace(recovery, lost_steps=snapshots.lost_steps)
     fast = (1 - h.hang_share) * dead + h.hang_share * hung
     a = campaign.asynchronous
 
@@ -225,6 +233,7 @@ def plan_scenarios(
             jobs_s=jobs * (h.requeue_wait_s + startup.startup_s) + (jobs - 1) * (campaign.save_s + load),
             eval_share=share,
             peers=path,
+            snapshot_share=snapshots.share if peers and snapshots else 0.0,
         )
         return ScenarioRun(r, timeline, steps, built=r.built and (PEERS_BUILT or not peers))
 
@@ -237,6 +246,7 @@ def plan_scenarios(
         check=check,
         runs=[run(r) for r in SCENARIOS if r.listed(cfg)],
         peers=recovery,
+        snapshots=snapshots,
         what_if=run(WHAT_IF) if recovery and cfg.resilience.recovery == "job" else None,
         peers_refused=refused,
     )

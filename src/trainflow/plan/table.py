@@ -13,6 +13,7 @@ from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.goodput import GoodputPlan, Method, PeersGoodput
 from trainflow.plan.remedies import Remedy
 from trainflow.plan.seed import SeedComparison
+from trainflow.plan.snapshots import SnapshotPlan
 from trainflow.plan.startup import StartupPlan
 
 GB = 1e9
@@ -165,16 +166,46 @@ def peers_lines(p: PeersGoodput | None) -> list[str]:
     width = max(len(t.how) for t in r.terms)
     lines += [f"  {t.name:<13} {seconds(t.seconds):>8}  {t.how:<{width}}  {t.label}" for t in r.terms]
     band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%}){MARKS[s.method]}"
+    lost = (
+        "half the snapshot interval on average: every rank goes back to the snapshot's step (no replica)"
+        if p.snapshots and p.snapshots.replicas < 2
+        else "half a step on average: training resumes at the failed step"
+    )
     lines += [
         f"  {'recovery':<13} {seconds(r.recover_s):>8}  the terms' sum: no checkpoint read, no queue",
-        f"  {'lost work':<13} {seconds(r.lost_s):>8}  half a step on average: training resumes at the failed step",
+        f"  {'lost work':<13} {seconds(r.lost_s):>8}  {lost}",
         f"  {'first step':<13} {seconds(r.first_step_s):>8}  failure to first step: the recovery and the failed step "
         f"({seconds(r.step_s)}); a hang's on the job path {seconds(p.job_first_step_s)} (D + R)",
         f"  {'goodput':<13} {band}, closed form {s.closed_form:.1%} ({s.name}{'' if s.built else '; not built'})",
         f"  - detection is the process-death case: a node lost without a TCP reset is seen only at the collective "
         f"timeout, {seconds(r.timeout_s)} (cluster.runtime.collective_timeout_s), not modelled",
     ]
-    return [*lines, ""]
+    return [*lines, *(snapshot_lines(p.snapshots) if p.snapshots else []), ""]
+
+
+def snapshot_lines(n: SnapshotPlan) -> list[str]:
+    """Peer snapshots: each blocking term with its figures and label, their share of the steps' time, the host memory
+    they take beside its capacity (or the line refusing them), and which failures they recover."""
+    width = max(len(t.how) for t in n.terms)
+    lines = [f"  Peer snapshots every {n.steps} steps (checkpoint.snapshot_steps), blocking the step:"]
+    lines += [f"    {t.name:<11} {seconds(t.seconds):>8}  {t.how:<{width}}  {t.label}" for t in n.terms]
+    covers = (
+        f"every failure above: the layout holds {n.replicas} copy of each shard, so each restores from the snapshots"
+        if n.replicas < 2
+        else f"none in this model: a single failure leaves {n.replicas - 1} live replica(s) of each shard; one "
+        "taking every replica of a shard at once would (not modelled)"
+    )
+    memory = f"{n.host_bytes_per_node / GB:.4g} GB of host memory per node (2 copies x each rank's state)"
+    if n.other_bytes_per_node:
+        memory += f" beside {n.other_bytes_per_node / GB:.4g} GB"
+    return [
+        *lines,
+        f"    {'blocking':<11} {seconds(n.blocking_s):>8}  the terms' sum, once every {n.steps} steps of "
+        f"{seconds(n.step_s)}: {n.share:.2%} of the steps' time",
+        f"    - {memory}, of {n.host_capacity_bytes / GB:.4g} GB (cluster.allocation.mem_gb)",
+        f"    - failures restored from the snapshots: {covers}",
+        *([f"SNAPSHOTS REFUSED: {n.refused}"] if n.refused else []),
+    ]
 
 
 def checkpoint_rows(camp: CampaignPlan) -> list[tuple[str, str]]:
