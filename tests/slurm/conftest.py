@@ -63,3 +63,13 @@ def final_states(job_ids: list[str], timeout_s: float = 30) -> dict[str, str]:
         if not RUNNING & set(states.values()) or time.monotonic() > deadline:
             return states
         time.sleep(0.5)
+
+
+def three_nodes() -> None:
+    """Skip a drill of 2 nodes + 1 spare where the cluster has fewer than 3 idle nodes."""
+    if len(idle_nodes()) < 3:
+        pytest.skip("2 nodes + 1 spare need 3 idle nodes: bash scripts/slurm_cluster.sh start --nodes 3")
+
+
+def scontrol(*args: str) -> None:
+    subprocess.run(["scontrol", *args], capture_output=True, text=True)

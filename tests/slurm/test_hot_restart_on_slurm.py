@@ -21,7 +21,7 @@ import pytest
 import submitit
 
 from tests.conftest import REPO, make_config, run_segment
-from tests.slurm.conftest import idle_nodes
+from tests.slurm.conftest import idle_nodes, scontrol, three_nodes
 from tests.support import RESTART_RUN as BASE
 from tests.support import ledgers
 from trainflow.launch.failure import read_markers
@@ -30,11 +30,6 @@ from trainflow.resilience.ledger import JobRun
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SLURM = ("cluster=slurm_local", "cluster.allocation.nodes=2", "cluster.allocation.spare_nodes=1")
-
-
-def three_nodes() -> None:
-    if len(idle_nodes()) < 3:
-        pytest.skip("2 nodes + 1 spare need 3 idle nodes: bash scripts/slurm_cluster.sh start --nodes 3")
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +183,3 @@ def down_rank_1_node(folder: Path) -> None:
     finally:
         if node:  # Slurm may have returned it to service already (ReturnToService=2): then resume is refused
             scontrol("update", f"nodename={node}", "state=resume")
-
-
-def scontrol(*args: str) -> None:
-    subprocess.run(["scontrol", *args], capture_output=True, text=True)

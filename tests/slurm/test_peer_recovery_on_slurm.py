@@ -9,7 +9,6 @@ bash scripts/slurm_cluster.sh start --nodes 3 && .venv/bin/python -m pytest test
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_config, run_segment
-from tests.slurm.conftest import idle_nodes
+from tests.slurm.conftest import scontrol, three_nodes
 from tests.support import RESTART_RUN as BASE
 from tests.support import ledgers
 from trainflow.launch.task import read_marker
@@ -27,11 +26,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SLURM = ("cluster=slurm_local", "cluster.allocation.nodes=2", "cluster.allocation.spare_nodes=1")
 PEERS = (*SLURM, "resilience.recovery=peers")
-
-
-def three_nodes() -> None:
-    if len(idle_nodes()) < 3:
-        pytest.skip("2 nodes + 1 spare need 3 idle nodes: bash scripts/slurm_cluster.sh start --nodes 3")
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +98,6 @@ def down_rank_1_node_once_replaced(folder: Path) -> None:
     finally:
         if node:  # Slurm may have returned it to service already (ReturnToService=2): then resume is refused
             scontrol("update", f"nodename={node}", "state=resume")
-
-
-def scontrol(*args: str) -> None:
-    subprocess.run(["scontrol", *args], capture_output=True, text=True)
 
 
 def test_a_killed_tp_rank_s_node_is_replaced_and_both_its_ranks_take_their_shards_from_the_other_replica(
