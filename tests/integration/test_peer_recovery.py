@@ -10,14 +10,22 @@ Each drill trains RESTART_RUN's segment (6 steps, gloo, a checkpoint every 2 ste
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import make_config, run_segment
 from tests.support import RESTART_RUN, ledgers
+from trainflow.config.run_folder import RunFolder
+from trainflow.journal import Journal
 from trainflow.launch.task import read_marker
+from trainflow.resilience.goodput import Span
 
 PEERS = ("cluster.allocation.nodes=2", "cluster.allocation.spare_nodes=1", "resilience.recovery=peers")
 
@@ -94,3 +102,40 @@ def test_a_node_without_a_replica_is_restored_from_its_partner_s_snapshot_losing
     trained = sorted(s.step for s in spans if s.kind == "step")
     assert trained == [0, 1, 2, 3, 4, 4, 5], trained  # step 4 again: one step lost
     assert summary["state_digest"] == reference["state_digest"]
+
+
+@pytest.mark.slow  # four ranks and a reference: ~90 s on the 2-core VM
+def test_both_ranks_of_a_node_without_a_replica_are_restored_from_their_partners_snapshots(tmp_path, tokens):
+    # tp2 x pp2 on two emulated nodes: node 1 holds pipeline stage 1 (ranks 2 and 3), no replica anywhere. Snapshots
+    # every 2 steps, the file-system checkpoint only at the end. Once step 4 has trained, both ranks of node 1 are
+    # SIGKILLed at once; they start on the spare from the copies ranks 0 and 1 hold of their newest snapshot, ranks 0
+    # and 1 go back to their own, at most 2 steps are trained again, nothing is read from a checkpoint.
+    # A survivor may wait in a collective with the other, which gloo cannot abort: it leaves at the timeout (15 s).
+    layout = ("parallel=tp2_pp2", "cluster.allocation.nodes=2", "checkpoint.interval_steps=6")
+    reference = run_segment(tmp_path / "reference", tokens, *RESTART_RUN, layout[0], layout[2])
+    peers = (*PEERS, *layout, "checkpoint.snapshot_steps=2", "cluster.runtime.collective_timeout_s=15")
+    cfg = make_config("train_segment", tmp_path / "peers", *RESTART_RUN, *peers)
+    killer = threading.Thread(target=kill_node_1_after_step_4, args=(cfg,), daemon=True)
+    killer.start()
+    summary = run_segment(tmp_path / "peers", tokens, *RESTART_RUN, *peers)
+    killer.join()
+    jobs, spans = ledgers(tmp_path / "peers", *peers)
+    assert [(j.outcome, j.generation) for j in jobs] == [("died", 0), ("completed", 1)], jobs
+    assert re.search(r"from the snapshots held by rank\(s\) 0,1 at step [24]$", jobs[0].verdict), jobs[0].verdict
+    ends = markers(tmp_path / "peers", *peers)
+    assert jobs[1].kept_pids == {"0": ends[0].pid, "1": ends[1].pid} and jobs[1].checkpoint_bytes_read == 0, jobs[1]
+    trained = [s.step for s in spans if s.kind == "step"]
+    assert sorted(set(trained)) == list(range(6)) and len(trained) - 6 <= 2, trained  # at most snapshot_steps lost
+    assert summary["state_digest"] == reference["state_digest"]
+
+
+def kill_node_1_after_step_4(cfg) -> None:  # noqa: ANN001 (a composed config)
+    """SIGKILL ranks 2 and 3 (node 1's) together once rank 0 has recorded step 4 as trained."""
+    spans, deadline = Journal(RunFolder.spans_log(cfg.io.checkpoints), Span), time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if spans.path.exists() and any(s.kind == "step" and s.step >= 4 for s in spans.read()):
+            for path in Path(cfg.io.submitit).glob("*.0/*_task.json"):
+                if (m := read_marker(path)).rank in (2, 3):
+                    os.kill(m.pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
