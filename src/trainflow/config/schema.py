@@ -292,9 +292,10 @@ class CheckpointConfig:
     later step boundary (trainflow.checkpoint.background)."""
     snapshot_steps: int = checked(0, ge=0)
     """Under resilience.recovery=peers, every this many steps each rank's state is copied into its own host memory and
-    sent to the rank of the same local index on the next node (train.snapshots); a failure that takes every live
-    replica of a shard then restores it from that partner's copy, every rank going back to the snapshot's step, at most
-    this many steps lost, no checkpoint read. 0: none (such a failure goes the job path)."""
+    sent, in the background, to the rank of the same local index on the next node (train.snapshots); a failure that
+    takes every live replica of a shard then restores it from that partner's copy, every rank going back to the
+    newest snapshot complete everywhere: at most this many steps lost (twice as many where the failure strikes during
+    an exchange), no checkpoint read. 0: none (such a failure goes the job path)."""
 
 
 @dataclass

@@ -281,12 +281,10 @@ class PeerRecovery:
         holders = {str(r): (r + self.per_node) % self.world for r in replaced}
         if lost := [r for r, h in holders.items() if h in replaced or (h not in reports and h not in alive)]:
             return refused(f"no live replica holds rank {lost[0]}'s shard, nor a live partner its snapshot")
-        held = {reports[h].held for h in holders.values() if h in reports}
-        steps = {b.snapshot for r, b in reports.items() if r not in replaced} | held
-        if len(steps) != 1 or -1 in steps:
-            return refused(f"no live replica holds a lost shard and the snapshots differ (steps {sorted(steps)})")
-        step = steps.pop()
-        number = self.now.number + 1
+        complete = [set(b.snapshots) for r, b in reports.items() if r not in replaced]
+        if not (common := set.intersection(*complete) if complete else set()):
+            return refused("no live replica holds a lost shard, and no snapshot step is complete on every rank left")
+        step, number = max(common), self.now.number + 1
         if (saved := list_steps(Path(self.cfg.io.checkpoints))) and saved[-1] > step:
             return RecoveryPlan(generation=number, replaced=replaced, step=-1, sources=holders)
         return RecoveryPlan(generation=number, replaced=replaced, step=step, sources=holders, snapshot=True)

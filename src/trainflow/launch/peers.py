@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainflow.checkpoint.reads import checkpoint_bytes_read
 from trainflow.config import ParallelDims, RuntimeConfig
@@ -73,10 +73,8 @@ class Broken(Record):
     error: str
     checkpoint_bytes: int = 0
     """Bytes its process had read from checkpoint files by then."""
-    snapshot: int = -1
-    """The step of its own newest peer snapshot (-1: none)."""
-    held: int = -1
-    """The step of the snapshot it holds for the previous node's rank of its local index (-1: none)."""
+    snapshots: list[int] = field(default_factory=list)
+    """The steps of the peer snapshots it holds complete, each its own and its ward's (train.snapshots)."""
 
 
 @dataclass(frozen=True)
@@ -172,15 +170,12 @@ class PeerLink:
         with contextlib.suppress(Exception):
             dist.distributed_c10d._abort_process_group()
 
-    def broken(
-        self, step: int, error: BaseException, timeout_s: float, snapshots: tuple[int, int] = (-1, -1)
-    ) -> RecoveryPlan:
-        """Report that this generation broke at `step` (and the steps of the snapshots this rank holds: its own, its
-        ward's), and wait for the supervisor's plan of the next one."""
+    def broken(self, step: int, error: BaseException, timeout_s: float, snapshots: list[int] = ()) -> RecoveryPlan:
+        """Report that this generation broke at `step` (and the steps of the snapshots this rank holds complete), and
+        wait for the supervisor's plan of the next one."""
         said = f"{type(error).__name__}: {error}"[:500]
-        report = Broken(
-            self.rank, step, os.getpid(), hostname(), time.time(), said, checkpoint_bytes_read(), *snapshots
-        )
+        read = checkpoint_bytes_read()
+        report = Broken(self.rank, step, os.getpid(), hostname(), time.time(), said, read, list(snapshots))
         self.store.set(generation_key(self.generation, f"broken/{self.rank}"), json.dumps(report.to_json()))
         self.store.add(generation_key(self.generation, "broken"), 1)
         key = generation_key(self.generation, "plan")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import submitit
 import torch
+import torch.distributed as dist
 
 from trainflow.campaign.check import check_campaign, start_series
 from trainflow.campaign.segments import segment_span
@@ -115,6 +116,8 @@ class TrainSegment(submitit.helpers.Checkpointable):
                     trainer = None
                     try:
                         trainer = self.trainer(device, beat, window, attempt=self.attempt + link.generation)
+                        if snapshots is not None:  # a group of the generation's own, made by every rank alike
+                            snapshots.attach(dist.new_group(backend="gloo"))
                         trainer.snapshots = snapshots
                         resumed = restored(trainer, link.rank, kept, link.plan, snapshots)
                         return self.trained(trainer, beat, marker, resumed=resumed), window
@@ -128,7 +131,7 @@ class TrainSegment(submitit.helpers.Checkpointable):
                         trainer = None
                 # The supervisor waits up to a collective timeout for a rank that beats on, then probes its spares.
                 wait_s = runtime.collective_timeout_s + cfg.resilience.failure_detect_s + PLAN_MARGIN_S
-                held = snapshots.steps() if snapshots else (-1, -1)
+                held = snapshots.steps() if snapshots else []
                 plan = link.broken(-1 if kept is None else kept.boundary.step, error, wait_s, held)
                 if link.rank in plan.replaced:
                     log.warning("Rank %d leaves: its node is replaced in generation %d", link.rank, plan.generation)

@@ -179,12 +179,12 @@ def restored(trainer: object, rank: int, kept: KeptState | None, plan: object, s
         return None
     state = trainer.ckpt.state()  # on every rank before any sends: making the optimizer's state may be collective
     if plan.snapshot:
-        kept = snapshots.own if snapshots is not None else None
+        kept = snapshots.own(plan.step) if snapshots is not None else None
     if str(rank) in plan.sources:
         kept = receive_state(state_tensors(state), source=plan.sources[str(rank)])
     for replaced, source in sorted(plan.sources.items(), key=lambda item: int(item[0])):
         if source == rank:
-            sent = snapshots.held if plan.snapshot and snapshots is not None else kept
+            sent = snapshots.held(plan.step) if plan.snapshot and snapshots is not None else kept
             if sent is None:
                 raise PeerStateError(f"rank {rank} holds no state to send replacement rank {replaced}")
             send_state(sent, to=int(replaced))

@@ -9,17 +9,20 @@ snapshot_steps steps lost, no checkpoint file read (launch.peer_recovery plans i
     if snapshots.due(step): snapshots.take(trainer)      # Trainer.train, at a step's start
 
 A snapshot is taken at the step's start, after its boundary (train.peer_state.Boundary) is marked: the tensors copied
-to host memory, then exchanged with the partner and the ward in one batch of point-to-point sends and receives, each
-tensor checked against its sender's CRC-32C. The copy to host memory blocks the step; so does the exchange here (gloo
-runs it at the training network's speed; a background exchange on a group of its own is not built). Host memory per
-rank: twice its state (its own copy and its ward's), which plan.peers counts.
+to host memory (the step waits for that), then exchanged with the partner and the ward in the background, on a gloo
+group of the generation's own beside training's, in one batch of point-to-point sends and receives per phase, each
+tensor checked against its sender's CRC-32C; the next snapshot waits for it to end. The newest two completed are kept:
+a failure during an exchange finds the one before it complete on every rank (then up to twice snapshot_steps are
+lost). Host memory per rank: four copies of its state (two snapshots, each its own and its ward's), six while an
+exchange runs (the new own copy and the ward's arriving), which plan.snapshots counts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -43,10 +46,13 @@ class PeerSnapshots:
     rank: int
     world: int
     per_node: int
-    own: KeptState | None = None
-    """This rank's newest snapshot (its tensors in host memory, in its own shapes)."""
-    held: KeptState | None = None
-    """The ward's newest snapshot, as bytes (the ward may hold another pipeline stage's tensors)."""
+    kept: dict[int, tuple[KeptState, KeptState]] = field(default_factory=dict)
+    """Step -> (its own snapshot, its ward's as bytes) for the newest two exchanges completed: a failure during an
+    exchange finds the one before it complete on every rank."""
+    group: object = None
+    """The generation's group for the exchanges (attach): a gloo group of its own, beside training's."""
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
 
     @property
     def partner(self) -> int:
@@ -56,9 +62,19 @@ class PeerSnapshots:
     def ward(self) -> int:
         return (self.rank - self.per_node) % self.world
 
-    def steps(self) -> tuple[int, int]:
-        """The steps of its own snapshot and of the one it holds (-1: none)."""
-        return (self.own.boundary.step if self.own else -1, self.held.boundary.step if self.held else -1)
+    def steps(self) -> list[int]:
+        """The steps of the snapshots it holds complete (its own and its ward's), oldest first."""
+        return sorted(self.kept)
+
+    def own(self, step: int) -> KeptState | None:
+        return self.kept[step][0] if step in self.kept else None
+
+    def held(self, step: int) -> KeptState | None:
+        return self.kept[step][1] if step in self.kept else None
+
+    def attach(self, group: object) -> None:
+        """Exchange on `group` from now on (a new generation's); an exchange of the broken one is left behind."""
+        self.group, self.thread, self.error = group, None, None
 
     def due(self, step: int) -> bool:
         """Every `every` steps, from the first after step 0: a fresh optimizer has no state to copy yet, and reading
@@ -66,36 +82,61 @@ class PeerSnapshots:
         return bool(self.every) and step > 0 and step % self.every == 0
 
     def take(self, trainer: object) -> None:
-        """Snapshot the trainer's state at its current step's start, and exchange copies with partner and ward."""
+        """Snapshot the trainer's state at its current step's start into host memory (the step waits for that), then
+        exchange copies with partner and ward in the background; the exchange before it must have ended first."""
+        self.wait()
         tensors = {k: t.detach().to("cpu", copy=True) for k, t in state_tensors(trainer.ckpt.state()).items()}
         own = KeptState(trainer.boundary, tensors)
-        held = self.exchange(own)
-        self.own, self.held = own, held
+        self.thread = threading.Thread(target=self.exchanged, args=(own, self.group), name="trainflow-snapshot")
+        self.thread.daemon = True  # one of a broken generation may wait on a dead peer: never joined then
+        self.thread.start()
 
-    def exchange(self, own: KeptState) -> KeptState:
+    def wait(self) -> None:
+        """Wait for the exchange in flight; its error, where it failed (a peer lost: the generation breaks)."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if (error := self.error) is not None:
+            self.error = None
+            raise error
+
+    def exchanged(self, own: KeptState, group: object) -> None:
+        try:
+            held = self.exchange(own, group)
+        except Exception as err:  # the training thread raises it at its next snapshot
+            self.error = err
+            return
+        if group is self.group:  # not a broken generation's, finishing late
+            self.kept[own.boundary.step] = (own, held)
+            for old in sorted(self.kept)[:-2]:
+                del self.kept[old]
+
+    def exchange(self, own: KeptState, group: object) -> KeptState:
         """Send `own` to the partner and receive the ward's, in one batch per phase (sizes, headers, tensors)."""
         crcs = {k: [t.nbytes, tensor_crc(t)] for k, t in own.tensors.items()}
         header = json.dumps(PeerHeader(own.boundary, crcs).to_json()).encode()
         size, theirs = torch.tensor([len(header)], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-        batch([(size, self.partner)], [(theirs, self.ward)])
+        batch([(size, self.partner)], [(theirs, self.ward)], group)
         if not 0 < int(theirs) <= HEADER_BYTES:
             raise PeerStateError(f"rank {self.ward} announced a snapshot header of {int(theirs)} bytes")
         raw = torch.empty(int(theirs), dtype=torch.uint8)
-        batch([(torch.frombuffer(bytearray(header), dtype=torch.uint8), self.partner)], [(raw, self.ward)])
+        batch([(torch.frombuffer(bytearray(header), dtype=torch.uint8), self.partner)], [(raw, self.ward)], group)
         try:
             got = PeerHeader.from_json(json.loads(raw.numpy().tobytes()), where=f"rank {self.ward}'s snapshot")
         except Exception as err:  # a snapshot that does not read is none: the recovery falls back to the checkpoint
             raise PeerStateError(f"rank {self.ward}'s snapshot header does not read: {err}") from None
         buffers = {k: torch.empty(size, dtype=torch.uint8) for k, (size, _) in got.tensors.items()}
-        batch([(as_bytes(t), self.partner) for t in own.tensors.values()], [(b, self.ward) for b in buffers.values()])
+        sends = [(as_bytes(t), self.partner) for t in own.tensors.values()]
+        batch(sends, [(b, self.ward) for b in buffers.values()], group)
         for key, buffer in buffers.items():
             if tensor_crc(buffer) != got.tensors[key][1]:
                 raise PeerStateError(f"{key} of rank {self.ward}'s snapshot fails its CRC-32C")
         return KeptState(got.boundary, buffers)
 
 
-def batch(sends: list[tuple[torch.Tensor, int]], receives: list[tuple[torch.Tensor, int]]) -> None:
-    """Post every send and receive at once and wait for all (a ring of blocking sends would deadlock)."""
-    ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends] + [dist.P2POp(dist.irecv, t, p) for t, p in receives]
+def batch(sends: list[tuple[torch.Tensor, int]], receives: list[tuple[torch.Tensor, int]], group: object) -> None:
+    """Post every send and receive at once on `group` and wait for all (a ring of blocking sends would deadlock)."""
+    ops = [dist.P2POp(dist.isend, t, peer, group) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in receives]
     for work in dist.batch_isend_irecv(ops):
         work.wait()

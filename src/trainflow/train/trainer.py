@@ -240,6 +240,8 @@ class Trainer:
         for sig, handler in previous.items():
             if stop_signal or sig != signal.SIGUSR2:
                 signal.signal(sig, handler)
+        if self.snapshots is not None:
+            self.snapshots.wait()  # the exchange in flight ends with the segment
         self.ckpt.finish()  # async: the save in flight is durable before the segment ends
         self.sampler.close()
         if self.offloader is not None:
