@@ -77,7 +77,7 @@ class PeersRecovery(Record):
     """cluster.runtime.collective_timeout_s: when a node lost without a TCP reset is seen (not modelled)."""
     lost_steps: float = 0.5
     """Steps a failure loses on average: half the failed step, or with peer snapshots and no replica half the
-    snapshot interval (plan.snapshots)."""
+    snapshot interval and the chance of one more (plan.snapshots)."""
 
     @property
     def recover_s(self) -> float:
@@ -87,7 +87,7 @@ class PeersRecovery(Record):
     @property
     def lost_s(self) -> float:
         """Half a step on average, the failed step's part done before the failure; with snapshots and no replica,
-        half the snapshot interval (lost_steps)."""
+        half the snapshot interval and the chance of one more (lost_steps)."""
         return self.lost_steps * self.step_s
 
     @property

@@ -22,8 +22,8 @@ campaign under failures (trainflow.plan.failures.Timeline) that follow.
 - all remedies: every one of them (recovery from peers as configured).
 
 Recovery from peers (resilience.recovery=peers, plan.peers): the failures but the hangs (1 - hardware.hang_share) cost
-the recovery's terms and half a step each (with peer snapshots and no replica, half the snapshot interval; the
-snapshots' blocking is paid on every step: plan.snapshots), no lost interval, no load, no queue
+the recovery's terms and half a step each (with peer snapshots and no replica, half the snapshot interval and the
+chance of one more; the snapshots' blocking is paid on every step: plan.snapshots), no lost interval, no load, no queue
 (plan.failures.PeersPath); the hangs take the job path, whose detection is then the heartbeat's alone, and the failures
 no evidence pins are among them (as the preset's network failures are: symmetric_share / hang_share of the job path's
 restarts check the hosts, at most all). Every scenario but the baseline recovers as configured; where a config

@@ -167,7 +167,8 @@ def peers_lines(p: PeersGoodput | None) -> list[str]:
     lines += [f"  {t.name:<13} {seconds(t.seconds):>8}  {t.how:<{width}}  {t.label}" for t in r.terms]
     band = f"{s.simulated:.1%} ({s.simulated_low:.1%}-{s.simulated_high:.1%}){MARKS[s.method]}"
     lost = (
-        "half the snapshot interval on average: every rank goes back to the snapshot's step (no replica)"
+        f"half the snapshot interval on average, plus one more at the {p.snapshots.during_exchange:.2%} chance of "
+        "striking during an exchange: every rank goes back to the newest snapshot complete (no replica)"
         if p.snapshots and p.snapshots.replicas < 2
         else "half a step on average: training resumes at the failed step"
     )
@@ -184,10 +185,14 @@ def peers_lines(p: PeersGoodput | None) -> list[str]:
 
 
 def snapshot_lines(n: SnapshotPlan) -> list[str]:
-    """Peer snapshots: each blocking term with its figures and label, their share of the steps' time, the host memory
-    they take beside its capacity (or the line refusing them), and which failures they recover."""
+    """Peer snapshots: each term with its figures and label, the background part against the interval, the blocking
+    share of the steps' time, the host memory they take at the peak beside its capacity (or the line refusing them),
+    and which failures they recover."""
     width = max(len(t.how) for t in n.terms)
-    lines = [f"  Peer snapshots every {n.steps} steps (checkpoint.snapshot_steps), blocking the step:"]
+    lines = [
+        f"  Peer snapshots every {n.steps} steps (checkpoint.snapshot_steps): the copy to host blocks the step, the "
+        "exchange and CRC run in the background:"
+    ]
     lines += [f"    {t.name:<11} {seconds(t.seconds):>8}  {t.how:<{width}}  {t.label}" for t in n.terms]
     covers = (
         f"every failure above: the layout holds {n.replicas} copy of each shard, so each restores from the snapshots"
@@ -195,13 +200,23 @@ def snapshot_lines(n: SnapshotPlan) -> list[str]:
         else f"none in this model: a single failure leaves {n.replicas - 1} live replica(s) of each shard; one "
         "taking every replica of a shard at once would (not modelled)"
     )
-    memory = f"{n.host_bytes_per_node / GB:.4g} GB of host memory per node (2 copies x each rank's state)"
+    memory = (
+        f"{n.host_bytes_per_node / GB:.4g} GB of host memory per node at the peak (each rank's state x 4 copies, 6 "
+        "while an exchange runs)"
+    )
     if n.other_bytes_per_node:
         memory += f" beside {n.other_bytes_per_node / GB:.4g} GB"
     return [
         *lines,
-        f"    {'blocking':<11} {seconds(n.blocking_s):>8}  the terms' sum, once every {n.steps} steps of "
-        f"{seconds(n.step_s)}: {n.share:.2%} of the steps' time",
+        f"    {'background':<11} {seconds(n.background_s):>8}  the exchange and CRC, "
+        + (
+            f"hidden in the {seconds(n.interval_s)} between snapshots"
+            if not n.waits_s
+            else f"longer than the {seconds(n.interval_s)} between snapshots: the next waits {seconds(n.waits_s)}"
+        ),
+        f"    {'blocking':<11} {seconds(n.blocking_s):>8}  the copy"
+        + (" and the wait" if n.waits_s else "")
+        + f", once every {n.steps} steps of {seconds(n.step_s)}: {n.share:.2%} of the steps' time",
         f"    - {memory}, of {n.host_capacity_bytes / GB:.4g} GB (cluster.allocation.mem_gb)",
         f"    - failures restored from the snapshots: {covers}",
         *([f"SNAPSHOTS REFUSED: {n.refused}"] if n.refused else []),
