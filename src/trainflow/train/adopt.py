@@ -47,6 +47,7 @@ def legacy_series(cfg: TrainflowConfig) -> str:
     del hardware["symmetric_share"]  # added since: a planner's input, which training never reads
     del hardware["startup"]  # added since: the start-up's parts, a planner's input (startup_s stays as it was)
     del hardware["crc_gbps"]  # added since: a planner's input (a recovery from peers' CRC), which training never reads
+    del tree["checkpoint"]["snapshot_steps"]  # added since: peer snapshots, off (0) by default
     optim = tree["optim"]
     if (optim["schedule"], optim["decay_steps"]) == (LrSchedule.COSINE, 0):  # added since: cosine was its only one
         for key in ("schedule", "decay_steps", "decay_shape"):  # (wsd names another series, as another lr does)
