@@ -21,7 +21,7 @@ from trainflow.plan.goodput import GoodputPlan
 from trainflow.plan.peers import plan_peers
 from trainflow.plan.snapshots import plan_snapshots
 from trainflow.plan.startup import plan_startup
-from trainflow.plan.table import snapshot_lines
+from trainflow.plan.table import peers_lines, snapshot_lines
 
 SEED = ("experiment=llama70b_alps",)
 PEERS = (*SEED, "resilience.recovery=peers")
@@ -160,7 +160,7 @@ def test_the_plan_prints_every_term_with_its_label(capsys):
     section = table[table.index("Recovery from peers at 4096 ranks, as configured") :].split("\n\n")[0].splitlines()
     rows = {line.split()[0]: line for line in section[1:] if not line.lstrip().startswith("-")}
     terms = ["detection", "verdict", "launch", "imports", "rendezvous", "communicators", "build", "transfer", "crc"]
-    assert list(rows) == [*terms, "warm-up", "recovery", "lost", "first", "goodput"]
+    assert list(rows) == [*terms, "warm-up", "recovery", "lost", "first", "goodput", "file"]
     assert rows["transfer"].endswith(f"measured at scale: {where}")
     assert all(rows[t].endswith("not measured at scale") for t in terms if t not in ("transfer", "crc"))
     assert rows["crc"].endswith("not measured at scale (host_copy_gbps, crc_gbps)")
@@ -295,3 +295,31 @@ def test_without_replicas_a_failure_loses_half_the_snapshot_interval(capsys):
         rows[r].endswith("not measured at scale") for r in ("host", "exchange", "crc")
     )
     assert "every failure above: the layout holds 1 copy of each shard" in section
+
+
+@functools.cache
+def campaign(*overrides: str):
+    return build_plan(compose("train_segment", list(overrides)), with_remedies=False).campaign
+
+
+def test_file_system_interval_plans_on_the_job_paths_mtbf():
+    """The seed's 847 GB written in 121 s at 7 GB/s, a step of 11.37 s, MTBF 4 h, hang_share 0.22, by hand: as a job,
+    sqrt(2 x 121 x 14400) = 1866 s = 164 steps; from peers only the hangs need the file system, sqrt(2 x 121 x 14400 /
+    0.22) = 3979 s = 350 steps (the baseline, which does not recover from peers, keeps 164); with hang_share 0 none
+    does: checkpoint.max_interval_steps; a fixed interval stays as configured. Printed in the peers section."""
+    sync = ("checkpoint.mode=sync", "checkpoint.interval_steps=0")
+    job, peers = campaign(*SEED, *sync), campaign(*PEERS, *sync)
+    assert (job.interval_steps, peers.interval_steps, peers.job_interval_steps) == (164, 350, 164)
+    step_s = job.interval_s / job.interval_steps
+    assert peers.interval_steps == round((2 * peers.save_s * 14400 / 0.22) ** 0.5 / step_s)
+    assert peers.waste < job.waste
+    g = goodput(*PEERS, *sync)
+    assert [s.interval_steps for s in g.scenarios[:2]] == [164, 350]  # the baseline, as configured
+    none = campaign(*PEERS, *sync, "cluster.hardware.hang_share=0")
+    assert none.interval_steps == compose("train_segment", list(SEED)).checkpoint.max_interval_steps
+    assert none.asynchronous.interval_steps == none.interval_steps
+    fixed = ("checkpoint.mode=sync", "checkpoint.interval_steps=40")
+    assert campaign(*PEERS, *fixed).interval_steps == campaign(*SEED, *fixed).interval_steps == 40
+    out = "\n".join(peers_lines(goodput(*SNAPSHOTS, *sync).peers))
+    assert "every 350 steps: Young/Daly at the job path's MTBF, mtbf_hours / hang_share = 4 / 0.22 = 18.2 h" in out
+    assert "every 10 steps (checkpoint.snapshot_steps)" in out

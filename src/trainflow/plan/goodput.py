@@ -30,14 +30,14 @@ what-if of a config that recovers as a job, or why the rules refuse it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
 
 from trainflow.badput import Badput
 from trainflow.config.schema import TrainflowConfig
-from trainflow.plan.campaign import CampaignPlan
+from trainflow.plan.campaign import CampaignPlan, fs_mtbf_s
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, closed_form, expected, failures, simulate
 from trainflow.plan.peers import PeersRecovery
 from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, ScenarioRun, ScenarioTimes, plan_scenarios
@@ -112,6 +112,8 @@ class PeersGoodput(Record):
     refused: str | None = None
     snapshots: SnapshotPlan | None = None
     """Peer snapshots' terms (checkpoint.snapshot_steps > 0); None without them."""
+    interval_how: str = ""
+    """Where the file-system checkpoint's interval comes from under recovery from peers (interval_how())."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def plan_goodput(
         needed=needed(scenarios[-1], mtbf_s),
         notes=notes,
         cannot_finish=cannot_finish(configured, scenarios[-1], mtbf_s),
-        peers=peers_goodput(times, configured),
+        peers=replace(peers_goodput(times, configured), interval_how=interval_how(cfg)),
     )
 
 
@@ -188,6 +190,20 @@ def peers_goodput(times: ScenarioTimes, configured: GoodputScenario) -> PeersGoo
         job_first_step_s=t.detect_s + t.restart_s,
         scenario=configured if times.what_if is None else scenario(times.what_if),
         snapshots=times.snapshots,
+    )
+
+
+def interval_how(cfg: TrainflowConfig) -> str:
+    """Where the file-system checkpoint's interval comes from under resilience.recovery=peers (plan.campaign's
+    fs_mtbf_s): the job path's MTBF, as the trainer plans it."""
+    h, c = cfg.cluster.hardware, cfg.checkpoint
+    if c.interval_steps:
+        return "checkpoint.interval_steps, as configured"
+    if not h.hang_share:
+        return "checkpoint.max_interval_steps: hang_share 0, no failure needs the file system"
+    return (
+        f"Young/Daly at the job path's MTBF, mtbf_hours / hang_share = {h.mtbf_hours:g} / {h.hang_share:g} = "
+        f"{fs_mtbf_s(cfg) / 3600:.3g} h"
     )
 
 

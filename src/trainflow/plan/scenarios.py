@@ -97,7 +97,13 @@ class Remedies:
         return cfg.resilience.recovery == "peers" if self.peers is None else self.peers
 
     def interval_steps(self, cfg: TrainflowConfig, campaign: CampaignPlan) -> int:
-        return campaign.asynchronous.interval_steps if self.uses_async(cfg, campaign) else campaign.interval_steps
+        """The file-system checkpoint's interval: at the job path's MTBF where the config recovers from peers
+        (plan.campaign), at every failure's where this scenario does not (the baseline; sync only)."""
+        if self.uses_async(cfg, campaign):
+            return campaign.asynchronous.interval_steps
+        if cfg.resilience.recovery == "peers" and not self.uses_peers(cfg):
+            return campaign.job_interval_steps or campaign.interval_steps
+        return campaign.interval_steps
 
 
 CONFIGURED = "as configured"

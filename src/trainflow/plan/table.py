@@ -178,10 +178,23 @@ def peers_lines(p: PeersGoodput | None) -> list[str]:
         f"  {'first step':<13} {seconds(r.first_step_s):>8}  failure to first step: the recovery and the failed step "
         f"({seconds(r.step_s)}); a hang's on the job path {seconds(p.job_first_step_s)} (D + R)",
         f"  {'goodput':<13} {band}, closed form {s.closed_form:.1%} ({s.name}{'' if s.built else '; not built'})",
+        *(intervals(p) if p.configured else []),
         f"  - detection is the process-death case: a node lost without a TCP reset is seen only at the collective "
         f"timeout, {seconds(r.timeout_s)} (cluster.runtime.collective_timeout_s), not modelled",
     ]
     return [*lines, *(snapshot_lines(p.snapshots) if p.snapshots else []), ""]
+
+
+def intervals(p: PeersGoodput) -> list[str]:
+    """The two intervals under recovery from peers: the file-system checkpoint's (the hangs need it) and, where
+    checkpoint.snapshot_steps > 0, the peer snapshots' (the other failures restore from them)."""
+    s, n = p.scenario, p.snapshots
+    lines = [f"  {'file system':<13} {seconds(s.interval_s):>8}  every {s.interval_steps} steps: {p.interval_how}"]
+    if n:
+        lines.append(
+            f"  {'snapshots':<13} {seconds(n.interval_s):>8}  every {n.steps} steps (checkpoint.snapshot_steps)"
+        )
+    return lines
 
 
 def snapshot_lines(n: SnapshotPlan) -> list[str]:
