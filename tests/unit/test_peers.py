@@ -113,3 +113,27 @@ def test_a_header_of_another_layout_is_refused():
 def test_recovery_from_peers_without_a_spare_or_a_replica_is_refused(overrides, says):
     with pytest.raises(ConfigError, match=says):
         compose("train_segment", overrides)
+
+
+def test_snapshots_a_host_cannot_hold_are_refused_at_start_up_in_one_line(one_rank_group):
+    from trainflow.checkpoint.staging import StagingError
+    from trainflow.train.snapshots import PeerSnapshots
+
+    snapshots = PeerSnapshots(every=2, rank=0, world=2, per_node=1)
+    snapshots.check_memory(1000)  # a kilobyte a copy fits
+    with pytest.raises(StagingError, match=r"^checkpoint.snapshot_steps=2 keeps up to 6 copies .*: 1 ranks x") as err:
+        snapshots.check_memory(10**16)  # 10 PB a copy does not
+    assert str(err.value).endswith(
+        "set checkpoint.snapshot_steps=0, or give the job more host memory or fewer ranks per node"
+    )
+
+
+def test_under_peers_the_file_system_interval_plans_for_the_job_path_s_failures_only():
+    from trainflow.train.checkpointing import NO_HANGS, file_system_mtbf_s
+
+    peers = ["resilience.recovery=peers", "cluster.allocation.spare_nodes=1", "parallel=dp2"]
+    hours = ["cluster.hardware.mtbf_hours=4", "cluster.hardware.hang_share=0.25"]
+    assert file_system_mtbf_s(compose("train_segment", hours)) == 4 * 3600
+    assert file_system_mtbf_s(compose("train_segment", [*hours, *peers])) == 4 * 3600 / 0.25  # the hangs alone
+    no_hangs = compose("train_segment", [*peers, "cluster.hardware.hang_share=0"])
+    assert file_system_mtbf_s(no_hangs) == no_hangs.cluster.hardware.mtbf_hours * 3600 / NO_HANGS

@@ -137,9 +137,15 @@ def available_host_bytes() -> tuple[int, str]:
     return available, source
 
 
-def check_host_memory(staging_bytes: int) -> None:
-    """At start-up, on every rank (collective): refuse async checkpoints, in one line on every rank, when the ranks
-    of some host cannot each hold `staging_bytes` more."""
+ASYNC_NEEDS = "checkpoint.mode=async stages a copy of every rank's state in host memory"
+ASYNC_FIX = (
+    "set checkpoint.mode=sync, or give the job more host memory (cluster.allocation.mem_gb) or fewer ranks per node"
+)
+
+
+def check_host_memory(staging_bytes: int, *, needs: str = ASYNC_NEEDS, fix: str = ASYNC_FIX) -> None:
+    """At start-up, on every rank (collective): refuse what `needs` says, in one line on every rank ending in `fix`,
+    when the ranks of some host cannot each hold `staging_bytes` more (async checkpoints' staging by default)."""
     host = hostname()
     hosts: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(hosts, host)
@@ -148,10 +154,8 @@ def check_host_memory(staging_bytes: int) -> None:
     verdict = None
     if ranks * staging_bytes > available:
         verdict = (
-            f"checkpoint.mode=async stages a copy of every rank's state in host memory: {ranks} ranks x "
-            f"{staging_bytes / 1e9:.3g} GB on {host} need {ranks * staging_bytes / 1e9:.3g} GB, but {source} leaves "
-            f"{available / 1e9:.3g} GB (pid {os.getpid()}); set checkpoint.mode=sync, or give the job more host "
-            "memory (cluster.allocation.mem_gb) or fewer ranks per node"
+            f"{needs}: {ranks} ranks x {staging_bytes / 1e9:.3g} GB on {host} need {ranks * staging_bytes / 1e9:.3g} "
+            f"GB, but {source} leaves {available / 1e9:.3g} GB (pid {os.getpid()}); {fix}"
         )
     verdicts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, verdict)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from trainflow.campaign.check import check_campaign, start_series
 from trainflow.campaign.segments import segment_span
+from trainflow.checkpoint.state import state_bytes
 from trainflow.config import TrainflowConfig
 from trainflow.config.run_folder import RunFolder
 from trainflow.energy.dvfs import PHASES
@@ -118,6 +119,8 @@ class TrainSegment(submitit.helpers.Checkpointable):
                         trainer = self.trainer(device, beat, window, attempt=self.attempt + link.generation)
                         if snapshots is not None:  # a group of the generation's own, made by every rank alike
                             snapshots.attach(dist.new_group(backend="gloo"))
+                        if snapshots is not None and link.generation == 0:  # survivors later hold theirs already
+                            snapshots.check_memory(state_bytes(trainer.model.named_parts()))
                         trainer.snapshots = snapshots
                         resumed = restored(trainer, link.rank, kept, link.plan, snapshots)
                         return self.trained(trainer, beat, marker, resumed=resumed), window

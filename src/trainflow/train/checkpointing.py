@@ -47,6 +47,21 @@ class ResumeError(TrainflowError):
     """No checkpoint to continue from."""
 
 
+NO_HANGS = 1e-6
+"""The hang share a share of 0 counts as in file_system_mtbf_s (a finite MTBF: Young/Daly's interval stays a number)."""
+
+
+def file_system_mtbf_s(cfg: TrainflowConfig) -> float:
+    """The mean time between the failures that need a file-system checkpoint, Young/Daly's input: all of them, or
+    under resilience.recovery=peers only those that go the job path, the hangs (cluster.hardware.hang_share; the
+    others resume from live replicas or peer snapshots: launch.peers). A hang share of 0 counts as NO_HANGS: the
+    interval then reaches checkpoint.max_interval_steps. The planner picks the same (plan.peers)."""
+    h = cfg.cluster.hardware
+    if cfg.resilience.recovery != "peers":
+        return h.mtbf_hours * 3600
+    return h.mtbf_hours * 3600 / max(h.hang_share, NO_HANGS)
+
+
 @dataclass
 class SegmentCheckpoints:
     cfg: TrainflowConfig
@@ -75,7 +90,7 @@ class SegmentCheckpoints:
             staging_bytes=state_bytes(self.model.named_parts()),  # async: refused at start-up where it cannot fit
         )
         self.planner = IntervalPlanner(
-            mtbf_s=cfg.cluster.hardware.mtbf_hours * 3600, fixed_steps=c.interval_steps, max_steps=c.max_interval_steps
+            mtbf_s=file_system_mtbf_s(cfg), fixed_steps=c.interval_steps, max_steps=c.max_interval_steps
         )
         self.saves: list[SaveRecord] = []
         self.rollbacks: list[GuardEvent] = []

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from trainflow.checkpoint.staging import check_host_memory
 from trainflow.train.peer_state import (
     HEADER_BYTES,
     KeptState,
@@ -38,6 +39,10 @@ from trainflow.train.peer_state import (
 )
 
 log = logging.getLogger(__name__)
+
+SNAPSHOT_COPIES = 6
+"""Copies of a rank's state in its host memory at the peak: two snapshots kept, each its own and its ward's, and while
+the next is exchanged its own copy and the ward's arriving (plan.snapshots counts the same)."""
 
 
 @dataclass
@@ -71,6 +76,16 @@ class PeerSnapshots:
 
     def held(self, step: int) -> KeptState | None:
         return self.kept[step][1] if step in self.kept else None
+
+    def check_memory(self, state_nbytes: int) -> None:
+        """At the step's start, on every rank (collective): refuse snapshots in one line where a host cannot hold
+        SNAPSHOT_COPIES of each of its ranks' state (`state_nbytes`: checkpoint.state.state_bytes) more."""
+        needs = (
+            f"checkpoint.snapshot_steps={self.every} keeps up to {SNAPSHOT_COPIES} copies of every rank's state in "
+            "host memory (two snapshots, each its own and its ward's, and the next one's while it is exchanged)"
+        )
+        fix = "set checkpoint.snapshot_steps=0, or give the job more host memory or fewer ranks per node"
+        check_host_memory(SNAPSHOT_COPIES * state_nbytes, needs=needs, fix=fix)
 
     def attach(self, group: object) -> None:
         """Exchange on `group` from now on (a new generation's); an exchange of the broken one is left behind."""
