@@ -129,7 +129,7 @@ def test_snapshots_a_host_cannot_hold_are_refused_at_start_up_in_one_line(one_ra
 
 
 def test_under_peers_the_file_system_interval_plans_for_the_job_path_s_failures_only():
-    from trainflow.train.checkpointing import NO_HANGS, file_system_mtbf_s
+    from trainflow.checkpoint.interval import NO_HANGS, file_system_mtbf_s
 
     peers = ["resilience.recovery=peers", "cluster.allocation.spare_nodes=1", "parallel=dp2"]
     hours = ["cluster.hardware.mtbf_hours=4", "cluster.hardware.hang_share=0.25"]

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainflow.records import Record
+
+if TYPE_CHECKING:
+    from trainflow.config import TrainflowConfig
 
 
 def young_daly_seconds(*, save_s: float, mtbf_s: float) -> float:
@@ -33,6 +37,22 @@ def young_daly_steps(*, save_s: float, mtbf_s: float, step_s: float) -> int:
 def async_interval_steps(*, blocking_s: float, background_s: float, mtbf_s: float, step_s: float) -> int:
     """Young/Daly on the blocking time, but no shorter than the background write."""
     return max(young_daly_steps(save_s=blocking_s, mtbf_s=mtbf_s, step_s=step_s), math.ceil(background_s / step_s))
+
+
+NO_HANGS = 1e-6
+"""The hang share a share of 0 counts as in file_system_mtbf_s (a finite MTBF: Young/Daly's interval stays a number)."""
+
+
+def file_system_mtbf_s(cfg: TrainflowConfig) -> float:
+    """The mean time between the failures that need a file-system checkpoint, Young/Daly's input: all of them, or
+    under resilience.recovery=peers only those that go the job path, the hangs (cluster.hardware.hang_share; the
+    others resume from live replicas or peer snapshots: launch.peers). A hang share of 0 counts as NO_HANGS: the
+    interval then reaches checkpoint.max_interval_steps. The planner (plan.campaign) and the trainer's
+    IntervalPlanner (train.checkpointing) both take it."""
+    h = cfg.cluster.hardware
+    if cfg.resilience.recovery != "peers":
+        return h.mtbf_hours * 3600
+    return h.mtbf_hours * 3600 / max(h.hang_share, NO_HANGS)
 
 
 @dataclass(frozen=True)

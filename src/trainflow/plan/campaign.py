@@ -24,9 +24,9 @@ The campaign's hours and energy are those of checkpoint.mode (sync where async i
 
 Under resilience.recovery=peers only the hangs (cluster.hardware.hang_share of the failures) go the job path and lose
 the work since the newest checkpoint; the others lose half a step (plan.peers). So Young/Daly's MTBF there is the job
-path's, mtbf_hours / hang_share (`fs_mtbf_s`), as the trainer's IntervalPlanner takes it; where hang_share is 0 no
-failure needs the file system and the interval is checkpoint.max_interval_steps. A fixed checkpoint.interval_steps
-stays as configured; `waste` counts the redone work at the same MTBF.
+path's, mtbf_hours / hang_share (checkpoint.interval.file_system_mtbf_s, which the trainer's IntervalPlanner takes
+too); where hang_share is 0 no failure needs the file system and the interval reaches checkpoint.max_interval_steps.
+A fixed checkpoint.interval_steps stays as configured; `waste` counts the redone work at the same MTBF.
 
 Energy is the seed's own estimate, devices x watts x time x PUE (trainflow.energy.accounting's
 campaign_gwh): energy.gpu_watts per GPU, or energy.cpu_watts_per_core x cluster.allocation.cpus_per_task per CPU
@@ -35,10 +35,9 @@ rank. The energy stage measures what a run really drew; this is the plan's figur
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from trainflow.checkpoint.interval import async_interval_steps, young_daly_steps
+from trainflow.checkpoint.interval import async_interval_steps, file_system_mtbf_s, young_daly_steps
 from trainflow.config.schema import TrainflowConfig
 from trainflow.energy.accounting import campaign_gwh
 from trainflow.plan.memory import MemoryEstimate
@@ -78,7 +77,7 @@ class CampaignPlan(Record):
     save_s: float
     """The checkpoint's write: a synchronous save's blocking time, an asynchronous one's background time."""
     interval_s: float
-    """Synchronous saves' Young/Daly interval at fs_mtbf_s (or checkpoint.interval_steps)."""
+    """Synchronous saves' Young/Daly interval at file_system_mtbf_s (or checkpoint.interval_steps)."""
     interval_steps: int
     waste: float
     """Synchronous saves' share of the campaign lost to saving and redone work."""
@@ -97,26 +96,14 @@ class CampaignPlan(Record):
     resilience.recovery=job; under peers, what a scenario without recovery from peers saves at (plan.scenarios)."""
 
 
-def fs_mtbf_s(cfg: TrainflowConfig) -> float:
-    """The MTBF of the failures that need the file-system checkpoint: every one under resilience.recovery=job, the
-    hangs (mtbf_hours / hang_share) under peers; inf where no failure does (hang_share 0)."""
-    h = cfg.cluster.hardware
-    if cfg.resilience.recovery != "peers":
-        return h.mtbf_hours * 3600
-    return h.mtbf_hours * 3600 / h.hang_share if h.hang_share else math.inf
-
-
 def plan_async(
     cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, write_s: float, memory: MemoryEstimate
 ) -> AsyncCheckpoint:
     """The async mode's blocking copy, interval, waste and host-memory fit for a write of `write_s` seconds."""
-    c, mtbf_s, most = cfg.cluster, fs_mtbf_s(cfg), cfg.checkpoint.max_interval_steps
+    c, mtbf_s, most = cfg.cluster, file_system_mtbf_s(cfg), cfg.checkpoint.max_interval_steps
     staging = memory.parameters + memory.optimizer_state
     blocking_s = staging / (c.hardware.host_copy_gbps * GB)
-    if math.isinf(mtbf_s):
-        steps = most
-    else:
-        steps = async_interval_steps(blocking_s=blocking_s, background_s=write_s, mtbf_s=mtbf_s, step_s=step_s)
+    steps = async_interval_steps(blocking_s=blocking_s, background_s=write_s, mtbf_s=mtbf_s, step_s=step_s)
     steps = cfg.checkpoint.interval_steps or min(most, steps)
     interval_s = steps * step_s
     ranks = setup.ranks_per_node
@@ -150,10 +137,8 @@ def plan_campaign(cfg: TrainflowConfig, setup: PlanSetup, *, step_s: float, memo
     checkpoint_bytes = CHECKPOINT_BYTES_PER_PARAM * n
     save_s = checkpoint_bytes / (c.hardware.storage_write_gbps * GB)
     asynchronous = plan_async(cfg, setup, step_s=step_s, write_s=save_s, memory=memory)
-    mtbf_s, most = fs_mtbf_s(cfg), cfg.checkpoint.max_interval_steps
-    interval_steps = most
-    if not math.isinf(mtbf_s):
-        interval_steps = min(most, young_daly_steps(save_s=save_s, mtbf_s=mtbf_s, step_s=step_s))
+    mtbf_s, most = file_system_mtbf_s(cfg), cfg.checkpoint.max_interval_steps
+    interval_steps = min(most, young_daly_steps(save_s=save_s, mtbf_s=mtbf_s, step_s=step_s))
     job_interval_steps = min(most, young_daly_steps(save_s=save_s, mtbf_s=c.hardware.mtbf_hours * 3600, step_s=step_s))
     if cfg.checkpoint.interval_steps:
         interval_steps = job_interval_steps = cfg.checkpoint.interval_steps

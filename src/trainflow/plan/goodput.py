@@ -36,8 +36,9 @@ from enum import StrEnum
 import numpy as np
 
 from trainflow.badput import Badput
+from trainflow.checkpoint.interval import file_system_mtbf_s
 from trainflow.config.schema import TrainflowConfig
-from trainflow.plan.campaign import CampaignPlan, fs_mtbf_s
+from trainflow.plan.campaign import CampaignPlan
 from trainflow.plan.failures import MAX_FAILURES, MAX_PASSES, closed_form, expected, failures, simulate
 from trainflow.plan.peers import PeersRecovery
 from trainflow.plan.scenarios import CONFIGURED, CheckTimes, LoadTimes, ScenarioRun, ScenarioTimes, plan_scenarios
@@ -194,8 +195,8 @@ def peers_goodput(times: ScenarioTimes, configured: GoodputScenario) -> PeersGoo
 
 
 def interval_how(cfg: TrainflowConfig) -> str:
-    """Where the file-system checkpoint's interval comes from under resilience.recovery=peers (plan.campaign's
-    fs_mtbf_s): the job path's MTBF, as the trainer plans it."""
+    """Where the file-system checkpoint's interval comes from under resilience.recovery=peers (checkpoint.interval's
+    file_system_mtbf_s): the job path's MTBF, as the trainer plans it."""
     h, c = cfg.cluster.hardware, cfg.checkpoint
     if c.interval_steps:
         return "checkpoint.interval_steps, as configured"
@@ -203,7 +204,7 @@ def interval_how(cfg: TrainflowConfig) -> str:
         return "checkpoint.max_interval_steps: hang_share 0, no failure needs the file system"
     return (
         f"Young/Daly at the job path's MTBF, mtbf_hours / hang_share = {h.mtbf_hours:g} / {h.hang_share:g} = "
-        f"{fs_mtbf_s(cfg) / 3600:.3g} h"
+        f"{file_system_mtbf_s(cfg) / 3600:.3g} h"
     )
 
 

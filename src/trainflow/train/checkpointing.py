@@ -23,7 +23,7 @@ import torch
 from trainflow.campaign.segments import SegmentSpan, carries_scaling, start_point
 from trainflow.checkpoint.folders import step_dir
 from trainflow.checkpoint.hf_reader import load_hf
-from trainflow.checkpoint.interval import IntervalPlanner, SaveDone
+from trainflow.checkpoint.interval import IntervalPlanner, SaveDone, file_system_mtbf_s
 from trainflow.checkpoint.manager import CheckpointManager, CorruptFileError
 from trainflow.checkpoint.manifest import MANIFEST, Manifest, Provenance, read_manifest, scaling_mismatch
 from trainflow.checkpoint.state import build_state, load_state, state_bytes
@@ -45,21 +45,6 @@ log = logging.getLogger(__name__)
 
 class ResumeError(TrainflowError):
     """No checkpoint to continue from."""
-
-
-NO_HANGS = 1e-6
-"""The hang share a share of 0 counts as in file_system_mtbf_s (a finite MTBF: Young/Daly's interval stays a number)."""
-
-
-def file_system_mtbf_s(cfg: TrainflowConfig) -> float:
-    """The mean time between the failures that need a file-system checkpoint, Young/Daly's input: all of them, or
-    under resilience.recovery=peers only those that go the job path, the hangs (cluster.hardware.hang_share; the
-    others resume from live replicas or peer snapshots: launch.peers). A hang share of 0 counts as NO_HANGS: the
-    interval then reaches checkpoint.max_interval_steps. The planner picks the same (plan.peers)."""
-    h = cfg.cluster.hardware
-    if cfg.resilience.recovery != "peers":
-        return h.mtbf_hours * 3600
-    return h.mtbf_hours * 3600 / max(h.hang_share, NO_HANGS)
 
 
 @dataclass
