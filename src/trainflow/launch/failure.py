@@ -165,8 +165,12 @@ def peer_lost(outcome: tuple | None) -> bool:
 def reported_ends(log_file: Path) -> dict[int, tuple[str, str]]:
     """Rank -> (host, what happened) of each abnormal end reported in the job's log, the latest per rank (a
     requeued job appends to the same log), ordered as reported."""
+    return ends_in(log_file.read_text(errors="replace") if log_file.exists() else "")
+
+
+def ends_in(text: str) -> dict[int, tuple[str, str]]:
+    """reported_ends of a log's `text`."""
     ends: dict[int, tuple[str, str]] = {}
-    text = log_file.read_text(errors="replace") if log_file.exists() else ""
     for host, tasks, how in TASK_END.findall(text):
         signame = SIGNAL_NAMES.get(how)
         code = re.fullmatch(r"Exited with exit code (\d+)", how)

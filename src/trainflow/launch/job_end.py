@@ -60,12 +60,17 @@ def wait_job(job: submitit.Job, *, max_pending_s: float = 0.0, owned: Callable[[
     log.info("Waiting for %s job %s (world size %d); logs in %s", kind, job.job_id, job.num_tasks, job.paths.folder)
     with cancel_on_interrupt(job, kind, owned):
         end = wait_for_end(job, kind, max_pending_s)
+    return task_results(job, kind, end or ("", 0))
+
+
+def task_results(job: submitit.Job, kind: str, end: tuple[str, int] = ("", 0)) -> list:
+    """Every task's result from the job's folder, once it ended (`end`: its final Slurm state and requeue count); one
+    LaunchError holding the failure (launch.failure.analyse) where one is missing or an error."""
     outcomes = [
         pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None for k in range(job.num_tasks)
     ]
     if all(outcome and outcome[0] == "success" for outcome in outcomes):
         return [outcome[1] for outcome in outcomes]
-    end = end or ("", 0)
     failure = analyse(job, kind, end, outcomes, lost_nodes(job.job_id) if end[0] in NODE_FAULTS else [])
     raise LaunchError(failure.line, failure)
 

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import logging
 import os
-import shlex
 import subprocess
 import sys
 import threading
@@ -37,21 +36,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import submitit
-from submitit.core.utils import pickle_load
 
 from trainflow.checkpoint.folders import list_steps
 from trainflow.config import ParallelDims, TrainflowConfig
 from trainflow.host import hostname
 from trainflow.journal import Journal
-from trainflow.launch.container import python_command, srun_args
-from trainflow.launch.failure import NODE_FAILURE, analyse, read_markers, reported_ends
+from trainflow.launch.failure import NODE_FAILURE, ends_in, read_markers
 from trainflow.launch.heartbeat import beat_key
-from trainflow.launch.job_end import LaunchError
+from trainflow.launch.job_end import LaunchError, task_results
 from trainflow.launch.peers import JOINS, STORE, Broken, RecoveryPlan, generation_key, replica_source
 from trainflow.launch.rejoin import RANK_BASE, WORLD
 from trainflow.launch.restart import job_run
 from trainflow.launch.slurm_nodes import node_states, usable_spares
-from trainflow.launch.steps import Steps, answering
+from trainflow.launch.steps import Steps, answering, srun_step
 from trainflow.records import RecordError
 from trainflow.resilience.ledger import FaultClass, JobOutcome, JobRun
 
@@ -117,7 +114,7 @@ class PeerRecovery:
             except LaunchError:
                 for process, _ in self.replacements:  # a replacement's ranks outlive the step's first processes
                     process.wait()
-                return step_results(job, self.cfg.cluster.allocation.executor)
+                return task_results(job, self.cfg.cluster.allocation.executor)
         finally:
             self.done.set()
             watcher.join()
@@ -236,8 +233,8 @@ class PeerRecovery:
         """Rank -> how it ended, for the ranks of the generation that ended: the step's log's lines (srun's, the
         local controller's) for its first ranks, a replacement's process's end for later ones."""
         replaced = {r for _, ranks in self.replacements for r in ranks}
-        ends = {r: what for r, (_, what) in reported_ends(self.job.paths.stderr).items() if r not in replaced}
         text = self.job.paths.stderr.read_text(errors="replace") if self.job.paths.stderr.exists() else ""
+        ends = {r: what for r, (_, what) in ends_in(text).items() if r not in replaced}
         if failed := set(NODE_FAILURE.findall(text)):  # srun's word for a node Slurm lost: its ranks went with it
             on = {r: m.host for r, m in read_markers(self.job).items()}
             ends |= {r: f"was lost: node {h} failed" for r, h in on.items() if h in failed and r not in replaced}
@@ -294,20 +291,12 @@ class PeerRecovery:
         job step, or on one machine a process per rank."""
         job, a = self.job, self.cfg.cluster.allocation
         env = {**os.environ, **self.env, JOINS: str(generation), WORLD: str(self.world)}
-        module = ["-u", "-m", "trainflow.launch.rejoin", str(job.paths.folder)]
+        module = ["trainflow.launch.rejoin", str(job.paths.folder)]
         log.info("Starting ranks %s on %s for generation %d", ",".join(map(str, ranks)), host, generation)
         if a.executor == "local":
             return [(local_rank(job, rank, env, module), [rank]) for rank in ranks]
-        python = python_command(a, folder=job.paths.folder) or shlex.quote(sys.executable)
         logs = f"{job.paths.folder}/%j_g{generation}_%t_log"
-        command = [
-            *("srun", "--unbuffered", "--overlap", "--kill-on-bad-exit=0", "--no-kill", "--open-mode=append"),
-            *("--nodes=1", f"--ntasks={len(ranks)}", f"--ntasks-per-node={len(ranks)}", f"--nodelist={host}"),
-            *(f"--output={logs}.out", f"--error={logs}.err"),
-            *srun_args(a.container),
-            *shlex.split(python),
-            *module,
-        ]
+        command = srun_step(a, [host], len(ranks), job.paths.folder, logs=logs, module=module, keep=True)
         with open(job.paths.stderr, "ab") as err:  # srun's own lines beside the step's
             return [(subprocess.Popen(command, stdout=err, stderr=err, env={**env, RANK_BASE: str(ranks[0])}), ranks)]
 
@@ -325,15 +314,5 @@ def local_rank(job: submitit.Job, rank: int, env: dict, module: list[str]) -> su
         RANK_BASE: str(rank),
     }
     with open(paths.stdout, "ab") as out, open(paths.stderr, "ab") as err:
-        return subprocess.Popen([sys.executable, *module], stdout=out, stderr=err, env={**env, **variables})
-
-
-def step_results(job: submitit.Job, kind: str) -> list:
-    """Every rank's result from the step's folder; a LaunchError holding the failure where one is missing."""
-    outcomes = [
-        pickle_load(path) if (path := job.task(k).paths.result_pickle).exists() else None for k in range(job.num_tasks)
-    ]
-    if all(outcome and outcome[0] == "success" for outcome in outcomes):
-        return [outcome[1] for outcome in outcomes]
-    failure = analyse(job, kind, ("", 0), outcomes)
-    raise LaunchError(failure.line, failure)
+        command = [sys.executable, "-u", "-m", *module]
+        return subprocess.Popen(command, stdout=out, stderr=err, env={**env, **variables})

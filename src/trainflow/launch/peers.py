@@ -101,7 +101,7 @@ def replica_source(rank: int, dims: ParallelDims, lost: set[int]) -> int | None:
     replica that is live); None: every replica of it is lost. Mesh order pp, dp, [cp], tp (parallel.mesh): dp is
     replica x shard under HSDP, and replicas differ in the replica index alone."""
     tp, cp, dp = dims.tp, dims.cp, dims.dp
-    shard = dims.shard_size if dims.shard_size < dp else dp  # FSDP over all of dp: one replica
+    shard = dims.shard_size  # dp under FSDP over all of it: one replica
     t, c, d, p = rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
     s = d % shard
     for replica in range(dp // shard):
@@ -130,8 +130,13 @@ class PeerLink:
         self.plan: RecoveryPlan | None = None
         """The plan of the generation this rank is in (None in the first): a replacement reads the one it joins."""
         if self.generation:
-            key = generation_key(self.generation - 1, "plan")
-            self.plan = RecoveryPlan.from_json(json.loads(self.store.get(key)), where=f"the store's {key}")
+            self.plan = self.read_plan(self.generation - 1)
+
+    def read_plan(self, generation: int) -> RecoveryPlan:
+        """The supervisor's plan after generation `generation` broke, read as a record (ValueError, RecordError where
+        it does not read as one)."""
+        key = generation_key(generation, "plan")
+        return RecoveryPlan.from_json(json.loads(self.store.get(key)), where=f"the store's {key}")
 
     def prefixed(self, name: str) -> object:
         import torch.distributed as dist
@@ -182,7 +187,7 @@ class PeerLink:
         self.store.set_timeout(datetime.timedelta(seconds=timeout_s))  # the supervisor's judgement may take a while
         try:
             self.store.wait([key])
-            plan = RecoveryPlan.from_json(json.loads(self.store.get(key)), where=f"the store's {key}")
+            plan = self.read_plan(self.generation)
         except (RuntimeError, ValueError, RecordError) as err:  # no plan in time, or one that does not read
             raise RecoveryRefused(f"no recovery plan for generation {self.generation}: {err}") from error
         if plan.refused:

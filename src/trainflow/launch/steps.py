@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Protocol
 
 import submitit
-from submitit.core.utils import cloudpickle_dump, pickle_load
+from submitit.core.utils import cloudpickle_dump
 from submitit.helpers import DelayedSubmission
 
 from trainflow.config import AllocationConfig
 from trainflow.host import hostname
 from trainflow.launch.container import python_command, srun_args
 from trainflow.launch.executors import KEEP_SURVIVORS, LocalExecutor
-from trainflow.launch.failure import analyse
-from trainflow.launch.job_end import LaunchError, show_job, wait_job
+from trainflow.launch.job_end import LaunchError, show_job, task_results, wait_job
 from trainflow.launch.task import MASTER_ADDR
 
 log = logging.getLogger(__name__)
@@ -125,18 +124,9 @@ class SrunSteps:
         requeues = self.allocation.max_requeues - int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         delayed.set_timeout(self.allocation.time_min, requeues)
         cloudpickle_dump(delayed, job.paths.submitted_pickle)
-        python = python_command(self.allocation, folder=folder) or shlex.quote(sys.executable)
-        command = [
-            *("srun", "--unbuffered", "--overlap", "--open-mode=append"),
-            # Recovery from peers: a task's end or its node's failure leaves the step's other tasks running.
-            *(("--kill-on-bad-exit=0", "--no-kill") if peers else ("--kill-on-bad-exit=1",)),
-            *(f"--nodes={len(hosts)}", f"--ntasks={self.world_size}", f"--nodelist={','.join(hosts)}"),
-            f"--ntasks-per-node={self.world_size // len(hosts)}",
-            *(f"--output={folder}/%j_%t_log.out", f"--error={folder}/%j_%t_log.err"),
-            *srun_args(self.allocation.container),
-            *shlex.split(python),
-            *("-u", "-m", "submitit.core._submit", str(folder)),
-        ]
+        module = ["submitit.core._submit", str(folder)]
+        logs = f"{folder}/%j_%t_log"
+        command = srun_step(self.allocation, hosts, self.world_size, folder, logs=logs, module=module, keep=bool(peers))
         log.info("Started job step on %s: %s", ",".join(hosts), shlex.join(command))
         with open(job.paths.stderr, "ab") as err:  # srun's own lines (a task's end: launch.failure) beside rank 0's
             env = {**os.environ, MASTER_ADDR: hosts[0], **(peers or {})}
@@ -145,13 +135,11 @@ class SrunSteps:
 
     def wait(self, job: submitit.Job) -> list:
         code = self.process.wait()
-        paths = [job.task(k).paths.result_pickle for k in range(job.num_tasks)]
-        outcomes = [pickle_load(path) if path.exists() else None for path in paths]
-        if all(outcome and outcome[0] == "success" for outcome in outcomes):
-            return [outcome[1] for outcome in outcomes]
-        failure = analyse(job, "slurm", ("", 0), outcomes)
-        log.warning("Job step %s ended (srun exit status %d): %s", job.paths.folder.name, code, failure.line)
-        raise LaunchError(failure.line, failure)
+        try:
+            return task_results(job, "slurm")
+        except LaunchError as err:
+            log.warning("Job step %s ended (srun exit status %d): %s", job.paths.folder.name, code, err)
+            raise
 
     def requeue(self) -> str:
         """Nothing where Slurm counts a restart more than this job's run (rank 0 requeued it); else `scontrol requeue`
@@ -191,3 +179,30 @@ class SrunSteps:
                 said = [line.removeprefix("srun: error: ") for line in err.splitlines() if line.startswith("srun: ")]
                 dead[host] = said[0] if said else f"srun exit status {probe.returncode}"
         return dead
+
+
+def srun_step(
+    allocation: AllocationConfig,
+    hosts: list[str],
+    ntasks: int,
+    folder: Path,
+    *,
+    logs: str,
+    module: list[str],
+    keep: bool = False,
+) -> list[str]:
+    """srun of `python -m <module>` as a step of `ntasks` tasks on `hosts` inside the job's allocation (the
+    container's interpreter where there is one), their output in `logs`.out and .err. A task's abnormal end ends the
+    others (--kill-on-bad-exit), unless `keep`: recovery from peers (launch.peer_recovery) keeps them after a task's
+    end or its node's failure (--no-kill)."""
+    python = python_command(allocation, folder=folder) or shlex.quote(sys.executable)
+    return [
+        *("srun", "--unbuffered", "--overlap", "--open-mode=append"),
+        *(("--kill-on-bad-exit=0", "--no-kill") if keep else ("--kill-on-bad-exit=1",)),
+        *(f"--nodes={len(hosts)}", f"--ntasks={ntasks}", f"--nodelist={','.join(hosts)}"),
+        f"--ntasks-per-node={ntasks // len(hosts)}",
+        *(f"--output={logs}.out", f"--error={logs}.err"),
+        *srun_args(allocation.container),
+        *shlex.split(python),
+        *("-u", "-m", *module),
+    ]

@@ -110,8 +110,8 @@ class Supervisor:
                     raise
                 run = self.step_run(job, index, job_id, failed_at, fields, err.failure, peers)
                 if peers:  # the nodes its recoveries replaced are out; a refused one's failure is judged below
+                    left_out |= set(active) - set(peers.hosts)
                     active, spares = peers.hosts, peers.spares
-                    left_out |= {h for r in ledger.read() if r.job_id == f"{job_id}.{index}" for h in r.left_out}
                 if self.signalled and not err.failure.errors:  # the ranks stopped at the time limit, none raised
                     self.requeued(steps, run, ledger)
                 # Slurm may have drained a spare meanwhile, or its slurmd died (which Slurm sees only later)

@@ -19,6 +19,7 @@ import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import submitit
@@ -83,8 +84,9 @@ class TrainSegment(submitit.helpers.Checkpointable):
             ) as window,
             Heartbeat.start(cfg.cluster.runtime, cfg.resilience, rank=rank, world=world, paths=env.paths) as beat,
         ):
-            trainer = self.trainer(device, beat, window, attempt=self.attempt)
-            return self.trained(trainer, beat, marker), window
+            return self.noted(
+                beat, marker, lambda: self.trainer(device, beat, window, attempt=self.attempt).train()
+            ), window
 
     def with_peers(self) -> tuple[SegmentSummary, NodeWindow]:
         """Train in generations of process groups (resilience.recovery=peers, launch.peers): where a peer dies, this
@@ -119,11 +121,11 @@ class TrainSegment(submitit.helpers.Checkpointable):
                         trainer = self.trainer(device, beat, window, attempt=self.attempt + link.generation)
                         if snapshots is not None:  # a group of the generation's own, made by every rank alike
                             snapshots.attach(dist.new_group(backend="gloo"))
-                        if snapshots is not None and link.generation == 0:  # survivors later hold theirs already
-                            snapshots.check_memory(state_bytes(trainer.model.named_parts()))
+                            if link.generation == 0:  # survivors later hold theirs already
+                                snapshots.check_memory(state_bytes(trainer.model.named_parts()))
                         trainer.snapshots = snapshots
                         resumed = restored(trainer, link.rank, kept, link.plan, snapshots)
-                        return self.trained(trainer, beat, marker, resumed=resumed), window
+                        return self.noted(beat, marker, functools.partial(trainer.train, resumed)), window
                     except RuntimeError as err:
                         if isinstance(err, TrainflowError):
                             raise
@@ -150,13 +152,13 @@ class TrainSegment(submitit.helpers.Checkpointable):
         on_part = functools.partial(mark_part, submitit.JobEnvironment().paths)  # the start-up's parts, in the marker
         return Trainer(self.cfg, device, on_phase=on_phase, on_step=beat.timed, on_part=on_part, attempt=attempt)
 
-    def trained(
-        self, trainer: Trainer, beat: Heartbeat, marker: TaskNotes, resumed: int | None = None
-    ) -> SegmentSummary:
+    def noted(self, beat: Heartbeat, marker: TaskNotes, train: Callable[[], SegmentSummary]) -> SegmentSummary:
+        """`train`'s summary; where it raises, the step it failed at noted in the task's marker first (the restart's
+        judge: out of memory twice at one step)."""
         try:
-            return trainer.train(resumed)
+            return train()
         except BaseException:
-            marker.step = beat.step  # the failure's step, for the restart's judge (out of memory twice)
+            marker.step = beat.step
             raise
 
     def stop(self, signame: str) -> None:

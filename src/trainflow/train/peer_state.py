@@ -78,9 +78,6 @@ class KeptState:
             return None
         return cls(trainer.boundary, state_tensors(trainer.ckpt.state()))
 
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
-
 
 def state_tensors(state: dict) -> dict[str, torch.Tensor]:
     """The local tensors of a checkpoint state (checkpoint.state.build_state), flat and sorted by key."""
@@ -117,19 +114,33 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def tensor_crc(t: torch.Tensor) -> int:
-    host = t.detach().contiguous().cpu()
-    return crc32c.crc32c(host.reshape(-1).view(torch.uint8).numpy())
+    return crc32c.crc32c(as_bytes(t.detach().cpu()).numpy())
 
 
-def send_state(kept: KeptState, *, to: int) -> int:
-    """Send `kept` to global rank `to` (its header, then each tensor); the bytes sent."""
+def encoded_header(kept: KeptState) -> torch.Tensor:
+    """`kept`'s header (PeerHeader: its boundary, each tensor's bytes and CRC-32C), as the bytes that go ahead of its
+    tensors."""
     tensors = {k: [t.nbytes, tensor_crc(t)] for k, t in kept.tensors.items()}
-    header = json.dumps(PeerHeader(kept.boundary, tensors).to_json()).encode()
-    dist.send(torch.tensor([len(header)], dtype=torch.int64), dst=to)
-    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), dst=to)
+    text = json.dumps(PeerHeader(kept.boundary, tensors).to_json())
+    return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+
+def decoded_header(raw: bytes, *, where: str) -> PeerHeader:
+    """The header in `raw`; one PeerStateError naming `where` if it does not read as one (a peer's bytes are input like
+    a file's: parsed as JSON records, never unpickled)."""
+    try:
+        return PeerHeader.from_json(json.loads(raw), where=where)
+    except (ValueError, RecursionError, RecordError) as err:
+        raise PeerStateError(f"{where} does not read: {err}") from None
+
+
+def send_state(kept: KeptState, *, to: int) -> None:
+    """Send `kept` to global rank `to` (its header's size, its header, then each tensor)."""
+    header = encoded_header(kept)
+    dist.send(torch.tensor([header.numel()], dtype=torch.int64), dst=to)
+    dist.send(header, dst=to)
     for tensor in kept.tensors.values():
         dist.send(as_bytes(tensor), dst=to)
-    return len(header) + kept.nbytes()
 
 
 def receive_state(mine: dict[str, torch.Tensor], *, source: int) -> KeptState:
@@ -151,21 +162,20 @@ def receive_state(mine: dict[str, torch.Tensor], *, source: int) -> KeptState:
 
 
 def read_header(raw: bytes, mine: dict[str, torch.Tensor], *, source: int) -> PeerHeader:
-    """The header rank `source` sent, for this rank's tensors `mine`; one PeerStateError where it does not read as
-    one (a peer's bytes are input like a file's: parsed as JSON records, never unpickled) or names other tensors."""
-    try:
-        header = PeerHeader.from_json(json.loads(raw), where=f"rank {source}'s state header")
-    except (ValueError, RecursionError, RecordError) as err:
-        raise PeerStateError(f"rank {source}'s state header does not read: {err}") from None
+    """The header rank `source` sent, for this rank's tensors `mine`; one PeerStateError where it does not read
+    (decoded_header) or names other tensors."""
+    header = decoded_header(raw, where=f"rank {source}'s state header")
     if list(header.tensors) != list(mine) or any(header.tensors[k][0] != t.nbytes for k, t in mine.items()):
         raise PeerStateError(f"rank {source} holds another layout's state than this rank's (its tensors differ)")
     return header
 
 
-def checked(key: str, received: torch.Tensor, header: PeerHeader, *, source: int) -> torch.Tensor:
-    """`received` where its CRC-32C is the one its header gives; one PeerStateError naming it otherwise."""
+def checked(key: str, received: torch.Tensor, header: PeerHeader, *, source: int, what: str = "") -> torch.Tensor:
+    """`received` where its CRC-32C is the one its header gives; one PeerStateError naming it otherwise (`what`: the
+    state it belongs to, where not rank `source`'s own: its snapshot)."""
     if (crc := tensor_crc(received)) != (sent := header.tensors[key][1]):
-        raise PeerStateError(f"{key} from rank {source} fails its CRC-32C ({crc:#010x}, sent {sent:#010x})")
+        of = what or f"rank {source}"
+        raise PeerStateError(f"{key} from {of} fails its CRC-32C ({crc:#010x}, sent {sent:#010x})")
     return received
 
 

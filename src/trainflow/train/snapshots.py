@@ -19,7 +19,6 @@ exchange runs (the new own copy and the ward's arriving), which plan.snapshots c
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -31,11 +30,12 @@ from trainflow.checkpoint.staging import check_host_memory
 from trainflow.train.peer_state import (
     HEADER_BYTES,
     KeptState,
-    PeerHeader,
     PeerStateError,
     as_bytes,
+    checked,
+    decoded_header,
+    encoded_header,
     state_tensors,
-    tensor_crc,
 )
 
 log = logging.getLogger(__name__)
@@ -128,25 +128,19 @@ class PeerSnapshots:
 
     def exchange(self, own: KeptState, group: object) -> KeptState:
         """Send `own` to the partner and receive the ward's, in one batch per phase (sizes, headers, tensors)."""
-        crcs = {k: [t.nbytes, tensor_crc(t)] for k, t in own.tensors.items()}
-        header = json.dumps(PeerHeader(own.boundary, crcs).to_json()).encode()
-        size, theirs = torch.tensor([len(header)], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        header = encoded_header(own)
+        size, theirs = torch.tensor([header.numel()], dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
         batch([(size, self.partner)], [(theirs, self.ward)], group)
         if not 0 < int(theirs) <= HEADER_BYTES:
             raise PeerStateError(f"rank {self.ward} announced a snapshot header of {int(theirs)} bytes")
         raw = torch.empty(int(theirs), dtype=torch.uint8)
-        batch([(torch.frombuffer(bytearray(header), dtype=torch.uint8), self.partner)], [(raw, self.ward)], group)
-        try:
-            got = PeerHeader.from_json(json.loads(raw.numpy().tobytes()), where=f"rank {self.ward}'s snapshot")
-        except Exception as err:  # a snapshot that does not read is none: the recovery falls back to the checkpoint
-            raise PeerStateError(f"rank {self.ward}'s snapshot header does not read: {err}") from None
+        batch([(header, self.partner)], [(raw, self.ward)], group)
+        got = decoded_header(raw.numpy().tobytes(), where=f"rank {self.ward}'s snapshot header")
         buffers = {k: torch.empty(size, dtype=torch.uint8) for k, (size, _) in got.tensors.items()}
         sends = [(as_bytes(t), self.partner) for t in own.tensors.values()]
         batch(sends, [(b, self.ward) for b in buffers.values()], group)
-        for key, buffer in buffers.items():
-            if tensor_crc(buffer) != got.tensors[key][1]:
-                raise PeerStateError(f"{key} of rank {self.ward}'s snapshot fails its CRC-32C")
-        return KeptState(got.boundary, buffers)
+        what = f"rank {self.ward}'s snapshot"
+        return KeptState(got.boundary, {k: checked(k, b, got, source=self.ward, what=what) for k, b in buffers.items()})
 
 
 def batch(sends: list[tuple[torch.Tensor, int]], receives: list[tuple[torch.Tensor, int]], group: object) -> None:
